@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/migrations"
+)
+
+type workerCLI struct {
+	cli.Globals
+
+	Migrate migrateCmd `cmd:"" help:"Apply the project's and River's migrations (idempotent) and print what was applied."`
+}
+
+// env is what every command runs with.
+type env struct {
+	ctx    context.Context
+	stdout io.Writer
+	stderr io.Writer
+	logger *slog.Logger
+}
+
+// run is the whole program, testable in-process: it parses args, runs the
+// command and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var c workerCLI
+	kctx, code, ok := cli.Parse(&c, args, stdout, stderr, "worker",
+		"Fleet ingestion worker: runs River jobs that load Fleet folders into the warehouse.", kong.Vars{})
+	if !ok {
+		return code
+	}
+	e := &env{ctx: ctx, stdout: stdout, stderr: stderr, logger: c.Logger(stderr)}
+	if err := kctx.Run(&c.Globals, e); err != nil {
+		var coded exitError
+		if errors.As(err, &coded) {
+			e.logger.Error(coded.err.Error())
+			return coded.code
+		}
+		e.logger.Error(err.Error())
+		return cli.ExitInfra
+	}
+	return cli.ExitOK
+}
+
+// exitError carries a specific exit code out of a command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+
+
+type migrateCmd struct {
+	Timeout time.Duration `default:"5m" help:"Give up after this long."`
+}
+
+func (m *migrateCmd) Run(g *cli.Globals, e *env) error {
+	ctx, cancel := context.WithTimeout(e.ctx, m.Timeout)
+	defer cancel()
+	pool, err := g.Connect(ctx, 10*time.Second)
+	if errors.Is(err, cli.ErrNoDatabaseURL) {
+		return exitError{cli.ExitInvalidInput, err}
+	}
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	report, err := migrations.Apply(ctx, pool, e.logger)
+	if err != nil {
+		return err
+	}
+	for _, a := range report.Project {
+		fmt.Fprintf(e.stdout, "applied project migration %d %s (%s)\n", a.Version, a.Source, a.Duration.Round(time.Millisecond))
+	}
+	for _, v := range report.River {
+		fmt.Fprintf(e.stdout, "applied River migration %d %s (%s)\n", v.Version, v.Name, v.Duration.Round(time.Millisecond))
+	}
+	if len(report.Project)+len(report.River) == 0 {
+		fmt.Fprintln(e.stdout, "database schema is current: nothing to apply")
+	}
+	e.logger.Info("migrations applied", "project", len(report.Project), "river", len(report.River))
+	return nil
+}

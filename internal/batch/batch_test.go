@@ -1,0 +1,672 @@
+package batch_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+func fleetReservation(tenant, folder string) batch.Reservation {
+	return batch.Reservation{
+		CompanyID:      "company-1",
+		TenantID:       tenant,
+		TenantDatabase: "tenant_db",
+		SourceType:     batch.SourceTypeFleetS3,
+		IngestionMode:  batch.IngestionModeFileUpload,
+		PipelineStage:  batch.PipelineStageFleet,
+		SourceScope:    "fleet_s3:" + folder,
+		Details:        batch.NewDetails(folder),
+	}
+}
+
+func reserve(t *testing.T, s *batch.Store, r batch.Reservation) batch.Batch {
+	t.Helper()
+	res, err := s.Reserve(context.Background(), r)
+	require.NoError(t, err)
+	require.Equal(t, batch.Reserved, res.Outcome)
+	return res.Batch
+}
+
+func acquire(t *testing.T, pool *pgxpool.Pool, id int64, holder string) lease.Lease {
+	t.Helper()
+	a, err := lease.NewStore(pool).Acquire(context.Background(), id, holder, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, lease.Acquired, a.Outcome)
+	return a.Lease
+}
+
+func TestReserve(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	s := batch.NewStore(pool)
+
+	t.Run("one tenant folder reservation succeeds", func(t *testing.T) {
+		b := reserve(t, s, fleetReservation("tenant-a", "s3://bucket/one"))
+		require.Equal(t, batch.StatusRunning, b.Status)
+		require.Equal(t, "fleet_s3:s3://bucket/one", b.Scope())
+		require.Nil(t, b.BusinessDate, "Fleet batches have no business date")
+		require.Equal(t, batch.SourceTypeFleetS3, b.SourceType)
+		require.Equal(t, batch.IngestionModeFileUpload, b.IngestionMode)
+		require.Equal(t, batch.PipelineStageFleet, b.PipelineStage)
+		require.False(t, b.IsCurrent)
+		require.Nil(t, b.LeaseID)
+		d, err := batch.ParseDetails(b.Details)
+		require.NoError(t, err)
+		require.Equal(t, batch.PhaseReserved, d.Phase)
+		require.Equal(t, batch.DetailsVersion, d.Version)
+		require.NotNil(t, d.UpdatedAt, "store stamps updatedAt from the database clock")
+
+		var stored string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT source_type FROM ingestion_batches WHERE id = $1`, b.ID).Scan(&stored))
+		require.Equal(t, "FleetS3", stored, "enums are stored by name")
+	})
+
+	t.Run("duplicate conflicts with the running batch id", func(t *testing.T) {
+		first := reserve(t, s, fleetReservation("tenant-a", "s3://bucket/dup"))
+		res, err := s.Reserve(ctx, fleetReservation("tenant-a", "s3://bucket/dup"))
+		require.NoError(t, err)
+		require.Equal(t, batch.Conflict, res.Outcome)
+		require.Equal(t, first.ID, res.RunningBatchID)
+	})
+
+	t.Run("different folder for the same tenant succeeds", func(t *testing.T) {
+		reserve(t, s, fleetReservation("tenant-b", "s3://bucket/f1"))
+		reserve(t, s, fleetReservation("tenant-b", "s3://bucket/f2"))
+	})
+
+	t.Run("same folder for a different tenant succeeds", func(t *testing.T) {
+		reserve(t, s, fleetReservation("tenant-c", "s3://bucket/shared"))
+		reserve(t, s, fleetReservation("tenant-d", "s3://bucket/shared"))
+	})
+
+	t.Run("inside a caller transaction a conflict leaves the transaction usable", func(t *testing.T) {
+		first := reserve(t, s, fleetReservation("tenant-e", "s3://bucket/tx"))
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		res, err := s.WithTx(tx).Reserve(ctx, fleetReservation("tenant-e", "s3://bucket/tx"))
+		require.NoError(t, err)
+		require.Equal(t, batch.Conflict, res.Outcome)
+		require.Equal(t, first.ID, res.RunningBatchID)
+		var one int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT 1`).Scan(&one))
+	})
+}
+
+// TestReserveConcurrentDuplicates releases 32 reservations of one scope
+// together, each on its own connection, and expects exactly one winner per
+// round.
+func TestReserveConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	const (
+		clients = 32
+		rounds  = 20
+	)
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	conns := acquireConns(t, pool, clients)
+
+	for round := range rounds {
+		folder := fmt.Sprintf("s3://bucket/race-%d", round)
+		results := make([]batch.ReserveResult, clients)
+		errs := make([]error, clients)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range clients {
+			wg.Go(func() {
+				<-start
+				results[i], errs[i] = batch.NewStore(conns[i]).Reserve(ctx, fleetReservation("tenant-race", folder))
+			})
+		}
+		close(start)
+		wg.Wait()
+
+		var winners []int64
+		for i := range clients {
+			require.NoError(t, errs[i])
+			if results[i].Outcome == batch.Reserved {
+				winners = append(winners, results[i].Batch.ID)
+			}
+		}
+		require.Len(t, winners, 1, "round %d: exactly one reservation must win", round)
+		for i := range clients {
+			if results[i].Outcome == batch.Conflict {
+				require.Equal(t, winners[0], results[i].RunningBatchID)
+			}
+		}
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches WHERE source_scope = $1`, "fleet_s3:"+folder).Scan(&n))
+		require.Equal(t, 1, n)
+	}
+}
+
+// acquireConns holds n distinct pool connections for the whole test, so
+// concurrent goroutines really run on separate server sessions.
+func acquireConns(t *testing.T, pool *pgxpool.Pool, n int) []*pgxpool.Conn {
+	t.Helper()
+	conns := make([]*pgxpool.Conn, n)
+	for i := range conns {
+		c, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		conns[i] = c
+		t.Cleanup(c.Release)
+	}
+	return conns
+}
+
+func TestTerminalRowsReleaseTheReservation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	s := batch.NewStore(pool)
+	r := fleetReservation("tenant-a", "s3://bucket/terminal")
+
+	failed := reserve(t, s, r)
+	l := acquire(t, pool, failed.ID, "delivery-1")
+	_, err := s.MarkFailed(ctx, l.Fence(), batch.NewDetails("x"), batch.PhaseFailedPreCommit, "boom")
+	require.NoError(t, err)
+
+	succeeded := reserve(t, s, r)
+	require.NotEqual(t, failed.ID, succeeded.ID)
+	l = acquire(t, pool, succeeded.ID, "delivery-2")
+	done, err := s.MarkSucceeded(ctx, l.Fence(), batch.NewDetails("x"))
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusSucceeded, done.Status)
+	require.NotNil(t, done.CompletedAt)
+	require.Nil(t, done.LeaseID, "a terminal write releases the lease")
+
+	third := reserve(t, s, r)
+
+	// The generic, unfenced status update releases the scope too.
+	require.NoError(t, s.UpdateStatus(ctx, third.ID, batch.StatusFailed))
+	reserve(t, s, r)
+}
+
+// committedFailedPublication drives a reserved batch to Failed with
+// failed_publication after a warehouse commit, as the pipeline would.
+func committedFailedPublication(t *testing.T, pool *pgxpool.Pool, s *batch.Store, r batch.Reservation) batch.Batch {
+	t.Helper()
+	ctx := context.Background()
+	b := reserve(t, s, r)
+	l := acquire(t, pool, b.ID, fmt.Sprintf("delivery-%d", b.ID))
+	d, err := batch.ParseDetails(b.Details)
+	require.NoError(t, err)
+	now := time.Now().UTC()
+	d.Phase, d.RedshiftCommitted, d.CommittedAt, d.RecordCount = batch.PhaseCommitted, true, &now, 10
+	_, err = s.WriteDetails(ctx, l.Fence(), d)
+	require.NoError(t, err)
+	b, err = s.MarkFailed(ctx, l.Fence(), d, batch.PhaseFailedPublication, "publication failed")
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusFailed, b.Status)
+	return b
+}
+
+func ownedBy(id int64) batch.SliceVerifier {
+	return batch.SliceVerifierFunc(func(context.Context, string, string) (int64, bool, error) { return id, true, nil })
+}
+
+func resumeRequest(b batch.Batch) batch.ResumeRequest {
+	return batch.ResumeRequest{BatchID: b.ID, TenantID: b.TenantID, SourceType: b.SourceType, SourceScope: b.Scope()}
+}
+
+func TestResume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	s := batch.NewStore(pool)
+
+	t.Run("valid publication resume reacquires the reservation", func(t *testing.T) {
+		r := fleetReservation("tenant-a", "s3://bucket/resume-ok")
+		b := committedFailedPublication(t, pool, s, r)
+
+		// The scope is free while the batch is Failed ...
+		var held int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches WHERE source_scope = $1 AND status = 'Running'`, b.Scope()).Scan(&held))
+		require.Zero(t, held)
+
+		res, err := s.Resume(ctx, resumeRequest(b), ownedBy(b.ID))
+		require.NoError(t, err)
+		require.Equal(t, batch.Resumed, res.Outcome, res.Reason)
+		require.Equal(t, batch.StatusRunning, res.Batch.Status)
+		require.Nil(t, res.Batch.CompletedAt)
+		d, err := batch.ParseDetails(res.Batch.Details)
+		require.NoError(t, err)
+		require.True(t, d.RedshiftCommitted)
+		require.Equal(t, batch.PhaseCommitted, d.Phase)
+		require.Equal(t, 1, d.Resumes)
+
+		// ... and held again once resumed.
+		again, err := s.Reserve(ctx, r)
+		require.NoError(t, err)
+		require.Equal(t, batch.Conflict, again.Outcome)
+		require.Equal(t, b.ID, again.RunningBatchID)
+	})
+
+	t.Run("resume conflicts with a newer running batch", func(t *testing.T) {
+		r := fleetReservation("tenant-a", "s3://bucket/resume-conflict")
+		old := committedFailedPublication(t, pool, s, r)
+		newer := reserve(t, s, r)
+
+		res, err := s.Resume(ctx, resumeRequest(old), ownedBy(old.ID))
+		require.NoError(t, err)
+		require.Equal(t, batch.ResumeConflict, res.Outcome)
+		require.Equal(t, newer.ID, res.RunningBatchID)
+		got, err := s.Get(ctx, old.ID)
+		require.NoError(t, err)
+		require.Equal(t, batch.StatusFailed, got.Status, "a conflicting resume changes nothing")
+	})
+
+	t.Run("resume inside a caller transaction survives a conflict", func(t *testing.T) {
+		r := fleetReservation("tenant-b", "s3://bucket/resume-tx")
+		old := committedFailedPublication(t, pool, s, r)
+		newer := reserve(t, s, r)
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			res, err := s.WithTx(tx).Resume(ctx, resumeRequest(old), ownedBy(old.ID))
+			require.NoError(t, err)
+			require.Equal(t, batch.ResumeConflict, res.Outcome)
+			require.Equal(t, newer.ID, res.RunningBatchID)
+			_, err = tx.Exec(ctx, `SELECT 1`)
+			return err
+		})
+		require.NoError(t, err)
+	})
+}
+
+func TestResumeRefusals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	s := batch.NewStore(pool)
+
+	setDetails := func(t *testing.T, id int64, raw string) {
+		t.Helper()
+		require.NoError(t, s.UpdateDetails(ctx, id, json.RawMessage(raw)))
+	}
+	mutate := func(t *testing.T, b batch.Batch, f func(*batch.Details)) {
+		t.Helper()
+		d, err := batch.ParseDetails(b.Details)
+		require.NoError(t, err)
+		f(&d)
+		raw, err := d.Marshal()
+		require.NoError(t, err)
+		setDetails(t, b.ID, string(raw))
+	}
+	n := 0
+	fresh := func(t *testing.T) batch.Batch {
+		n++
+		return committedFailedPublication(t, pool, s, fleetReservation("tenant-r", fmt.Sprintf("s3://bucket/refuse-%d-%s", n, t.Name())))
+	}
+
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier)
+		outcome batch.ResumeOutcome
+		reason  string
+		phase   batch.Phase // phase recorded afterwards, if the refusal records one
+	}{
+		{
+			name: "wrong source type",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				req := resumeRequest(b)
+				req.SourceType = batch.SourceTypeKdsCdc
+				return req, ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonSourceTypeMismatch,
+		},
+		{
+			name: "wrong scope",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				req := resumeRequest(b)
+				req.SourceScope = "fleet_s3:s3://bucket/other"
+				return req, ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonScopeMismatch,
+		},
+		{
+			name: "details unparsable",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				setDetails(t, b.ID, `{"version": 1, "phase": "failed_publication", "redshiftCommitted": "yes"}`)
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonDetailsInvalid,
+		},
+		{
+			name: "details not an object",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				setDetails(t, b.ID, `[1, 2, 3]`)
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonDetailsInvalid,
+		},
+		{
+			name: "details of an unknown version",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				setDetails(t, b.ID, `{"version": 2, "phase": "failed_publication", "redshiftCommitted": true}`)
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonDetailsUnknownVersion,
+		},
+		{
+			name: "warehouse commit not recorded",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				mutate(t, b, func(d *batch.Details) { d.RedshiftCommitted = false; d.Phase = batch.PhaseFailedPreCommit })
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonNotCommitted,
+		},
+		{
+			name: "already published",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				mutate(t, b, func(d *batch.Details) { d.Publication.Completed = true })
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonAlreadyPublished,
+		},
+		{
+			name: "succeeded",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				require.NoError(t, s.UpdateStatus(ctx, b.ID, batch.StatusSucceeded))
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonSucceeded,
+		},
+		{
+			name: "still running",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				require.NoError(t, s.UpdateStatus(ctx, b.ID, batch.StatusRunning))
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonRunning,
+		},
+		{
+			name: "already superseded",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				mutate(t, b, func(d *batch.Details) { d.Phase = batch.PhaseSuperseded })
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonSuperseded,
+		},
+		{
+			name: "publication already expired",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				mutate(t, b, func(d *batch.Details) { d.Phase = batch.PhasePublicationExpired })
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonPublicationExpired,
+		},
+		{
+			name: "warehouse slice stamped by another batch marks it superseded",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				return resumeRequest(b), ownedBy(b.ID + 1000)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonSuperseded, phase: batch.PhaseSuperseded,
+		},
+		{
+			name: "warehouse slice missing",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				return resumeRequest(b), batch.SliceVerifierFunc(func(context.Context, string, string) (int64, bool, error) { return 0, false, nil })
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonWarehouseSliceMissing,
+		},
+		{
+			name: "publication window passed marks it expired",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				mutate(t, b, func(d *batch.Details) {
+					old := time.Now().Add(-25 * time.Hour)
+					d.CommittedAt = &old
+				})
+				return resumeRequest(b), ownedBy(b.ID)
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonPublicationExpired, phase: batch.PhasePublicationExpired,
+		},
+		{
+			name: "another tenant's batch is not found",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				req := resumeRequest(b)
+				req.TenantID = "tenant-other"
+				return req, ownedBy(b.ID)
+			},
+			outcome: batch.ResumeNotFound,
+		},
+		{
+			name: "unknown batch id",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				req := resumeRequest(b)
+				req.BatchID = b.ID + 1_000_000
+				return req, ownedBy(b.ID)
+			},
+			outcome: batch.ResumeNotFound,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := fresh(t)
+			req, verifier := tt.prepare(t, b)
+			before, err := s.Get(ctx, b.ID)
+			require.NoError(t, err)
+
+			res, err := s.Resume(ctx, req, verifier)
+			require.NoError(t, err)
+			require.Equal(t, tt.outcome, res.Outcome)
+			require.Equal(t, tt.reason, res.Reason)
+
+			after, err := s.Get(ctx, b.ID)
+			require.NoError(t, err)
+			require.Equal(t, before.Status, after.Status, "a refused resume never changes the status")
+			if tt.phase != "" {
+				d, err := batch.ParseDetails(after.Details)
+				require.NoError(t, err)
+				require.Equal(t, tt.phase, d.Phase)
+				// Recorded refusals are final: a second resume is refused
+				// for the same reason even with a good verifier.
+				res, err = s.Resume(ctx, req, ownedBy(b.ID))
+				require.NoError(t, err)
+				require.Equal(t, tt.reason, res.Reason)
+			}
+			var running int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches WHERE source_scope = $1 AND status = 'Running' AND id = $2`, b.Scope(), b.ID).Scan(&running))
+			if before.Status != batch.StatusRunning {
+				require.Zero(t, running, "a refused resume never reacquires the scope")
+			}
+		})
+	}
+}
+
+func TestResumeRequiresVerifier(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	_, err := batch.NewStore(pool).Resume(context.Background(), batch.ResumeRequest{BatchID: 1, TenantID: "t", SourceType: batch.SourceTypeFleetS3, SourceScope: "fleet_s3:x"}, nil)
+	require.Error(t, err)
+}
+
+func TestDateScopedCurrentBehaviourUnchanged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	s := batch.NewStore(pool)
+
+	day := time.Date(2026, 3, 14, 0, 0, 0, 0, time.UTC)
+	nextDay := day.AddDate(0, 0, 1)
+	create := func(source batch.SourceType, date *time.Time, stage string) batch.Batch {
+		b, err := s.Create(ctx, batch.NewBatch{
+			CompanyID: "c", TenantID: "tenant-a", TenantDatabase: "db",
+			IngestionMode: batch.IngestionModeAPI, SourceType: source,
+			BusinessDate: date, PipelineStage: stage, Details: json.RawMessage(`{"rows": 3}`),
+		})
+		require.NoError(t, err)
+		require.Nil(t, b.SourceScope, "date-scoped batches reserve no scope")
+		return b
+	}
+	b1 := create(batch.SourceTypeBrinkPos, &day, "brink_raw")
+	b2 := create(batch.SourceTypeBrinkPos, &day, "brink_raw")
+	other := create(batch.SourceTypeBrinkPos, &nextDay, "brink_raw")
+	kds := create(batch.SourceTypeKdsCdc, &day, "kds_cdc")
+
+	// Two date-scoped batches for the same tenant, date and stage may run at
+	// once: they hold no scope.
+	require.Equal(t, batch.StatusRunning, b1.Status)
+	require.Equal(t, batch.StatusRunning, b2.Status)
+
+	require.NoError(t, s.SetCurrent(ctx, b1.ID))
+	require.NoError(t, s.SetCurrent(ctx, other.ID))
+	require.NoError(t, s.SetCurrent(ctx, kds.ID))
+	cur, err := s.GetCurrent(ctx, "tenant-a", day, "brink_raw")
+	require.NoError(t, err)
+	require.Equal(t, b1.ID, cur.ID)
+
+	require.NoError(t, s.SetCurrent(ctx, b2.ID))
+	cur, err = s.GetCurrent(ctx, "tenant-a", day, "brink_raw")
+	require.NoError(t, err)
+	require.Equal(t, b2.ID, cur.ID)
+	old, err := s.Get(ctx, b1.ID)
+	require.NoError(t, err)
+	require.False(t, old.IsCurrent, "the previous current batch is cleared")
+
+	for _, id := range []int64{other.ID, kds.ID} {
+		b, err := s.Get(ctx, id)
+		require.NoError(t, err)
+		require.True(t, b.IsCurrent, "other dates and stages are untouched")
+	}
+
+	// The database still refuses two current batches for one date and stage.
+	_, err = pool.Exec(ctx, `UPDATE ingestion_batches SET is_current = true WHERE id = $1`, b1.ID)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "ux_ingestion_batches_current", pgErr.ConstraintName)
+
+	// Fleet batches never enter the date-scoped helpers.
+	fleet := reserve(t, s, fleetReservation("tenant-a", "s3://bucket/dated"))
+	require.ErrorIs(t, s.SetCurrent(ctx, fleet.ID), batch.ErrNotDateScoped)
+	require.ErrorIs(t, s.SetCurrent(ctx, 1_000_000), batch.ErrNotFound)
+
+	// Status and details updates keep working for date-scoped batches.
+	require.NoError(t, s.UpdateStatusAndDetails(ctx, b2.ID, batch.StatusSucceeded, json.RawMessage(`{"rows": 4}`)))
+	b, err := s.Get(ctx, b2.ID)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusSucceeded, b.Status)
+	require.JSONEq(t, `{"rows": 4}`, string(b.Details))
+	require.True(t, b.IsCurrent)
+}
+
+func TestGetForUpdate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	s := batch.NewStore(pool)
+	b := reserve(t, s, fleetReservation("tenant-a", "s3://bucket/gfu"))
+
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		st := s.WithTx(tx)
+		got, err := st.GetForUpdate(ctx, b.ID, batch.Expect{TenantID: "tenant-a", SourceType: batch.SourceTypeFleetS3, SourceScope: b.Scope(), Status: batch.StatusRunning})
+		require.NoError(t, err)
+		require.Equal(t, b.ID, got.ID)
+
+		_, err = st.GetForUpdate(ctx, b.ID, batch.Expect{SourceType: batch.SourceTypeBrinkPos})
+		require.ErrorIs(t, err, batch.ErrUnexpectedBatch)
+		require.ErrorContains(t, err, "source_type")
+		_, err = st.GetForUpdate(ctx, b.ID, batch.Expect{SourceScope: "fleet_s3:other"})
+		require.ErrorContains(t, err, "source_scope")
+		_, err = st.GetForUpdate(ctx, b.ID, batch.Expect{Status: batch.StatusFailed})
+		require.ErrorContains(t, err, "status")
+		_, err = st.GetForUpdate(ctx, b.ID+99, batch.Expect{})
+		require.ErrorIs(t, err, batch.ErrNotFound)
+		return nil
+	})
+	require.NoError(t, err)
+}
+
+func TestReserveRefusesBadInputAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	s := batch.NewStore(pool)
+
+	long := func(n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = 'a'
+		}
+		return string(b)
+	}
+	tests := []struct {
+		name  string
+		edit  func(r *batch.Reservation)
+		field string
+	}{
+		{"empty tenant", func(r *batch.Reservation) { r.TenantID = "" }, "tenant_id"},
+		{"tenant with control character", func(r *batch.Reservation) { r.TenantID = "ten\x00ant" }, "tenant_id"},
+		{"tenant with newline", func(r *batch.Reservation) { r.TenantID = "ten\nant" }, "tenant_id"},
+		{"tenant too long", func(r *batch.Reservation) { r.TenantID = long(101) }, "tenant_id"},
+		{"tenant invalid utf-8", func(r *batch.Reservation) { r.TenantID = "bad\xff" }, "tenant_id"},
+		{"tenant padded", func(r *batch.Reservation) { r.TenantID = " t" }, "tenant_id"},
+		{"empty company", func(r *batch.Reservation) { r.CompanyID = "" }, "company_id"},
+		{"company too long", func(r *batch.Reservation) { r.CompanyID = long(101) }, "company_id"},
+		{"database with quote", func(r *batch.Reservation) { r.TenantDatabase = `db"; DROP TABLE x; --` }, "tenant_database"},
+		{"database too long", func(r *batch.Reservation) { r.TenantDatabase = long(64) }, "tenant_database"},
+		{"database starting with digit", func(r *batch.Reservation) { r.TenantDatabase = "1db" }, "tenant_database"},
+		{"empty scope", func(r *batch.Reservation) { r.SourceScope = "" }, "source_scope"},
+		{"scope over 200 characters", func(r *batch.Reservation) { r.SourceScope = "fleet_s3:" + long(192) }, "source_scope"},
+		{"scope with control character", func(r *batch.Reservation) { r.SourceScope = "fleet_s3:a\tb" }, "source_scope"},
+		{"unknown source type", func(r *batch.Reservation) { r.SourceType = "Fleet" }, "source_type"},
+		{"unknown ingestion mode", func(r *batch.Reservation) { r.IngestionMode = "Upload" }, "ingestion_mode"},
+	}
+	for _, tt := range tests {
+		r := fleetReservation("tenant-a", "s3://bucket/ok")
+		tt.edit(&r)
+		_, err := s.Reserve(ctx, r)
+		var verr *batch.ValidationError
+		require.ErrorAs(t, err, &verr, tt.name)
+		require.Equal(t, tt.field, verr.Field, tt.name)
+	}
+	ok := fleetReservation("tenant-a", "s3://bucket/"+long(200-len("fleet_s3:s3://bucket/")))
+	reserve(t, s, ok) // exactly 200 characters fits
+
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&n))
+	require.Equal(t, 1, n, "refused reservations write nothing")
+}
+
+// TestSourceTypesAppendOnly is a golden test: existing names keep their
+// spelling and position; new source types may only be appended.
+func TestSourceTypesAppendOnly(t *testing.T) {
+	t.Parallel()
+	golden := []batch.SourceType{"BrinkPos", "KdsCdc", "FleetS3"}
+	require.GreaterOrEqual(t, len(batch.SourceTypes), len(golden))
+	require.Equal(t, golden, batch.SourceTypes[:len(golden)])
+	require.Equal(t, []batch.IngestionMode{"Api", "Cdc", "FileUpload"}, batch.IngestionModes[:3])
+	require.Equal(t, batch.Status("Running"), batch.StatusRunning)
+	require.Equal(t, batch.Status("Succeeded"), batch.StatusSucceeded)
+	require.Equal(t, batch.Status("Failed"), batch.StatusFailed)
+}
+
+func TestParseDetails(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{``, `nul`, `[]`, `"x"`, `{}`, `{"version": null}`, `{"version": 1}`, `{"version": 1, "phase": 3}`, `{"version": 1, "phase": "loading", "redshiftCommitted": 1}`} {
+		_, err := batch.ParseDetails([]byte(raw))
+		require.ErrorIs(t, err, batch.ErrDetailsInvalid, raw)
+	}
+	_, err := batch.ParseDetails([]byte(`{"version": 7, "phase": "loading"}`))
+	require.ErrorIs(t, err, batch.ErrDetailsUnknownVersion)
+
+	d := batch.NewDetails("s3://b/f")
+	raw, err := d.Marshal()
+	require.NoError(t, err)
+	got, err := batch.ParseDetails(raw)
+	require.NoError(t, err)
+	require.Equal(t, d, got)
+	require.False(t, errors.Is(err, batch.ErrDetailsInvalid))
+}

@@ -1,0 +1,98 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// fencedUpdate is the one statement every lease holder's state write goes
+// through. It writes only while the batch is Running and held by exactly the
+// fence's lease id and generation, unexpired by the database clock. Terminal
+// statuses stamp completed_at and release the lease in the same statement.
+const fencedUpdate = `
+	UPDATE ingestion_batches
+	SET status = $4::text,
+	    details = $5::jsonb || jsonb_build_object('updatedAt', now()),
+	    completed_at = CASE WHEN $4::text = 'Running' THEN NULL ELSE now() END,
+	    execution_lease_id = CASE WHEN $4::text = 'Running' THEN execution_lease_id END,
+	    execution_lease_expires_at = CASE WHEN $4::text = 'Running' THEN execution_lease_expires_at END,
+	    updated_at = now()
+	WHERE id = $1
+	  AND status = 'Running'
+	  AND execution_lease_id = $2
+	  AND execution_lease_generation = $3
+	  AND execution_lease_expires_at > now()
+	RETURNING ` + columns
+
+func (s *Store) fenced(ctx context.Context, f Fence, status Status, d Details) (Batch, error) {
+	raw, err := d.Marshal()
+	if err != nil {
+		return Batch{}, err
+	}
+	b, err := scanBatch(s.db.QueryRow(ctx, fencedUpdate, f.BatchID, f.LeaseID, f.Generation, status, string(raw)))
+	if errors.Is(err, ErrNotFound) {
+		return Batch{}, ErrStaleLease
+	}
+	if err != nil {
+		return Batch{}, fmt.Errorf("fenced write of batch %d: %w", f.BatchID, err)
+	}
+	return b, nil
+}
+
+// WriteDetails records progress (a new phase, publication state) of a Running
+// batch under the lease term f. It returns ErrStaleLease, writing nothing,
+// when f no longer holds the lease.
+func (s *Store) WriteDetails(ctx context.Context, f Fence, d Details) (Batch, error) {
+	return s.fenced(ctx, f, StatusRunning, d)
+}
+
+// MarkSucceeded marks the batch Succeeded with phase published and releases
+// the lease, under the lease term f. Call it only after publication.
+func (s *Store) MarkSucceeded(ctx context.Context, f Fence, d Details) (Batch, error) {
+	d.Phase = PhasePublished
+	return s.fenced(ctx, f, StatusSucceeded, d)
+}
+
+// MarkFailed marks the batch Failed with the given failed_* phase and error
+// message and releases the lease, under the lease term f. Use
+// PhaseFailedPreCommit before the warehouse commit (terminal: recovery is a
+// new batch) and PhaseFailedPublication after it (resumable), or
+// PhaseSuperseded / PhasePublicationExpired when the slice is no longer the
+// batch's own.
+func (s *Store) MarkFailed(ctx context.Context, f Fence, d Details, phase Phase, message string) (Batch, error) {
+	d.Phase = phase
+	d.LastError = &ErrorRecord{Phase: phase, Message: message, At: time.Now().UTC()}
+	return s.fenced(ctx, f, StatusFailed, d)
+}
+
+// MarkFailedEnqueue marks a just-reserved batch Failed with phase
+// failed_enqueue, releasing its scope. It is meant for the transaction that
+// reserved the batch, when the job insert failed; it writes only while the
+// batch is Running in phase reserved with no lease, and returns ErrNotFound
+// otherwise.
+func (s *Store) MarkFailedEnqueue(ctx context.Context, id int64, message string) (Batch, error) {
+	b, err := s.Get(ctx, id)
+	if err != nil {
+		return Batch{}, err
+	}
+	d, err := ParseDetails(b.Details)
+	if err != nil {
+		return Batch{}, err
+	}
+	d.Phase = PhaseFailedEnqueue
+	d.LastError = &ErrorRecord{Phase: PhaseFailedEnqueue, Message: message, At: time.Now().UTC()}
+	raw, err := d.Marshal()
+	if err != nil {
+		return Batch{}, err
+	}
+	return scanBatch(s.db.QueryRow(ctx, `
+		UPDATE ingestion_batches
+		SET status = 'Failed', completed_at = now(),
+		    details = $2::jsonb || jsonb_build_object('updatedAt', now()),
+		    updated_at = now()
+		WHERE id = $1 AND status = 'Running' AND execution_lease_id IS NULL
+		  AND details->>'phase' = 'reserved'
+		RETURNING `+columns, id, string(raw)))
+}

@@ -1,0 +1,214 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what the store needs of a connection: a pool, a connection or a
+// transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Store acquires, renews and releases execution leases.
+type Store struct {
+	db DB
+}
+
+// NewStore returns a lease store working on db.
+func NewStore(db DB) *Store { return &Store{db: db} }
+
+// Lease is one term of an execution lease, as held by one delivery.
+type Lease struct {
+	BatchID    int64
+	HolderID   string
+	Generation int64
+	// ExpiresAt is the database-clock expiry of this term.
+	ExpiresAt time.Time
+}
+
+// Fence returns the fence that a holder's state writes carry.
+func (l Lease) Fence() batch.Fence {
+	return batch.Fence{BatchID: l.BatchID, LeaseID: l.HolderID, Generation: l.Generation}
+}
+
+// Outcome is the domain result of Acquire.
+type Outcome int
+
+const (
+	// Acquired means the caller now holds the lease (fresh or taken over).
+	Acquired Outcome = iota + 1
+	// Held means another delivery holds a live lease.
+	Held
+	// Terminal means the batch is not Running and cannot be leased.
+	Terminal
+	// NotFound means no batch has the id.
+	NotFound
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Acquired:
+		return "acquired"
+	case Held:
+		return "held"
+	case Terminal:
+		return "terminal"
+	case NotFound:
+		return "not_found"
+	}
+	return "unknown"
+}
+
+// Acquisition is what Acquire decided.
+type Acquisition struct {
+	Outcome Outcome
+	// Lease is the term now held, when Outcome is Acquired.
+	Lease Lease
+	// TakenOver is true when Acquired replaced an expired holder.
+	TakenOver bool
+	// PreviousHolder and PreviousExpiresAt describe the expired term that was
+	// taken over, or, when Outcome is Held, the live holder and its expiry.
+	PreviousHolder    string
+	PreviousExpiresAt time.Time
+	// Now is the database clock when the decision was made.
+	Now time.Time
+	// Status is the batch's status when Outcome is Terminal.
+	Status batch.Status
+}
+
+// TakeoverDelay is how long after the previous term's expiry it was taken
+// over, by the database clock. It is zero unless TakenOver.
+func (a Acquisition) TakeoverDelay() time.Duration {
+	if !a.TakenOver {
+		return 0
+	}
+	return a.Now.Sub(a.PreviousExpiresAt)
+}
+
+// ErrInvalidTTL is returned for a non-positive lease duration.
+var ErrInvalidTTL = errors.New("lease ttl must be positive")
+
+const acquireSQL = `
+	WITH prev AS (
+		SELECT id, execution_lease_id, execution_lease_expires_at
+		FROM ingestion_batches
+		WHERE id = $1
+		FOR UPDATE
+	)
+	UPDATE ingestion_batches b
+	SET execution_lease_id = $2,
+	    execution_lease_expires_at = now() + $3 * interval '1 microsecond',
+	    execution_lease_generation = b.execution_lease_generation + 1,
+	    updated_at = now()
+	FROM prev
+	WHERE b.id = prev.id
+	  AND b.status = 'Running'
+	  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= now())
+	RETURNING b.execution_lease_generation, b.execution_lease_expires_at,
+	          prev.execution_lease_id, prev.execution_lease_expires_at, now()`
+
+// maxAcquireAttempts bounds retries when the lease is released between the
+// acquisition attempt and the look-up that explains its failure.
+const maxAcquireAttempts = 3
+
+// Acquire takes the execution lease of a Running batch for holderID for ttl,
+// measured on the database clock. It never takes a live lease held by
+// another delivery. Expected outcomes (Held, Terminal, NotFound) are
+// results; errors are infrastructure failures or invalid arguments.
+func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl time.Duration) (Acquisition, error) {
+	if err := batch.ValidateLeaseID(holderID); err != nil {
+		return Acquisition{}, err
+	}
+	if ttl <= 0 {
+		return Acquisition{}, ErrInvalidTTL
+	}
+	for range maxAcquireAttempts {
+		var (
+			a          = Acquisition{Outcome: Acquired, Lease: Lease{BatchID: batchID, HolderID: holderID}}
+			prevHolder *string
+			prevExp    *time.Time
+		)
+		err := s.db.QueryRow(ctx, acquireSQL, batchID, holderID, ttl.Microseconds()).
+			Scan(&a.Lease.Generation, &a.Lease.ExpiresAt, &prevHolder, &prevExp, &a.Now)
+		if err == nil {
+			if prevHolder != nil && prevExp != nil {
+				a.TakenOver, a.PreviousHolder, a.PreviousExpiresAt = true, *prevHolder, *prevExp
+			}
+			return a, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Acquisition{}, fmt.Errorf("acquiring lease on batch %d: %w", batchID, err)
+		}
+
+		var (
+			status batch.Status
+			now    time.Time
+		)
+		err = s.db.QueryRow(ctx, `
+			SELECT status, execution_lease_id, execution_lease_expires_at, now()
+			FROM ingestion_batches WHERE id = $1`, batchID).Scan(&status, &prevHolder, &prevExp, &now)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return Acquisition{Outcome: NotFound}, nil
+		case err != nil:
+			return Acquisition{}, fmt.Errorf("reading lease of batch %d: %w", batchID, err)
+		case status != batch.StatusRunning:
+			return Acquisition{Outcome: Terminal, Status: status, Now: now}, nil
+		case prevHolder != nil && prevExp != nil && prevExp.After(now):
+			return Acquisition{Outcome: Held, PreviousHolder: *prevHolder, PreviousExpiresAt: *prevExp, Now: now}, nil
+		}
+		// Released or expired since the attempt: try again.
+	}
+	return Acquisition{}, fmt.Errorf("acquiring lease on batch %d: gave up after %d attempts", batchID, maxAcquireAttempts)
+}
+
+// Renew extends the exact term l to now() + ttl by the database clock. It
+// returns the renewed lease and true, or false when the term is no longer
+// held (expired, taken over, released, or the batch left Running); a lost
+// lease must stop all work at once.
+func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, bool, error) {
+	if ttl <= 0 {
+		return l, false, ErrInvalidTTL
+	}
+	err := s.db.QueryRow(ctx, `
+		UPDATE ingestion_batches
+		SET execution_lease_expires_at = now() + $4 * interval '1 microsecond'
+		WHERE id = $1
+		  AND execution_lease_id = $2
+		  AND execution_lease_generation = $3
+		  AND status = 'Running'
+		  AND execution_lease_expires_at > now()
+		RETURNING execution_lease_expires_at`,
+		l.BatchID, l.HolderID, l.Generation, ttl.Microseconds()).Scan(&l.ExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, false, nil
+	}
+	if err != nil {
+		return l, false, fmt.Errorf("renewing lease on batch %d: %w", l.BatchID, err)
+	}
+	return l, true, nil
+}
+
+// Release frees the lease if the term l still holds it, so a successor need
+// not wait for expiry. It reports whether anything was released; releasing a
+// term that was lost or already released is not an error.
+func (s *Store) Release(ctx context.Context, l Lease) (bool, error) {
+	tag, err := s.db.Exec(ctx, `
+		UPDATE ingestion_batches
+		SET execution_lease_id = NULL, execution_lease_expires_at = NULL, updated_at = now()
+		WHERE id = $1 AND execution_lease_id = $2 AND execution_lease_generation = $3`,
+		l.BatchID, l.HolderID, l.Generation)
+	if err != nil {
+		return false, fmt.Errorf("releasing lease on batch %d: %w", l.BatchID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

@@ -1,0 +1,289 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+func reserve(t testing.TB, pool *pgxpool.Pool, tenant, folder string) batch.Batch {
+	t.Helper()
+	res, err := batch.NewStore(pool).Reserve(context.Background(), batch.Reservation{
+		CompanyID: "company-1", TenantID: tenant, TenantDatabase: "tenant_db",
+		SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
+		PipelineStage: batch.PipelineStageFleet, SourceScope: "fleet_s3:" + folder,
+		Details: batch.NewDetails(folder),
+	})
+	require.NoError(t, err)
+	require.Equal(t, batch.Reserved, res.Outcome)
+	return res.Batch
+}
+
+// waitExpired blocks until the database clock has passed the lease expiry.
+// It polls the database rather than sleeping a guessed amount.
+func waitExpired(t *testing.T, pool *pgxpool.Pool, l lease.Lease) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var expired bool
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT now() >= $1`, l.ExpiresAt).Scan(&expired))
+		return expired
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+func TestAcquire(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+
+	t.Run("fresh acquisition uses the database clock", func(t *testing.T) {
+		b := reserve(t, pool, "tenant-a", "s3://bucket/fresh")
+		var before time.Time
+		require.NoError(t, pool.QueryRow(ctx, `SELECT now()`).Scan(&before))
+		a, err := leases.Acquire(ctx, b.ID, "delivery-1", 30*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, lease.Acquired, a.Outcome)
+		require.False(t, a.TakenOver)
+		require.Equal(t, int64(1), a.Lease.Generation)
+		require.WithinDuration(t, a.Now.Add(30*time.Second), a.Lease.ExpiresAt, time.Millisecond)
+		require.True(t, !a.Now.Before(before))
+
+		got, err := batch.NewStore(pool).Get(ctx, b.ID)
+		require.NoError(t, err)
+		require.Equal(t, "delivery-1", *got.LeaseID)
+		require.Equal(t, int64(1), got.LeaseGeneration)
+	})
+
+	t.Run("not found", func(t *testing.T) {
+		a, err := leases.Acquire(ctx, 987654321, "delivery-1", time.Second)
+		require.NoError(t, err)
+		require.Equal(t, lease.NotFound, a.Outcome)
+	})
+
+	t.Run("terminal batches cannot acquire", func(t *testing.T) {
+		for _, status := range []batch.Status{batch.StatusSucceeded, batch.StatusFailed} {
+			b := reserve(t, pool, "tenant-a", "s3://bucket/terminal-"+string(status))
+			require.NoError(t, batch.NewStore(pool).UpdateStatus(ctx, b.ID, status))
+			a, err := leases.Acquire(ctx, b.ID, "delivery-1", time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, lease.Terminal, a.Outcome)
+			require.Equal(t, status, a.Status)
+			got, err := batch.NewStore(pool).Get(ctx, b.ID)
+			require.NoError(t, err)
+			require.Nil(t, got.LeaseID)
+			require.Zero(t, got.LeaseGeneration)
+		}
+	})
+
+	t.Run("a lease finished with a terminal write cannot be reacquired", func(t *testing.T) {
+		b := reserve(t, pool, "tenant-a", "s3://bucket/finished")
+		a, err := leases.Acquire(ctx, b.ID, "delivery-1", time.Minute)
+		require.NoError(t, err)
+		_, err = batch.NewStore(pool).MarkSucceeded(ctx, a.Lease.Fence(), batch.NewDetails("f"))
+		require.NoError(t, err)
+		again, err := leases.Acquire(ctx, b.ID, "delivery-2", time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, lease.Terminal, again.Outcome)
+	})
+
+	t.Run("invalid arguments", func(t *testing.T) {
+		_, err := leases.Acquire(ctx, 1, "", time.Second)
+		require.Error(t, err)
+		_, err = leases.Acquire(ctx, 1, "holder", 0)
+		require.ErrorIs(t, err, lease.ErrInvalidTTL)
+	})
+}
+
+// TestConcurrentDeliveriesOneHolder releases 32 acquisitions of one batch
+// together, each on its own connection, for 20 rounds: exactly one wins each
+// round and the others see it as the live holder.
+func TestConcurrentDeliveriesOneHolder(t *testing.T) {
+	t.Parallel()
+	const (
+		clients = 32
+		rounds  = 20
+	)
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	conns := make([]*pgxpool.Conn, clients)
+	for i := range conns {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		conns[i] = c
+		t.Cleanup(c.Release)
+	}
+
+	for round := range rounds {
+		b := reserve(t, pool, "tenant-a", fmt.Sprintf("s3://bucket/deliveries-%d", round))
+		results := make([]lease.Acquisition, clients)
+		errs := make([]error, clients)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range clients {
+			wg.Go(func() {
+				<-start
+				results[i], errs[i] = lease.NewStore(conns[i]).Acquire(ctx, b.ID, fmt.Sprintf("delivery-%d-%d", round, i), time.Minute)
+			})
+		}
+		close(start)
+		wg.Wait()
+
+		winner := ""
+		for i := range clients {
+			require.NoError(t, errs[i])
+			if results[i].Outcome == lease.Acquired {
+				require.Empty(t, winner, "round %d: two holders", round)
+				winner = results[i].Lease.HolderID
+				require.Equal(t, int64(1), results[i].Lease.Generation)
+			}
+		}
+		require.NotEmpty(t, winner, "round %d: nobody acquired", round)
+		for i := range clients {
+			if results[i].Outcome != lease.Acquired {
+				require.Equal(t, lease.Held, results[i].Outcome)
+				require.Equal(t, winner, results[i].PreviousHolder)
+			}
+		}
+	}
+}
+
+func TestExpiredLeaseTakenOverLiveRenewedLeaseNot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+	b := reserve(t, pool, "tenant-a", "s3://bucket/takeover")
+
+	first, err := leases.Acquire(ctx, b.ID, "delivery-1", 400*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, lease.Acquired, first.Outcome)
+
+	// Renewed like a heartbeat until the database clock is past the first
+	// term's expiry, the lease stays live and cannot be taken.
+	l := first.Lease
+	for {
+		var ok bool
+		l, ok, err = leases.Renew(ctx, l, 400*time.Millisecond)
+		require.NoError(t, err)
+		require.True(t, ok)
+		var past bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT now() >= $1`, first.Lease.ExpiresAt).Scan(&past))
+		if past {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	held, err := leases.Acquire(ctx, b.ID, "delivery-2", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, lease.Held, held.Outcome, "a live renewed lease is never taken")
+	require.Equal(t, "delivery-1", held.PreviousHolder)
+	require.WithinDuration(t, l.ExpiresAt, held.PreviousExpiresAt, time.Microsecond)
+
+	// Once it expires unrenewed, another delivery takes it over.
+	waitExpired(t, pool, l)
+	taken, err := leases.Acquire(ctx, b.ID, "delivery-2", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, lease.Acquired, taken.Outcome)
+	require.True(t, taken.TakenOver)
+	require.Equal(t, "delivery-1", taken.PreviousHolder)
+	require.Equal(t, l.Generation+1, taken.Lease.Generation)
+	require.GreaterOrEqual(t, taken.TakeoverDelay(), time.Duration(0))
+
+	// The old holder can neither renew nor release the new term.
+	_, ok, err := leases.Renew(ctx, l, time.Minute)
+	require.NoError(t, err)
+	require.False(t, ok)
+	released, err := leases.Release(ctx, l)
+	require.NoError(t, err)
+	require.False(t, released)
+	got, err := batch.NewStore(pool).Get(ctx, b.ID)
+	require.NoError(t, err)
+	require.Equal(t, "delivery-2", *got.LeaseID)
+}
+
+func TestExpiredLeaseCannotBeRenewed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+	b := reserve(t, pool, "tenant-a", "s3://bucket/expired-renew")
+	a, err := leases.Acquire(ctx, b.ID, "delivery-1", 50*time.Millisecond)
+	require.NoError(t, err)
+	waitExpired(t, pool, a.Lease)
+	_, ok, err := leases.Renew(ctx, a.Lease, time.Minute)
+	require.NoError(t, err)
+	require.False(t, ok, "an expired term is lost even if nobody took it over")
+	_, err = batch.NewStore(pool).WriteDetails(ctx, a.Lease.Fence(), batch.NewDetails("f"))
+	require.ErrorIs(t, err, batch.ErrStaleLease)
+}
+
+func TestReleaseLetsASuccessorInAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+	b := reserve(t, pool, "tenant-a", "s3://bucket/release")
+	a, err := leases.Acquire(ctx, b.ID, "delivery-1", time.Hour)
+	require.NoError(t, err)
+	released, err := leases.Release(ctx, a.Lease)
+	require.NoError(t, err)
+	require.True(t, released)
+	next, err := leases.Acquire(ctx, b.ID, "delivery-2", time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, lease.Acquired, next.Outcome)
+	require.False(t, next.TakenOver, "a released lease is free, not taken over")
+	require.Equal(t, int64(2), next.Lease.Generation)
+}
+
+func TestStaleHolderWriteRejectedAfterTakeover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+	store := batch.NewStore(pool)
+	b := reserve(t, pool, "tenant-a", "s3://bucket/stale")
+
+	stale, err := leases.Acquire(ctx, b.ID, "delivery-paused", 50*time.Millisecond)
+	require.NoError(t, err)
+	waitExpired(t, pool, stale.Lease)
+	fresh, err := leases.Acquire(ctx, b.ID, "delivery-successor", time.Minute)
+	require.NoError(t, err)
+	require.True(t, fresh.TakenOver)
+
+	d := batch.NewDetails("f")
+	d.Phase = batch.PhaseLoading
+	_, err = store.WriteDetails(ctx, fresh.Lease.Fence(), d)
+	require.NoError(t, err)
+
+	// Every kind of write by the paused holder is rejected.
+	stalePhase := batch.NewDetails("f")
+	stalePhase.Phase = batch.PhaseCommitted
+	_, err = store.WriteDetails(ctx, stale.Lease.Fence(), stalePhase)
+	require.ErrorIs(t, err, batch.ErrStaleLease)
+	_, err = store.MarkSucceeded(ctx, stale.Lease.Fence(), stalePhase)
+	require.ErrorIs(t, err, batch.ErrStaleLease)
+	_, err = store.MarkFailed(ctx, stale.Lease.Fence(), stalePhase, batch.PhaseFailedPreCommit, "late")
+	require.ErrorIs(t, err, batch.ErrStaleLease)
+	// A forged fence with the right holder id but an old generation fails too.
+	forged := fresh.Lease.Fence()
+	forged.Generation--
+	_, err = store.WriteDetails(ctx, forged, stalePhase)
+	require.ErrorIs(t, err, batch.ErrStaleLease)
+
+	got, err := store.Get(ctx, b.ID)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusRunning, got.Status)
+	gotDetails, err := batch.ParseDetails(got.Details)
+	require.NoError(t, err)
+	require.Equal(t, batch.PhaseLoading, gotDetails.Phase, "the successor's write stands")
+	require.Equal(t, "delivery-successor", *got.LeaseID)
+}

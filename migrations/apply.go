@@ -1,0 +1,59 @@
+package migrations
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+)
+
+// applyLockKey is the advisory lock that serialises Apply across processes
+// (River's migrator takes none of its own).
+const applyLockKey int64 = 0x666c656574_01 // "fleet" + 1
+
+// Report lists what Apply did.
+type Report struct {
+	// Project lists the project migrations applied, in order.
+	Project []Applied
+	// River lists River's migration versions applied, in order.
+	River []rivermigrate.MigrateVersion
+}
+
+// Apply brings the database to the current schema: the project's migrations
+// (goose), then River's (rivermigrate). It holds a session advisory lock for
+// the whole run, so concurrent callers apply each migration once. It is
+// idempotent: on a current database it applies nothing and returns an empty
+// report.
+func Apply(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (Report, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return Report{}, fmt.Errorf("connecting: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, applyLockKey); err != nil {
+		return Report{}, fmt.Errorf("taking migration lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, applyLockKey) //nolint:errcheck
+
+	var report Report
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if report.Project, err = Up(ctx, db); err != nil {
+		return report, err
+	}
+
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
+	if err != nil {
+		return report, fmt.Errorf("creating River migrator: %w", err)
+	}
+	res, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	if err != nil {
+		return report, fmt.Errorf("applying River migrations: %w", err)
+	}
+	report.River = res.Versions
+	return report, nil
+}

@@ -1,0 +1,126 @@
+package migrations_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/migrations"
+)
+
+// TestUpgradeFromBaselineKeepsExistingBatches starts from a database at the
+// baseline that already holds date-scoped batches and applies the rest.
+func TestUpgradeFromBaselineKeepsExistingBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.NewDatabaseURLAt(t, 1))
+
+	_, err := pool.Exec(ctx, `
+		INSERT INTO ingestion_batches
+			(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			 business_date, pipeline_stage, status, is_current, details)
+		VALUES
+			('c1', 'tenant-a', 'db_a', 'Api', 'BrinkPos', '2026-01-02', 'brink_raw', 'Succeeded', true,  '{"rows": 10}'),
+			('c1', 'tenant-a', 'db_a', 'Cdc', 'KdsCdc',   '2026-01-02', 'kds_cdc',   'Running',   false, '{}'),
+			('c2', 'tenant-b', 'db_b', 'Api', 'BrinkPos', NULL,         'brink_raw', 'Failed',    false, '{"error": "x"}')`)
+	require.NoError(t, err)
+	type row struct {
+		ID                                             int64
+		Company, Tenant, Database, Mode, Source, Stage string
+		Status                                         string
+		Current                                        bool
+		Details                                        string
+	}
+	read := func() []row {
+		rows, err := pool.Query(ctx, `
+			SELECT id, company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			       pipeline_stage, status, is_current, details::text
+			FROM ingestion_batches ORDER BY id`)
+		require.NoError(t, err)
+		defer rows.Close()
+		var out []row
+		for rows.Next() {
+			var r row
+			require.NoError(t, rows.Scan(&r.ID, &r.Company, &r.Tenant, &r.Database, &r.Mode, &r.Source, &r.Stage, &r.Status, &r.Current, &r.Details))
+			out = append(out, r)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	before := read()
+	require.Len(t, before, 3)
+
+	report, err := migrations.Apply(ctx, pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	require.NotEmpty(t, report.Project)
+	require.Equal(t, int64(2), report.Project[0].Version)
+	require.NotEmpty(t, report.River, "River's tables come with the same command")
+
+	require.Equal(t, before, read(), "existing rows are intact")
+	var nonNull, nonZeroGen int
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE source_scope IS NOT NULL OR execution_lease_id IS NOT NULL OR execution_lease_expires_at IS NOT NULL),
+		       count(*) FILTER (WHERE execution_lease_generation <> 0)
+		FROM ingestion_batches`).Scan(&nonNull, &nonZeroGen))
+	require.Zero(t, nonNull, "new columns are NULL on existing rows")
+	require.Zero(t, nonZeroGen)
+
+	var indexDef string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT indexdef FROM pg_indexes WHERE indexname = 'ux_ingestion_batches_running_scope'`).Scan(&indexDef))
+	require.Contains(t, indexDef, "UNIQUE")
+	require.Contains(t, indexDef, "(tenant_id, source_scope)")
+	require.Contains(t, indexDef, "WHERE (((status)::text = 'Running'::text) AND (source_scope IS NOT NULL))")
+
+	// Applying again is a no-op.
+	again, err := migrations.Apply(ctx, pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	require.Empty(t, again.Project)
+	require.Empty(t, again.River)
+	v, err := migrations.Version(ctx, stdlib.OpenDBFromPool(pool))
+	require.NoError(t, err)
+	require.Equal(t, int64(2), v)
+
+	// No operational table other than River's and goose's was added.
+	var tables []string
+	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename NOT LIKE 'river%' ORDER BY 1`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var name string
+		require.NoError(t, rows.Scan(&name))
+		tables = append(tables, name)
+	}
+	require.Equal(t, []string{"ingest_schema_migrations", "ingestion_batches"}, tables)
+}
+
+func TestConcurrentApplyIsSafe(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.NewDatabaseURLAt(t, 1))
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := migrations.Apply(ctx, pool, slog.New(slog.DiscardHandler))
+			errs <- err
+		}()
+	}
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+	v, err := migrations.Version(ctx, stdlib.OpenDBFromPool(pool))
+	require.NoError(t, err)
+	require.Equal(t, int64(2), v)
+}
+
+func TestHashIsStable(t *testing.T) {
+	t.Parallel()
+	a, err := migrations.Hash()
+	require.NoError(t, err)
+	b, err := migrations.Hash()
+	require.NoError(t, err)
+	require.Equal(t, a, b)
+	require.Len(t, a, 64)
+}
