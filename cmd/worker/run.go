@@ -58,7 +58,6 @@ type exitError struct {
 
 func (e exitError) Error() string { return e.err.Error() }
 
-
 type migrateCmd struct {
 	Timeout time.Duration `default:"5m" help:"Give up after this long."`
 }
