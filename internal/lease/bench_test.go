@@ -92,4 +92,3 @@ func BenchmarkBaselineRawUpdate(b *testing.B) {
 		}
 	}
 }
-
