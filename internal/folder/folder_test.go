@@ -1,0 +1,133 @@
+package folder
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+)
+
+func TestCanonicalize(t *testing.T) {
+	t.Parallel()
+	ok := []struct{ in, want string }{
+		{"s3://bucket/a/b", "s3://bucket/a/b"},
+		{"s3://Bucket//a/b", "s3://bucket/a/b"},
+		{"s3://bucket/a/b/", "s3://bucket/a/b"},
+		{"S3://BUCKET/A/b", "s3://bucket/A/b"},
+		{"s3://my.bucket-1/Fleet/2026-11-30/Upload 7", "s3://my.bucket-1/Fleet/2026-11-30/Upload 7"},
+		{"s3://bucket///x//y///", "s3://bucket/x/y"},
+		{"s3://bucket/a%2Fb", "s3://bucket/a%2Fb"},
+		{"s3://bucket/tenants/ÄÖ/日本", "s3://bucket/tenants/ÄÖ/日本"},
+		{"mem://tests/folder", "mem://tests/folder"},
+		{"file:///tmp/fleet/folder/", "file:///tmp/fleet/folder"},
+		{"file://localhost/tmp/x", "file:///tmp/x"},
+		{"FILE:////tmp//x", "file:///tmp/x"},
+	}
+	for _, tt := range ok {
+		f, err := Canonicalize(tt.in)
+		require.NoError(t, err, tt.in)
+		require.Equal(t, tt.want, f.String(), tt.in)
+		require.Equal(t, ScopePrefix+tt.want, f.Scope())
+		again, err := Canonicalize(f.String())
+		require.NoError(t, err)
+		require.Equal(t, f, again, "idempotent")
+	}
+
+	bad := []struct{ in, why string }{
+		{"", "want a URL"},
+		{"bucket/a", "want a URL"},
+		{"http://bucket/a", "unsupported scheme"},
+		{"gs://bucket/a", "unsupported scheme"},
+		{"s3://bucket", "empty path"},
+		{"s3://bucket/", "empty path"},
+		{"s3://bucket///", "empty path"},
+		{"s3:///a/b", "empty bucket"},
+		{"s3://bucket/a/../b", `".."`},
+		{"s3://bucket/..", `".."`},
+		{"s3://bucket/./a", `"."`},
+		{"s3://bucket/a?region=us-east-1", "query strings"},
+		{"s3://bucket/a#frag", "fragments"},
+		{"s3://bucket/a\x00b", "control character"},
+		{"s3://bucket/a\nb", "control character"},
+		{"s3://bucket/a\x7fb", "control character"},
+		{"s3://bucket/\xff", "UTF-8"},
+		{"s3://user:pw@bucket/a", "user info"},
+		{"s3://bucket:9000/a", "ports"},
+		{"s3://b/a", "3 to 63"},
+		{"s3://bu_cket/a", "only letters"},
+		{"s3://-bucket/a", "only letters"},
+		{"s3://bucket/a\\b", "backslashes"},
+		{"s3://bucket/ a", "whitespace"},
+		{"file://otherhost/tmp/x", "must be local"},
+		{"file:///", "empty path"},
+		{"s3://bucket/" + strings.Repeat("a", 200-len("fleet_s3:s3://bucket/")+1), "more than 200"},
+	}
+	for _, tt := range bad {
+		_, err := Canonicalize(tt.in)
+		require.ErrorIs(t, err, ErrInvalidFolder, tt.in)
+		require.ErrorContains(t, err, tt.why, tt.in)
+	}
+
+	exactly := "s3://bucket/" + strings.Repeat("a", 200-len("fleet_s3:s3://bucket/"))
+	f, err := Canonicalize(exactly)
+	require.NoError(t, err)
+	require.Len(t, f.Scope(), 200)
+}
+
+// FuzzCanonicalize checks the properties of canonical folders on any input:
+// no panic; success implies a valid, bounded scope without forbidden parts;
+// canonicalisation is idempotent; and every failure wraps ErrInvalidFolder.
+// The seed corpus runs in every normal test run.
+func FuzzCanonicalize(f *testing.F) {
+	for _, s := range []string{
+		"s3://bucket/a/b", "s3://Bucket//a/b", "s3://bucket/a/b/", "mem://tests/x", "file:///tmp/x",
+		"s3://bucket/a/../b", "s3://bucket/a?x=1", "s3://bucket", "", "s3://bucket/\x00", "s3://b\xffucket/a",
+		"file://host/x", "s3://bucket/%2e%2e/a", "S3://BUCKET/Key/Case", "s3://bucket//./",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		folder, err := Canonicalize(raw)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidFolder) {
+				t.Fatalf("error does not wrap ErrInvalidFolder: %v", err)
+			}
+			return
+		}
+		scope := folder.Scope()
+		if len(scope) > batch.MaxSourceScopeLen {
+			t.Fatalf("scope too long: %d", len(scope))
+		}
+		if err := batch.ValidateSourceScope(scope); err != nil {
+			t.Fatalf("canonical scope fails store validation: %v", err)
+		}
+		if !utf8.ValidString(scope) || strings.ContainsAny(folder.Prefix, "?#\\") {
+			t.Fatalf("forbidden characters survived: %q", scope)
+		}
+		for _, r := range scope {
+			if unicode.IsControl(r) {
+				t.Fatalf("control character survived: %q", scope)
+			}
+		}
+		for _, seg := range strings.Split(folder.Prefix, "/") {
+			if seg == "" || seg == "." || seg == ".." {
+				t.Fatalf("bad segment %q in %q", seg, folder.Prefix)
+			}
+		}
+		if folder.Bucket != strings.ToLower(folder.Bucket) {
+			t.Fatalf("bucket not lower-cased: %q", folder.Bucket)
+		}
+		again, err := Canonicalize(folder.String())
+		if err != nil {
+			t.Fatalf("canonical form %q refused: %v", folder.String(), err)
+		}
+		if again != folder {
+			t.Fatalf("not idempotent: %+v then %+v", folder, again)
+		}
+	})
+}
