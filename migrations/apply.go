@@ -21,6 +21,8 @@ type Report struct {
 	Project []Applied
 	// River lists River's migration versions applied, in order.
 	River []rivermigrate.MigrateVersion
+	// Warehouse lists the local warehouse migrations applied, in order.
+	Warehouse []Applied
 }
 
 // Apply brings the database to the current schema: the project's migrations
@@ -56,4 +58,21 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (Report
 	}
 	report.River = res.Versions
 	return report, nil
+}
+
+// ApplyWarehouse brings the local warehouse (schema curated) to the current
+// schema, under the same advisory lock as Apply, and returns what it applied.
+func ApplyWarehouse(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to warehouse: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, applyLockKey+1); err != nil {
+		return nil, fmt.Errorf("taking warehouse migration lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, applyLockKey+1) //nolint:errcheck
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return UpWarehouse(ctx, db)
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/pressly/goose/v3"
@@ -24,8 +25,16 @@ import (
 //go:embed *.sql
 var files embed.FS
 
+//go:embed warehouse/*.sql
+var warehouseFiles embed.FS
+
 // TableName is the goose version table that records applied migrations.
 const TableName = "ingest_schema_migrations"
+
+// WarehouseTableName is the goose version table of the local warehouse
+// schema (curated). It differs from TableName so the warehouse may share the
+// operational database, as it does by default locally.
+const WarehouseTableName = "ingest_warehouse_migrations"
 
 // Applied describes one migration that was applied by Up or UpTo.
 type Applied struct {
@@ -42,7 +51,21 @@ func Up(ctx context.Context, db *sql.DB) ([]Applied, error) {
 
 // UpTo applies pending migrations up to and including version.
 func UpTo(ctx context.Context, db *sql.DB, version int64) ([]Applied, error) {
-	provider, err := newProvider(db)
+	return upTo(ctx, db, files, TableName, version)
+}
+
+// UpWarehouse applies the local warehouse's migrations (schema curated) to
+// db. Production loads into Redshift, whose schema is managed there.
+func UpWarehouse(ctx context.Context, db *sql.DB) ([]Applied, error) {
+	sub, err := fs.Sub(warehouseFiles, "warehouse")
+	if err != nil {
+		return nil, err
+	}
+	return upTo(ctx, db, sub, WarehouseTableName, goose.MaxVersion)
+}
+
+func upTo(ctx context.Context, db *sql.DB, fsys fs.FS, table string, version int64) ([]Applied, error) {
+	provider, err := newProvider(db, fsys, table)
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +82,7 @@ func UpTo(ctx context.Context, db *sql.DB, version int64) ([]Applied, error) {
 
 // Version reports the highest migration version applied to db, 0 if none.
 func Version(ctx context.Context, db *sql.DB) (int64, error) {
-	provider, err := newProvider(db)
+	provider, err := newProvider(db, files, TableName)
 	if err != nil {
 		return 0, err
 	}
@@ -73,10 +96,20 @@ func Hash() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	wnames, err := fs.Glob(warehouseFiles, "warehouse/*.sql")
+	if err != nil {
+		return "", err
+	}
+	names = append(names, wnames...)
 	sort.Strings(names)
 	h := sha256.New()
 	for _, name := range names {
-		b, err := files.ReadFile(name)
+		var b []byte
+		if strings.HasPrefix(name, "warehouse/") {
+			b, err = warehouseFiles.ReadFile(name)
+		} else {
+			b, err = files.ReadFile(name)
+		}
 		if err != nil {
 			return "", err
 		}
@@ -86,13 +119,13 @@ func Hash() (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-func newProvider(db *sql.DB) (*goose.Provider, error) {
+func newProvider(db *sql.DB, fsys fs.FS, table string) (*goose.Provider, error) {
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
 		return nil, fmt.Errorf("creating migration lock: %w", err)
 	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, files,
-		goose.WithTableName(TableName),
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+		goose.WithTableName(table),
 		goose.WithSessionLocker(locker),
 	)
 	if err != nil {

@@ -59,7 +59,9 @@ type exitError struct {
 func (e exitError) Error() string { return e.err.Error() }
 
 type migrateCmd struct {
-	Timeout time.Duration `default:"5m" help:"Give up after this long."`
+	WarehouseURL  string        `name:"warehouse-url" env:"WAREHOUSE_URL" help:"PostgreSQL connection string of the local warehouse (schema curated). Defaults to the operational database. Not used for Redshift, whose schema is managed there."`
+	SkipWarehouse bool          `name:"skip-warehouse" help:"Do not migrate the local warehouse schema (production on Redshift)."`
+	Timeout       time.Duration `default:"5m" help:"Give up after this long."`
 }
 
 func (m *migrateCmd) Run(g *cli.Globals, e *env) error {
@@ -83,9 +85,24 @@ func (m *migrateCmd) Run(g *cli.Globals, e *env) error {
 	for _, v := range report.River {
 		fmt.Fprintf(e.stdout, "applied River migration %d %s (%s)\n", v.Version, v.Name, v.Duration.Round(time.Millisecond))
 	}
-	if len(report.Project)+len(report.River) == 0 {
+	if !m.SkipWarehouse {
+		whPool := pool
+		if m.WarehouseURL != "" && m.WarehouseURL != g.DatabaseURL {
+			if whPool, err = cli.Connect(ctx, m.WarehouseURL, 10*time.Second, nil); err != nil {
+				return fmt.Errorf("warehouse: %w", err)
+			}
+			defer whPool.Close()
+		}
+		if report.Warehouse, err = migrations.ApplyWarehouse(ctx, whPool); err != nil {
+			return fmt.Errorf("warehouse: %w", err)
+		}
+	}
+	for _, a := range report.Warehouse {
+		fmt.Fprintf(e.stdout, "applied warehouse migration %d %s (%s)\n", a.Version, a.Source, a.Duration.Round(time.Millisecond))
+	}
+	if len(report.Project)+len(report.River)+len(report.Warehouse) == 0 {
 		fmt.Fprintln(e.stdout, "database schema is current: nothing to apply")
 	}
-	e.logger.Info("migrations applied", "project", len(report.Project), "river", len(report.River))
+	e.logger.Info("migrations applied", "project", len(report.Project), "river", len(report.River), "warehouse", len(report.Warehouse))
 	return nil
 }

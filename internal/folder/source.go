@@ -28,7 +28,8 @@ const (
 
 // Object is one data object of a folder.
 type Object struct {
-	// Key is the full object key in the bucket.
+	// Key is the object key in the bucket (for file folders, relative to
+	// the folder).
 	Key    string
 	Size   int64
 	Format Format
@@ -74,27 +75,23 @@ type Opener struct{}
 
 // Open returns a Source reading f.
 func (Opener) Open(ctx context.Context, f Folder) (*Source, error) {
-	var (
-		b   *blob.Bucket
-		err error
-	)
+	s := &Source{Folder: f, keyPrefix: f.Prefix + "/"}
+	var err error
 	switch f.Scheme {
 	case SchemeS3:
-		b, err = blob.OpenBucket(ctx, "s3://"+f.Bucket)
-		if err == nil {
-			b = blob.PrefixedBucket(b, f.Prefix+"/")
-		}
+		s.bucket, err = blob.OpenBucket(ctx, "s3://"+f.Bucket)
 	case SchemeFile:
-		b, err = fileblob.OpenBucket("/"+f.Prefix, &fileblob.Options{Metadata: fileblob.MetadataDontWrite})
+		s.bucket, err = fileblob.OpenBucket("/"+f.Prefix, &fileblob.Options{Metadata: fileblob.MetadataDontWrite})
+		s.keyPrefix = ""
 	case SchemeMem:
-		b = blob.PrefixedBucket(MemBucket(f.Bucket), f.Prefix+"/")
+		s.bucket, s.shared = MemBucket(f.Bucket), true
 	default:
 		err = fmt.Errorf("unsupported scheme %q", f.Scheme)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("opening folder %s: %w", f, err)
 	}
-	return &Source{Folder: f, bucket: b}, nil
+	return s, nil
 }
 
 var (
@@ -117,14 +114,16 @@ func MemBucket(name string) *blob.Bucket {
 
 // Source reads the objects of one folder.
 type Source struct {
-	Folder Folder
-	bucket *blob.Bucket
+	Folder    Folder
+	bucket    *blob.Bucket
+	keyPrefix string // the folder's prefix within bucket, "" or ending in "/"
+	shared    bool   // bucket belongs to the mem registry: never closed
 }
 
 // Close releases the bucket.
 func (s *Source) Close() error {
-	if s.Folder.Scheme == SchemeMem {
-		return nil // shared; closing the prefixed view would close it for all
+	if s.shared {
+		return nil
 	}
 	return s.bucket.Close()
 }
@@ -135,7 +134,7 @@ func (s *Source) Close() error {
 // marker, and the storage error when the folder cannot be listed.
 func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 	var objects []Object
-	it := s.bucket.List(nil)
+	it := s.bucket.List(&blob.ListOptions{Prefix: s.keyPrefix})
 	for {
 		o, err := it.Next(ctx)
 		if errors.Is(err, io.EOF) {
@@ -144,7 +143,7 @@ func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 		if err != nil {
 			return nil, fmt.Errorf("listing %s: %w", s.Folder, err)
 		}
-		if o.IsDir || IsMarker(o.Key) {
+		if o.IsDir || IsMarker(strings.TrimPrefix(o.Key, s.keyPrefix)) {
 			continue
 		}
 		format, ok := FormatOf(o.Key)
@@ -160,13 +159,13 @@ func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 	return objects, nil
 }
 
-// FullKey returns the object's key as stored in the bucket, including the
-// folder prefix.
+// FullKey returns the object's key as recorded with its records: the key in
+// the bucket, or the absolute path for file folders.
 func (s *Source) FullKey(o Object) string {
 	if s.Folder.Scheme == SchemeFile {
 		return "/" + s.Folder.Prefix + "/" + o.Key
 	}
-	return s.Folder.Prefix + "/" + o.Key
+	return o.Key
 }
 
 // IsNotFound reports whether a storage error means the object or bucket

@@ -85,7 +85,8 @@ func startContainer() (string, error) {
 }
 
 // Migrator migrates a template database. With UpToVersion 0 it applies
-// everything "worker migrate" applies (project and River migrations);
+// everything "worker migrate" applies (project, River and local warehouse
+// migrations, the warehouse sharing the database as it does by default);
 // otherwise only the project's migrations up to that version.
 type Migrator struct {
 	UpToVersion int64
@@ -111,7 +112,10 @@ func (m Migrator) Migrate(ctx context.Context, db *sql.DB, conf pgtestdb.Config)
 		return err
 	}
 	defer pool.Close()
-	_, err = migrations.Apply(ctx, pool, slog.New(slog.DiscardHandler))
+	if _, err = migrations.Apply(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
+		return err
+	}
+	_, err = migrations.ApplyWarehouse(ctx, pool)
 	return err
 }
 

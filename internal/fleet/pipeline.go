@@ -1,0 +1,166 @@
+// Package fleet is the Fleet import pipeline: it loads a canonical source
+// folder into the warehouse slice of its tenant and scope, stamped with the
+// batch id, then publishes it.
+//
+// Phases, each recorded durably in the batch details with a lease-fenced
+// write before the step it announces:
+//
+//	reserved ─▶ loading ─▶ (warehouse commit) ─▶ committed, redshiftCommitted=true
+//	         ─▶ publishing ─▶ (warehouse publication) ─▶ published (Succeeded)
+//
+// Each step is idempotent, so a delivery may start over from whatever phase
+// a previous one recorded:
+//
+//   - Before loading, the warehouse stamp is read back. If the slice is
+//     already stamped with this batch, a previous delivery committed and died
+//     before recording it: the load is skipped and publication continues.
+//     If it is stamped with a newer batch, this one is superseded.
+//   - A load replaces the whole slice in one warehouse transaction, so a
+//     repeated load leaves exactly one copy of each record.
+//   - Publication happens once per batch and only while the slice is still
+//     stamped with it.
+//
+// Failures: anything that goes wrong before the warehouse commit and is not
+// transient (unreadable or empty folder, malformed record, warehouse
+// refusing the data) is failed_pre_commit, terminal: the previous slice is
+// untouched and recovery is a new batch. After the commit, a non-transient
+// publication error is failed_publication, which may be resumed; a slice
+// replaced by a newer batch is superseded and a publication not completed
+// within the window is publication_expired. Transient errors (see
+// pipeline.IsTransient) leave the batch Running for a retry.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+// Pipeline loads and publishes Fleet batches.
+type Pipeline struct {
+	// Opener opens source folders.
+	Opener folder.Opener
+	// Warehouse receives the slices.
+	Warehouse warehouse.Warehouse
+	// PublicationWindow is how long after its commit a slice may still be
+	// published. Defaults to batch.DefaultPublicationWindow (24 h).
+	PublicationWindow time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+var _ pipeline.Pipeline = (*Pipeline)(nil)
+
+// Execute implements pipeline.Pipeline.
+func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
+	logger := p.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	b, d := run.Batch, run.Details
+	logger = logger.With("batch_id", b.ID, "tenant_id", b.TenantID, "lease_id", run.Lease.HolderID, "lease_generation", run.Lease.Generation)
+	f, err := folder.Canonicalize(d.SourceFolder)
+	if err != nil || f.Scope() != b.Scope() {
+		return pipeline.Fail(batch.PhaseFailedPreCommit, fmt.Errorf("details folder %q does not match the batch scope %q", d.SourceFolder, b.Scope()))
+	}
+	slice := warehouse.Slice{TenantID: b.TenantID, SourceScope: b.Scope(), BatchID: b.ID, Generation: run.Lease.Generation}
+
+	if !d.RedshiftCommitted {
+		st, found, err := p.Warehouse.Stamp(ctx, slice.TenantID, slice.SourceScope)
+		if err != nil {
+			return classify(batch.PhaseFailedPreCommit, err)
+		}
+		switch {
+		case found && st.BatchID == b.ID:
+			logger.Info("warehouse commit found without a record of it: continuing from publication", "record_count", st.RecordCount)
+		case found && st.BatchID > b.ID:
+			return pipeline.Fail(batch.PhaseSuperseded, fmt.Errorf("warehouse slice is stamped with newer batch %d", st.BatchID))
+		default:
+			if st, err = p.load(ctx, run, f, slice, logger); err != nil {
+				return err
+			}
+		}
+		d = run.Details
+		d.Phase, d.RedshiftCommitted, d.RecordCount = batch.PhaseCommitted, true, st.RecordCount
+		committedAt := st.CommittedAt
+		d.CommittedAt = &committedAt
+		if err := run.Checkpoint(ctx, d); err != nil {
+			return err
+		}
+	}
+
+	if d.Publication.Completed {
+		return nil
+	}
+	start := time.Now()
+	d.Phase, d.Publication.Started = batch.PhasePublishing, true
+	startedAt := start.UTC()
+	d.Publication.StartedAt = &startedAt
+	if err := run.Checkpoint(ctx, d); err != nil {
+		return err
+	}
+	window := p.PublicationWindow
+	if window <= 0 {
+		window = batch.DefaultPublicationWindow
+	}
+	st, err := p.Warehouse.Publish(ctx, slice, window)
+	switch {
+	case errors.Is(err, warehouse.ErrSliceSuperseded):
+		return pipeline.Fail(batch.PhaseSuperseded, err)
+	case errors.Is(err, warehouse.ErrPublicationExpired):
+		return pipeline.Fail(batch.PhasePublicationExpired, err)
+	case err != nil:
+		return classify(batch.PhaseFailedPublication, err)
+	}
+	d.Phase, d.Publication.Completed, d.Publication.CompletedAt = batch.PhasePublished, true, st.PublishedAt
+	run.Details = d
+	logger.Info("batch published", "record_count", st.RecordCount, "publish_seconds", time.Since(start).Seconds())
+	return nil
+}
+
+// load records the loading phase and loads the folder into the slice.
+func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder, slice warehouse.Slice, logger *slog.Logger) (warehouse.Stamp, error) {
+	d := run.Details
+	d.Phase = batch.PhaseLoading
+	if err := run.Checkpoint(ctx, d); err != nil {
+		return warehouse.Stamp{}, err
+	}
+	src, err := p.Opener.Open(ctx, f)
+	if err != nil {
+		return warehouse.Stamp{}, classify(batch.PhaseFailedPreCommit, err)
+	}
+	defer src.Close()
+	objects, err := src.Objects(ctx)
+	if err != nil {
+		return warehouse.Stamp{}, classify(batch.PhaseFailedPreCommit, err)
+	}
+	start := time.Now()
+	logger.Info("loading folder", "folder", f.String(), "objects", len(objects))
+	st, err := p.Warehouse.Load(ctx, slice, src, objects, run.VerifyLease)
+	switch {
+	case errors.Is(err, batch.ErrStaleLease):
+		return warehouse.Stamp{}, err
+	case errors.Is(err, warehouse.ErrSliceSuperseded):
+		return warehouse.Stamp{}, pipeline.Fail(batch.PhaseSuperseded, err)
+	case err != nil:
+		return warehouse.Stamp{}, classify(batch.PhaseFailedPreCommit, err)
+	}
+	logger.Info("warehouse slice committed", "record_count", st.RecordCount, "load_seconds", time.Since(start).Seconds())
+	return st, nil
+}
+
+// classify returns err itself when it is transient, otherwise a Failure
+// recording phase.
+func classify(phase batch.Phase, err error) error {
+	if pipeline.IsTransient(err) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return pipeline.Fail(phase, err)
+}

@@ -1,0 +1,234 @@
+// Package pipeline is the seam between the queue and the work of one source
+// type. The queue side (package jobs) finds the batch, holds its execution
+// lease and keeps it alive; a Pipeline continues the batch from the phase its
+// details record and reports how it ended; Execute turns that report into
+// the batch's fenced state writes.
+//
+// Adding a source type means writing a Pipeline and registering it; the
+// lease and queue code do not change.
+//
+// Transient or terminal: an error a Pipeline returns is one of
+//
+//   - a *Failure (made with Fail): a handled failure with the failed_* phase
+//     to record. Execute marks the batch Failed; it is not retried.
+//   - batch.ErrStaleLease: the lease was lost; nothing more is written.
+//   - anything else: transient. The batch stays Running with its progress
+//     in details, and the delivery is retried.
+//
+// Pipelines decide with IsTransient: connection-level failures (refused,
+// reset, timeouts, SQLSTATE class 08), serialization failures and deadlocks
+// (40001, 40P01), server shutdown or overload (57P01–57P03, 53300) and
+// storage unavailability are transient; everything else (bad data, missing
+// folders, permission errors, constraint or trigger errors) is terminal.
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/lease"
+)
+
+// Pipeline does the work of one source type for a Running batch.
+type Pipeline interface {
+	// Execute continues run's batch from the phase its details record,
+	// saving progress with run.Checkpoint. It returns nil when the work is
+	// complete (published), leaving the final details in run.Details; a
+	// *Failure for a handled terminal failure; batch.ErrStaleLease when the
+	// lease was lost; any other error for a transient failure.
+	Execute(ctx context.Context, run *Run) error
+}
+
+// Registry maps source types to their pipelines.
+type Registry map[batch.SourceType]Pipeline
+
+// Run is one delivery's view of a batch it holds the lease on.
+type Run struct {
+	Batch   batch.Batch
+	Details batch.Details
+	Lease   lease.Lease
+
+	store  *batch.Store
+	verify func(context.Context) error
+}
+
+// Checkpoint durably records d as the batch's details, fenced on the lease.
+// It returns batch.ErrStaleLease, writing nothing, if the lease was lost.
+func (r *Run) Checkpoint(ctx context.Context, d batch.Details) error {
+	b, err := r.store.WriteDetails(ctx, r.Lease.Fence(), d)
+	if err != nil {
+		return err
+	}
+	r.Batch, r.Details = b, d
+	return nil
+}
+
+// VerifyLease checks that the lease is still held (renewing it), for use
+// right before an irreversible step such as a warehouse commit. It returns
+// batch.ErrStaleLease if the lease was lost.
+func (r *Run) VerifyLease(ctx context.Context) error {
+	if r.verify == nil {
+		return nil
+	}
+	return r.verify(ctx)
+}
+
+// Failure is a handled, terminal failure of a batch.
+type Failure struct {
+	Phase batch.Phase
+	Err   error
+}
+
+func (f *Failure) Error() string { return fmt.Sprintf("%s: %v", f.Phase, f.Err) }
+func (f *Failure) Unwrap() error { return f.Err }
+
+// Fail returns a *Failure recording phase (failed_pre_commit,
+// failed_publication, superseded or publication_expired).
+func Fail(phase batch.Phase, err error) error { return &Failure{Phase: phase, Err: err} }
+
+// Outcome is how one execution of a batch ended.
+type Outcome string
+
+// Outcomes of Execute.
+const (
+	// Succeeded: the work completed and the batch is Succeeded.
+	Succeeded Outcome = "succeeded"
+	// Failed: a handled failure; the batch is Failed with Result.Phase.
+	Failed Outcome = "failed"
+	// SkippedTerminal: the batch was already terminal; nothing was done.
+	SkippedTerminal Outcome = "skipped_terminal"
+	// DetailsRefused: the details could not be parsed or have an unknown
+	// version; nothing was done and the batch was left as it is.
+	DetailsRefused Outcome = "details_refused"
+	// LeaseLost: the lease was lost mid-way; nothing more was written.
+	LeaseLost Outcome = "lease_lost"
+	// Retry: a transient failure or cancellation; the batch is still Running
+	// with its progress recorded, to be continued by a later delivery.
+	Retry Outcome = "retry"
+)
+
+// Result is what Execute did.
+type Result struct {
+	Outcome Outcome
+	// Phase is the failed phase when Outcome is Failed.
+	Phase batch.Phase
+	// Batch is the batch as last read or written.
+	Batch batch.Batch
+	// Err is the failure or transient error, if any.
+	Err error
+}
+
+// maxErrorMessage bounds an error message recorded in details.
+const maxErrorMessage = 2000
+
+// Execute runs the pipeline for the batch held by l and records the outcome
+// with fenced writes: Succeeded after the pipeline completes, Failed with the
+// failure's phase on a handled failure. verify checks the lease is still
+// held (see Run.VerifyLease); it may be nil. Execute writes nothing once ctx
+// is cancelled or the lease is lost. The returned error is non-nil only when
+// recording the outcome itself failed.
+func Execute(ctx context.Context, store *batch.Store, l lease.Lease, verify func(context.Context) error, registry Registry) (Result, error) {
+	b, err := store.Get(ctx, l.BatchID)
+	if err != nil {
+		return Result{}, fmt.Errorf("loading batch %d: %w", l.BatchID, err)
+	}
+	if b.Terminal() {
+		return Result{Outcome: SkippedTerminal, Batch: b}, nil
+	}
+	d, err := batch.ParseDetails(b.Details)
+	if err != nil {
+		return Result{Outcome: DetailsRefused, Batch: b, Err: err}, nil
+	}
+	if d.Phase.NoWork() {
+		return Result{Outcome: SkippedTerminal, Batch: b}, nil
+	}
+	p, ok := registry[b.SourceType]
+	if !ok {
+		return Result{Outcome: DetailsRefused, Batch: b, Err: fmt.Errorf("no pipeline for source type %q", b.SourceType)}, nil
+	}
+
+	run := &Run{Batch: b, Details: d, Lease: l, store: store, verify: verify}
+	perr := p.Execute(ctx, run)
+	var failure *Failure
+	switch {
+	case errors.Is(perr, batch.ErrStaleLease):
+		return Result{Outcome: LeaseLost, Batch: run.Batch, Err: perr}, nil
+	case ctx.Err() != nil:
+		// Cancelled (shutdown or lost lease): whatever the pipeline says,
+		// write nothing more; the next delivery continues from the details.
+		return Result{Outcome: Retry, Batch: run.Batch, Err: errors.Join(ctx.Err(), perr)}, nil
+	case perr == nil:
+		done, err := store.MarkSucceeded(ctx, l.Fence(), run.Details)
+		if errors.Is(err, batch.ErrStaleLease) {
+			return Result{Outcome: LeaseLost, Batch: run.Batch, Err: err}, nil
+		}
+		if err != nil {
+			return Result{Outcome: Retry, Batch: run.Batch, Err: err}, err
+		}
+		return Result{Outcome: Succeeded, Batch: done}, nil
+	case errors.As(perr, &failure):
+		msg := failure.Err.Error()
+		if len(msg) > maxErrorMessage {
+			msg = msg[:maxErrorMessage]
+		}
+		failed, err := store.MarkFailed(ctx, l.Fence(), run.Details, failure.Phase, msg)
+		if errors.Is(err, batch.ErrStaleLease) {
+			return Result{Outcome: LeaseLost, Batch: run.Batch, Err: err}, nil
+		}
+		if err != nil {
+			return Result{Outcome: Retry, Batch: run.Batch, Err: err}, err
+		}
+		return Result{Outcome: Failed, Phase: failure.Phase, Batch: failed, Err: failure.Err}, nil
+	default:
+		return Result{Outcome: Retry, Batch: run.Batch, Err: perr}, nil
+	}
+}
+
+// IsTransient reports whether err may go away if the same work is retried.
+// See the package documentation for the classification.
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var failure *Failure
+	if errors.As(err, &failure) || errors.Is(err, folder.ErrMalformed) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08":
+			return true
+		}
+		switch pgErr.Code {
+		case "40001", "40P01", "57P01", "57P02", "57P03", "53300", "55P03":
+			return true
+		}
+		return false
+	}
+	var (
+		connectErr *pgconn.ConnectError
+		opErr      *net.OpError
+		dnsErr     *net.DNSError
+	)
+	switch {
+	case errors.As(err, &connectErr), errors.As(err, &opErr), errors.As(err, &dnsErr):
+		return true
+	case pgconn.SafeToRetry(err), pgconn.Timeout(err):
+		return true
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EPIPE):
+		return true
+	case errors.Is(err, context.DeadlineExceeded):
+		return true
+	}
+	return folder.IsTransient(err)
+}

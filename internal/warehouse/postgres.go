@@ -1,0 +1,175 @@
+package warehouse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fleet/ingest/internal/folder"
+)
+
+// Postgres is the local warehouse: schema curated in a PostgreSQL database
+// (by default the operational one). It streams records with COPY FROM STDIN.
+type Postgres struct {
+	pool *pgxpool.Pool
+}
+
+// NewPostgres returns the local warehouse on pool.
+func NewPostgres(pool *pgxpool.Pool) *Postgres { return &Postgres{pool: pool} }
+
+var recordColumns = []string{"tenant_id", "source_scope", "batch_id", "object_key", "line_number", "record"}
+
+// Load implements Warehouse.
+func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, objects []folder.Object, beforeCommit func(context.Context) error) (Stamp, error) {
+	var st Stamp
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		// Serialise loads and publications of one slice; the slice row may
+		// not exist yet, so lock the key rather than the row.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope); err != nil {
+			return err
+		}
+		var cur Stamp
+		err := tx.QueryRow(ctx, `
+			SELECT batch_id, lease_generation FROM curated.fleet_slices
+			WHERE tenant_id = $1 AND source_scope = $2`, s.TenantID, s.SourceScope).Scan(&cur.BatchID, &cur.Generation)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return err
+		case cur.BatchID > s.BatchID || (cur.BatchID == s.BatchID && cur.Generation > s.Generation):
+			return fmt.Errorf("%w: batch %d generation %d holds it", ErrSliceSuperseded, cur.BatchID, cur.Generation)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM curated.fleet_records WHERE tenant_id = $1 AND source_scope = $2`, s.TenantID, s.SourceScope); err != nil {
+			return err
+		}
+		rr := src.Records(ctx, objects)
+		defer rr.Close()
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{"curated", "fleet_records"}, recordColumns, &copySource{s: s, rr: rr})
+		if err != nil {
+			if rerr := rr.Err(); rerr != nil {
+				return rerr
+			}
+			return interpretCopyError(err)
+		}
+		err = tx.QueryRow(ctx, `
+			INSERT INTO curated.fleet_slices
+				(tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
+			VALUES ($1, $2, $3, $4, $5, now(), NULL)
+			ON CONFLICT (tenant_id, source_scope) DO UPDATE
+			SET batch_id = EXCLUDED.batch_id, lease_generation = EXCLUDED.lease_generation,
+			    record_count = EXCLUDED.record_count, committed_at = EXCLUDED.committed_at,
+			    published_at = NULL
+			RETURNING batch_id, lease_generation, record_count, committed_at`,
+			s.TenantID, s.SourceScope, s.BatchID, s.Generation, n).
+			Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt)
+		if err != nil {
+			return err
+		}
+		if beforeCommit != nil {
+			if err := beforeCommit(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Stamp{}, err
+	}
+	return st, nil
+}
+
+// interpretCopyError marks data errors raised by the server while storing
+// records (SQLSTATE class 22, such as a character jsonb cannot hold) as
+// malformed records.
+func interpretCopyError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && pgErr.Code[:2] == "22" {
+		return fmt.Errorf("%w: %s", folder.ErrMalformed, pgErr.Message)
+	}
+	return err
+}
+
+// copySource adapts a folder.RecordReader to pgx.CopyFromSource.
+type copySource struct {
+	s    Slice
+	rr   *folder.RecordReader
+	vals [6]any
+}
+
+func (c *copySource) Next() bool { return c.rr.Next() }
+
+func (c *copySource) Values() ([]any, error) {
+	r := c.rr.Record()
+	c.vals = [6]any{c.s.TenantID, c.s.SourceScope, c.s.BatchID, r.ObjectKey, r.Line, r.JSON}
+	return c.vals[:], nil
+}
+
+func (c *copySource) Err() error { return c.rr.Err() }
+
+// Stamp implements Warehouse.
+func (p *Postgres) Stamp(ctx context.Context, tenantID, sourceScope string) (Stamp, bool, error) {
+	var st Stamp
+	err := p.pool.QueryRow(ctx, `
+		SELECT batch_id, lease_generation, record_count, committed_at, published_at
+		FROM curated.fleet_slices WHERE tenant_id = $1 AND source_scope = $2`, tenantID, sourceScope).
+		Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Stamp{}, false, nil
+	}
+	if err != nil {
+		return Stamp{}, false, fmt.Errorf("reading warehouse stamp: %w", err)
+	}
+	return st, true, nil
+}
+
+// Publish implements Warehouse.
+func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration) (Stamp, error) {
+	var st Stamp
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope); err != nil {
+			return err
+		}
+		var expired bool
+		err := tx.QueryRow(ctx, `
+			SELECT batch_id, lease_generation, record_count, committed_at, published_at,
+			       published_at IS NULL AND now() - committed_at > $3 * interval '1 microsecond'
+			FROM curated.fleet_slices WHERE tenant_id = $1 AND source_scope = $2`,
+			s.TenantID, s.SourceScope, window.Microseconds()).
+			Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &expired)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return ErrSliceMissing
+		case err != nil:
+			return err
+		case st.BatchID != s.BatchID:
+			return fmt.Errorf("%w: batch %d holds it", ErrSliceSuperseded, st.BatchID)
+		case expired:
+			return fmt.Errorf("%w: committed at %s", ErrPublicationExpired, st.CommittedAt.Format(time.RFC3339))
+		}
+		if st.PublishedAt == nil {
+			if err := tx.QueryRow(ctx, `
+				UPDATE curated.fleet_slices SET published_at = now()
+				WHERE tenant_id = $1 AND source_scope = $2
+				RETURNING published_at`, s.TenantID, s.SourceScope).Scan(&st.PublishedAt); err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, `
+			INSERT INTO curated.fleet_publications (tenant_id, source_scope, batch_id, record_count, published_at)
+			SELECT $1::varchar, $2::varchar, $3::bigint, $4::bigint, $5::timestamptz
+			WHERE NOT EXISTS (
+				SELECT 1 FROM curated.fleet_publications
+				WHERE tenant_id = $1 AND source_scope = $2 AND batch_id = $3)`,
+			s.TenantID, s.SourceScope, s.BatchID, st.RecordCount, st.PublishedAt)
+		return err
+	})
+	if err != nil {
+		return Stamp{}, err
+	}
+	return st, nil
+}

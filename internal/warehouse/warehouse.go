@@ -1,0 +1,93 @@
+// Package warehouse loads Fleet folders into the warehouse and publishes
+// them.
+//
+// The seam is "load this folder's objects into the tenant/scope slice stamped
+// with batch N, atomically", not "stream me rows": production loads into
+// Amazon Redshift, which has no COPY … FROM STDIN and loads server-side with
+// COPY … FROM 's3://…' IAM_ROLE … (ideally from a MANIFEST naming exactly the
+// batch's objects) inside a BEGIN … END that also deletes the old slice and
+// stamps the new one. The local implementation, Postgres, streams the same
+// objects through COPY FROM STDIN (pgx CopyFrom) inside one transaction. Both
+// fit this interface.
+//
+// A Redshift COPY can commit after its client session died, so commit
+// detection never trusts the client's view: callers read the stamp back
+// (Stamp) to learn whether a load committed.
+//
+// Fencing inside the warehouse: the warehouse is a separate database, so the
+// operational lease cannot fence its transactions directly. Instead a load
+// refuses to replace a slice stamped by a newer batch (higher id) or by a
+// later lease generation of the same batch (ErrSliceSuperseded), and calls
+// the caller's beforeCommit hook (a lease check) just before committing. A
+// publication writes only while the slice is still stamped with its batch.
+package warehouse
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
+)
+
+// Slice names what a load writes: the tenant/scope slice stamped with a
+// batch and the lease generation it was loaded under.
+type Slice struct {
+	TenantID    string
+	SourceScope string
+	BatchID     int64
+	Generation  int64
+}
+
+// Stamp is the warehouse's record of which batch a slice belongs to.
+type Stamp struct {
+	BatchID     int64
+	Generation  int64
+	RecordCount int64
+	// CommittedAt is the warehouse clock at the load's commit.
+	CommittedAt time.Time
+	// PublishedAt is set once the slice is published.
+	PublishedAt *time.Time
+}
+
+// Errors of a Warehouse.
+var (
+	// ErrSliceSuperseded means the slice is stamped with a newer batch (or a
+	// later generation of the same batch): a load would overwrite newer data,
+	// a publication would publish data that is not this batch's.
+	ErrSliceSuperseded = errors.New("warehouse slice is stamped with a newer batch")
+	// ErrSliceMissing means there is no slice to publish.
+	ErrSliceMissing = errors.New("warehouse slice does not exist")
+	// ErrPublicationExpired means the slice was committed longer ago than
+	// the publication window allows.
+	ErrPublicationExpired = errors.New("publication window has passed")
+)
+
+// Warehouse is where Fleet folders are loaded and published.
+type Warehouse interface {
+	// Load replaces the slice (s.TenantID, s.SourceScope) with every record
+	// of objects, stamped with s, in one transaction: either the whole new
+	// slice is committed and stamped, or nothing changes. beforeCommit, if
+	// not nil, runs just before the commit; its error aborts the load.
+	// Returns ErrSliceSuperseded if a newer batch or generation stamped the
+	// slice; records that cannot be stored wrap folder.ErrMalformed.
+	Load(ctx context.Context, s Slice, src *folder.Source, objects []folder.Object, beforeCommit func(context.Context) error) (Stamp, error)
+	// Stamp returns the slice's stamp, and false if there is no slice.
+	Stamp(ctx context.Context, tenantID, sourceScope string) (Stamp, bool, error)
+	// Publish marks the slice published and appends one row to the
+	// publications outbox, once per batch; publishing again is a no-op that
+	// returns the same stamp. It returns ErrSliceSuperseded when the slice is
+	// stamped with another batch, ErrSliceMissing when there is none, and
+	// ErrPublicationExpired when an unpublished slice was committed more than
+	// window ago by the warehouse clock.
+	Publish(ctx context.Context, s Slice, window time.Duration) (Stamp, error)
+}
+
+// Verifier adapts a Warehouse to the batch store's resume proof.
+func Verifier(w Warehouse) batch.SliceVerifier {
+	return batch.SliceVerifierFunc(func(ctx context.Context, tenantID, scope string) (int64, bool, error) {
+		st, found, err := w.Stamp(ctx, tenantID, scope)
+		return st.BatchID, found, err
+	})
+}
