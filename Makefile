@@ -10,7 +10,7 @@ export DATABASE_URL TEST_DATABASE_URL
 
 GO ?= go
 
-.PHONY: all build test test-short lint fmt vet staticcheck migrate bench-store demo clean
+.PHONY: all build test test-short lint fmt vet staticcheck migrate bench-store bench-load demo clean
 
 all: lint test
 
@@ -41,6 +41,10 @@ migrate:
 # INSERT/UPDATE baselines on the same database.
 bench-store:
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./internal/batch ./internal/lease
+
+# Warehouse load rows/s next to psql \copy of the same records.
+bench-load:
+	$(GO) test -run '^$$' -bench . -benchtime 5x ./internal/warehouse
 
 clean:
 	rm -rf bin .dev

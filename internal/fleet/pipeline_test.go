@@ -567,3 +567,47 @@ func TestLostLeaseWritesNothing(t *testing.T) {
 	// A successor takes over and finishes.
 	require.Equal(t, pipeline.Succeeded, e.deliver(b.ID, e.pipeline).Outcome)
 }
+
+func TestTransientWarehouseErrorIsRetriedNotFailed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	whPool := pgtest.Pool(t, dbURL) // the warehouse has connections of its own
+	e := &env{t: t, pool: pool, store: batch.NewStore(pool), leases: lease.NewStore(pool), wh: warehouse.NewPostgres(whPool)}
+	e.pipeline = &fleet.Pipeline{Warehouse: e.wh}
+	url := e.folder(sampleFiles)
+	b := e.reserve("tenant-a", url)
+
+	// Hold a lock that blocks the load, then kill the loading backend once it
+	// waits on it: the delivery sees a connection failure mid-load.
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = blocker.Exec(ctx, `LOCK TABLE curated.fleet_records IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	done := make(chan pipeline.Result, 1)
+	go func() { done <- e.deliver(b.ID, e.pipeline) }()
+	var pid int32
+	require.Eventually(t, func() bool {
+		err := pool.QueryRow(ctx, `
+			SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%fleet_records%'`).Scan(&pid)
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond)
+	_, err = pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+	require.NoError(t, blocker.Rollback(ctx))
+
+	res := <-done
+	require.Equal(t, pipeline.Retry, res.Outcome, "%v", res.Err)
+	require.True(t, pipeline.IsTransient(res.Err), "%v", res.Err)
+	got, d := e.details(b.ID)
+	require.Equal(t, batch.StatusRunning, got.Status, "a transient failure is not terminal")
+	require.Equal(t, batch.PhaseLoading, d.Phase)
+
+	// The next delivery finishes the batch.
+	res = e.deliver(b.ID, e.pipeline)
+	require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
+	total, _, _ := e.sliceRecords("tenant-a", b.Scope())
+	require.Equal(t, 5, total)
+}

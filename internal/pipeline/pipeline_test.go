@@ -1,0 +1,52 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
+)
+
+func TestIsTransient(t *testing.T) {
+	t.Parallel()
+	transient := []error{
+		&pgconn.PgError{Code: "40001"},
+		&pgconn.PgError{Code: "40P01"},
+		&pgconn.PgError{Code: "57P01"},
+		&pgconn.PgError{Code: "08006"},
+		&pgconn.PgError{Code: "53300"},
+		fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "40001"}),
+		&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED},
+		fmt.Errorf("copy: %w", io.ErrUnexpectedEOF),
+		syscall.ECONNRESET,
+		context.DeadlineExceeded,
+	}
+	for _, err := range transient {
+		require.True(t, IsTransient(err), "%v", err)
+	}
+	terminal := []error{
+		nil,
+		errors.New("something odd"),
+		&pgconn.PgError{Code: "P0001", Message: "raised by a trigger"},
+		&pgconn.PgError{Code: "23505"},
+		&pgconn.PgError{Code: "22P05"},
+		&pgconn.PgError{Code: "42501"}, // permission denied
+		fmt.Errorf("%w: bad row", folder.ErrMalformed),
+		Fail(batch.PhaseFailedPreCommit, syscall.ECONNRESET),
+		&os.PathError{Op: "stat", Path: "/x", Err: syscall.ENOENT},
+		folder.ErrEmpty,
+	}
+	for _, err := range terminal {
+		require.False(t, IsTransient(err), "%v", err)
+	}
+}
