@@ -17,7 +17,8 @@ import (
 type workerCLI struct {
 	cli.Globals
 
-	Migrate migrateCmd `cmd:"" help:"Apply the project's and River's migrations (idempotent) and print what was applied."`
+	Run     runCmd     `cmd:"" default:"withargs" help:"Run River workers for Fleet ingest jobs (the default command)."`
+	Migrate migrateCmd `cmd:"" help:"Apply the project's, River's and the local warehouse's migrations (idempotent) and print what was applied."`
 }
 
 // env is what every command runs with.

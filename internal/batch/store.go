@@ -240,3 +240,54 @@ func (s *Store) GetCurrent(ctx context.Context, tenantID string, businessDate ti
 		WHERE tenant_id = $1 AND business_date = $2 AND pipeline_stage = $3 AND is_current`,
 		tenantID, businessDate, stage))
 }
+
+// ListFilter selects batches for List. Zero fields do not filter.
+type ListFilter struct {
+	Status   Status
+	TenantID string
+	// Stuck keeps Running batches whose execution lease has expired.
+	Stuck bool
+	// ScopedOnly keeps batches with a source scope.
+	ScopedOnly bool
+	// Limit defaults to 50.
+	Limit int
+}
+
+// List returns batches matching f, newest first, and the database clock.
+func (s *Store) List(ctx context.Context, f ListFilter) ([]Batch, time.Time, error) {
+	if f.Limit <= 0 {
+		f.Limit = 50
+	}
+	var now time.Time
+	if err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return nil, now, err
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT `+columns+` FROM ingestion_batches
+		WHERE ($1::text = '' OR status = $1::text)
+		  AND ($2::text = '' OR tenant_id = $2::text)
+		  AND (NOT $3::bool OR (status = 'Running' AND execution_lease_expires_at < now()))
+		  AND (NOT $4::bool OR source_scope IS NOT NULL)
+		ORDER BY id DESC
+		LIMIT $5`, string(f.Status), f.TenantID, f.Stuck, f.ScopedOnly, f.Limit)
+	if err != nil {
+		return nil, now, err
+	}
+	defer rows.Close()
+	var out []Batch
+	for rows.Next() {
+		b, err := scanBatch(rows)
+		if err != nil {
+			return nil, now, err
+		}
+		out = append(out, b)
+	}
+	return out, now, rows.Err()
+}
+
+// Now returns the database clock.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	return now, err
+}

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+type enqueueCLI struct {
+	cli.Globals
+	Timeout time.Duration `name:"timeout" env:"ENQUEUE_TIMEOUT" default:"30s" help:"Give up on the database after this long."`
+
+	Import importCmd `cmd:"" help:"Reserve a batch for a tenant's folder and enqueue its job (one transaction)."`
+	Resume resumeCmd `cmd:"" help:"Resume a batch whose warehouse commit succeeded but whose publication failed."`
+	Status statusCmd `cmd:"" help:"Show one batch: status, phase, lease holder, expiry, generation, age."`
+	List   listCmd   `cmd:"" help:"List batches, newest first."`
+}
+
+// env is what every command runs with.
+type env struct {
+	ctx    context.Context
+	stdout io.Writer
+	stderr io.Writer
+	logger *slog.Logger
+}
+
+// exitError carries a specific exit code out of a command, with the JSON
+// line already printed.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var c enqueueCLI
+	kctx, code, ok := cli.Parse(&c, args, stdout, stderr, "enqueue",
+		"Reserve Fleet ingestion batches and enqueue their jobs. Prints one JSON line per outcome on stdout.", kong.Vars{})
+	if !ok {
+		return code
+	}
+	e := &env{ctx: ctx, stdout: stdout, stderr: stderr, logger: c.Logger(stderr)}
+	err := kctx.Run(&c.Globals, &c, e)
+	if err == nil {
+		return cli.ExitOK
+	}
+	var coded exitError
+	if errors.As(err, &coded) {
+		if coded.err != nil {
+			e.logger.Debug("exit", "code", coded.code, "error", coded.err.Error())
+		}
+		return coded.code
+	}
+	e.logger.Error(err.Error())
+	printJSON(stdout, map[string]string{"outcome": "error", "error": err.Error()})
+	return cli.ExitInfra
+}
+
+func printJSON(w io.Writer, v any) {
+	b, _ := json.Marshal(v)
+	fmt.Fprintf(w, "%s\n", b)
+}
+
+// connect opens the operational pool, mapping a missing URL to invalid input.
+func connect(c *enqueueCLI, e *env) (*pgxpool.Pool, error) {
+	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
+	defer cancel()
+	pool, err := cli.Connect(ctx, c.DatabaseURL, c.Timeout, nil)
+	if errors.Is(err, cli.ErrNoDatabaseURL) {
+		printJSON(e.stdout, map[string]string{"outcome": "invalid_input", "field": "database_url", "error": err.Error()})
+		return nil, exitError{cli.ExitInvalidInput, err}
+	}
+	return pool, err
+}
+
+// invalid reports an *jobs.InputError as the invalid_input outcome.
+func invalid(e *env, err error) error {
+	var in *jobs.InputError
+	if errors.As(err, &in) {
+		printJSON(e.stdout, map[string]string{"outcome": "invalid_input", "field": in.Field, "error": in.Reason})
+		e.logger.Error("invalid input", "field", in.Field, "error", in.Reason)
+		return exitError{cli.ExitInvalidInput, err}
+	}
+	return err
+}
+
+// exitCode maps an outcome to the command's exit code.
+func exitCode(outcome string) int {
+	switch outcome {
+	case jobs.OutcomeEnqueued, jobs.OutcomeResumed:
+		return cli.ExitOK
+	case jobs.OutcomeConflict:
+		return cli.ExitConflict
+	case jobs.OutcomeEnqueueFailed:
+		return cli.ExitEnqueueFail
+	default:
+		return cli.ExitNotResumable
+	}
+}
+
+func newEnqueuer(c *enqueueCLI, e *env, pool *pgxpool.Pool, whPool *pgxpool.Pool, window time.Duration) (*jobs.Enqueuer, error) {
+	client, err := jobs.NewInsertClient(pool, e.logger)
+	if err != nil {
+		return nil, err
+	}
+	enq := &jobs.Enqueuer{Pool: pool, River: client, PublicationWindow: window, Metrics: metrics.New(), Logger: e.logger}
+	if whPool != nil {
+		enq.Verifier = warehouse.Verifier(warehouse.NewPostgres(whPool))
+	}
+	return enq, nil
+}
+
+type importCmd struct {
+	TenantID       string `name:"tenant-id" required:"" help:"Canonical tenant id."`
+	TenantDatabase string `name:"tenant-database" required:"" help:"Tenant database name."`
+	CompanyID      string `name:"company-id" required:"" help:"Company (customer) id."`
+	Folder         string `name:"folder" required:"" help:"Source folder URL: s3://bucket/prefix, file:///dir or mem://bucket/prefix."`
+}
+
+func (i *importCmd) Run(c *enqueueCLI, e *env) error {
+	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder}
+	if err := jobs.ValidateImport(req); err != nil {
+		return invalid(e, err)
+	}
+	pool, err := connect(c, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	enq, err := newEnqueuer(c, e, pool, nil, 0)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
+	defer cancel()
+	res, err := enq.Import(ctx, req)
+	if err != nil {
+		return invalid(e, err)
+	}
+	printJSON(e.stdout, res)
+	if code := exitCode(res.Outcome); code != cli.ExitOK {
+		return exitError{code, nil}
+	}
+	return nil
+}
+
+type resumeCmd struct {
+	BatchID           int64         `name:"batch-id" required:"" help:"The failed batch."`
+	TenantID          string        `name:"tenant-id" required:"" help:"The batch's tenant."`
+	Folder            string        `name:"folder" required:"" help:"The batch's source folder URL."`
+	WarehouseURL      string        `name:"warehouse-url" env:"WAREHOUSE_URL" help:"Warehouse connection string, to prove the slice is still the batch's. Defaults to the operational database."`
+	PublicationWindow time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"A batch committed longer ago than this is publication_expired."`
+}
+
+func (r *resumeCmd) Run(c *enqueueCLI, e *env) error {
+	req := jobs.ResumeRequest{BatchID: r.BatchID, TenantID: r.TenantID, Folder: r.Folder}
+	if err := jobs.ValidateResume(req); err != nil {
+		return invalid(e, err)
+	}
+	if r.PublicationWindow <= 0 {
+		return invalid(e, &jobs.InputError{Field: "publication_window", Reason: "must be positive"})
+	}
+	pool, err := connect(c, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	whPool := pool
+	if r.WarehouseURL != "" && r.WarehouseURL != c.DatabaseURL {
+		if whPool, err = cli.Connect(e.ctx, r.WarehouseURL, c.Timeout, nil); err != nil {
+			return fmt.Errorf("warehouse: %w", err)
+		}
+		defer whPool.Close()
+	}
+	enq, err := newEnqueuer(c, e, pool, whPool, r.PublicationWindow)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
+	defer cancel()
+	res, err := enq.Resume(ctx, req)
+	if err != nil {
+		return invalid(e, err)
+	}
+	printJSON(e.stdout, res)
+	if code := exitCode(res.Outcome); code != cli.ExitOK {
+		return exitError{code, nil}
+	}
+	return nil
+}

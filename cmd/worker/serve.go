@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/fleet"
+	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+type runCmd struct {
+	MetricsAddr          string        `name:"metrics-addr" env:"METRICS_ADDR" default:":9090" help:"Address of the HTTP listener serving /metrics, /healthz and /readyz."`
+	LeaseTTL             time.Duration `name:"lease-ttl" env:"LEASE_TTL" default:"30s" help:"Execution lease duration, on the database clock."`
+	LeaseRenewEvery      time.Duration `name:"lease-renew-every" env:"LEASE_RENEW_EVERY" default:"10s" help:"Heartbeat period; must be shorter than --lease-ttl."`
+	Concurrency          int           `name:"concurrency" env:"CONCURRENCY" default:"4" help:"Batches this process works at once."`
+	WarehouseURL         string        `name:"warehouse-url" env:"WAREHOUSE_URL" help:"PostgreSQL connection string of the warehouse (schema curated). Defaults to the operational database."`
+	ShutdownGrace        time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"25s" help:"On SIGTERM, how long running batches may finish before they are cancelled and left resumable."`
+	SweepInterval        time.Duration `name:"sweep-interval" env:"SWEEP_INTERVAL" default:"5s" help:"How often to look for running batches whose lease expired (crashed workers)."`
+	PublicationWindow    time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"How long after its warehouse commit a batch may still be published."`
+	RescueStuckJobsAfter time.Duration `name:"rescue-stuck-jobs-after" env:"RESCUE_STUCK_JOBS_AFTER" default:"1h" help:"River's rescue interval for jobs left running. Crash takeover does not wait for it."`
+	StatsInterval        time.Duration `name:"stats-interval" env:"STATS_INTERVAL" default:"15s" help:"How often database-derived gauges are refreshed."`
+	PollInterval         time.Duration `name:"poll-interval" env:"POLL_INTERVAL" default:"1s" help:"River's fetch poll interval (LISTEN/NOTIFY usually wakes workers sooner)."`
+	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
+}
+
+func (r *runCmd) validate() error {
+	switch {
+	case r.LeaseTTL < time.Second:
+		return errors.New("--lease-ttl must be at least 1s")
+	case r.LeaseRenewEvery <= 0 || r.LeaseRenewEvery >= r.LeaseTTL:
+		return fmt.Errorf("--lease-renew-every (%s) must be positive and shorter than --lease-ttl (%s)", r.LeaseRenewEvery, r.LeaseTTL)
+	case r.Concurrency < 1 || r.Concurrency > 256:
+		return errors.New("--concurrency must be between 1 and 256")
+	case r.ShutdownGrace < 0:
+		return errors.New("--shutdown-grace must not be negative")
+	case r.SweepInterval <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.RescueStuckJobsAfter <= 0:
+		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval and --rescue-stuck-jobs-after must be positive")
+	}
+	return nil
+}
+
+func (r *runCmd) Run(g *cli.Globals, e *env) error {
+	if err := r.validate(); err != nil {
+		return exitError{cli.ExitInvalidInput, err}
+	}
+	if g.DatabaseURL == "" {
+		return exitError{cli.ExitInvalidInput, cli.ErrNoDatabaseURL}
+	}
+	if r.Name == "" {
+		r.Name, _ = os.Hostname()
+	}
+	log := e.logger.With("worker", r.Name)
+	ctx := e.ctx
+
+	sized := func(n int32) func(*pgxpool.Config) {
+		return func(c *pgxpool.Config) { c.MaxConns = n }
+	}
+	pool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(int32(2*r.Concurrency+4)))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// Heartbeats get connections of their own so they never wait behind
+	// pipeline work.
+	hbPool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(int32(r.Concurrency+1)))
+	if err != nil {
+		return err
+	}
+	defer hbPool.Close()
+	whURL := r.WarehouseURL
+	if whURL == "" {
+		whURL = g.DatabaseURL
+	}
+	whPool, err := cli.Connect(ctx, whURL, 10*time.Second, sized(int32(r.Concurrency+1)))
+	if err != nil {
+		return fmt.Errorf("warehouse: %w", err)
+	}
+	defer whPool.Close()
+
+	m := metrics.New()
+	worker, err := jobs.NewIngestWorker(jobs.WorkerConfig{
+		Store:  batch.NewStore(pool),
+		Leases: lease.NewStore(hbPool),
+		Pipelines: pipeline.Registry{
+			batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log},
+		},
+		LeaseTTL:     r.LeaseTTL,
+		RenewEvery:   r.LeaseRenewEvery,
+		HolderPrefix: r.Name,
+		Metrics:      m,
+		Logger:       log,
+	})
+	if err != nil {
+		return exitError{cli.ExitInvalidInput, err}
+	}
+	client, err := jobs.NewWorkerClient(pool, worker, jobs.ClientConfig{
+		Concurrency: r.Concurrency, RescueStuckJobsAfter: r.RescueStuckJobsAfter,
+		FetchPollInterval: r.PollInterval, ID: r.Name, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
+	var ready atomic.Bool
+	ln, err := net.Listen("tcp", r.MetricsAddr)
+	if err != nil {
+		return exitError{cli.ExitInvalidInput, fmt.Errorf("--metrics-addr: %w", err)}
+	}
+	srv := &http.Server{Handler: healthMux(m, pool, &ready), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener failed", "error", err)
+		}
+	}()
+	log.Info("metrics listener started", "addr", ln.Addr().String())
+
+	// River's lifetime is managed with Stop, not with the signal context.
+	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("starting River: %w", err)
+	}
+	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBackground()
+	sweeper := &jobs.Sweeper{Pool: pool, River: client, Interval: r.SweepInterval, Metrics: m, Logger: log}
+	go sweeper.Run(bg)
+	go jobs.RunStats(bg, pool, m, r.StatsInterval, log)
+	ready.Store(true)
+	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl", r.LeaseTTL, "lease_renew_every", r.LeaseRenewEvery,
+		"database", cli.Redact(g.DatabaseURL), "warehouse", cli.Redact(whURL))
+
+	<-ctx.Done()
+	ready.Store(false)
+	log.Info("shutting down: no new jobs; running batches may finish", "grace", r.ShutdownGrace)
+	graceCtx, cancelGrace := context.WithTimeout(context.Background(), r.ShutdownGrace)
+	err = client.Stop(graceCtx)
+	cancelGrace()
+	if err != nil {
+		log.Warn("grace period over: cancelling running batches; they stay resumable")
+		cancelCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := client.StopAndCancel(cancelCtx); err != nil {
+			log.Error("stopping River", "error", err)
+		}
+		cancel()
+	}
+	stopBackground()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdownCtx)
+	log.Info("worker stopped")
+	return nil
+}
+
+// healthMux serves /metrics, /healthz (the process is alive) and /readyz
+// (the database answers and the River client has started).
+func healthMux(m *metrics.Metrics, pool *pgxpool.Pool, ready *atomic.Bool) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready: River client not running", http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := pool.Ping(ctx); err != nil {
+			http.Error(w, "not ready: database unreachable", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}

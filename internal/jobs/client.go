@@ -1,0 +1,49 @@
+package jobs
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+)
+
+// ClientConfig configures a River client that works ingest jobs.
+type ClientConfig struct {
+	// Concurrency is how many batches this process works at once.
+	Concurrency int
+	// RescueStuckJobsAfter is River's rescue interval for jobs left
+	// running; takeover of crashed batches does not depend on it (see the
+	// Sweeper). Defaults to River's (1 h).
+	RescueStuckJobsAfter time.Duration
+	// FetchPollInterval defaults to River's (1 s); LISTEN/NOTIFY usually
+	// wakes workers sooner.
+	FetchPollInterval time.Duration
+	// ID identifies the client in River (e.g. the pod name).
+	ID     string
+	Logger *slog.Logger
+}
+
+// NewWorkerClient returns a River client that works ingest jobs with w.
+func NewWorkerClient(pool *pgxpool.Pool, w *IngestWorker, cfg ClientConfig) (*river.Client[pgx.Tx], error) {
+	workers := river.NewWorkers()
+	if err := river.AddWorkerSafely(workers, w); err != nil {
+		return nil, err
+	}
+	return river.NewClient(riverpgxv5.New(pool), &river.Config{
+		ID:                   cfg.ID,
+		Queues:               map[string]river.QueueConfig{Queue: {MaxWorkers: max(cfg.Concurrency, 1)}},
+		Workers:              workers,
+		JobTimeout:           -1,
+		RescueStuckJobsAfter: cfg.RescueStuckJobsAfter,
+		FetchPollInterval:    cfg.FetchPollInterval,
+		Logger:               cfg.Logger,
+	})
+}
+
+// NewInsertClient returns a River client that only inserts jobs.
+func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
+	return river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: logger})
+}

@@ -1,0 +1,75 @@
+// Package jobs connects ingestion batches to River: the Enqueuer reserves a
+// batch and inserts its job in one transaction, the IngestWorker runs jobs
+// under the batch's execution lease, and the Sweeper re-delivers batches
+// whose worker died.
+//
+// # Deliveries
+//
+// River delivers jobs at least once, and several jobs may name one batch
+// (duplicate notifications, resumes, re-deliveries). Each delivery:
+//
+//  1. acquires the execution lease with a holder id unique to the delivery
+//     (process/job/attempt/random). Not found → the job is cancelled
+//     (river.JobCancel). Terminal batch → the job completes with no work.
+//     Live lease held by another delivery → river.JobSnooze until just after
+//     the holder's expiry (snoozing does not use up attempts): if the holder
+//     dies, this delivery takes over; if it finishes, this one finds a
+//     terminal batch and completes.
+//  2. starts a heartbeat that renews the lease every RenewEvery on a pool of
+//     its own. A failed renewal, or one that finds the lease gone, cancels
+//     the work context at once: the delivery stops before its term expires
+//     where possible (self-fencing), and the database fence rejects any
+//     write that slips through (batch.ErrStaleLease).
+//  3. runs the pipeline for the batch's source type (package pipeline),
+//     which records durable phases in the batch details under the lease.
+//  4. releases the lease on completion, failure and shutdown, so a
+//     successor need not wait for expiry.
+//
+// # Crash takeover is bounded by the lease, not by River's rescuer
+//
+// River re-delivers a job left "running" by a killed process only after
+// RescueStuckJobsAfter (1 h by default), and IngestWorker disables job
+// timeouts (Timeout returns -1) so that a healthy batch is never killed by a
+// timer however long it runs. Takeover therefore comes from the Sweeper:
+// every worker process sweeps every SweepInterval (5 s) for Running batches
+// whose lease expired by the database clock and inserts one job per
+// (batch, expired generation). A transaction-scoped advisory lock keeps two
+// sweepers from running at once, and River's unique insert by arguments
+// makes a repeated sweep of the same expiry a no-op, so two sweepers cannot
+// both re-deliver it.
+//
+// Bound: a worker killed just after renewing leaves a lease that expires at
+// most LeaseTTL later. The next sweep after that comes within SweepInterval;
+// the inserted job is fetched within River's fetch latency (LISTEN/NOTIFY,
+// or FetchPollInterval, 1 s, at worst) and takes the lease over at once. So
+// a crashed batch is resumed within LeaseTTL + SweepInterval + fetch latency
+// ≈ TTL + 6 s, inside the required TTL + 15 s. A stuck job left "running"
+// by the dead process is eventually rescued by River and then finds the
+// batch terminal or held.
+//
+// A healthy batch that runs longer than any River timeout or rescue interval
+// keeps its lease renewed, so the Sweeper never sees it expired; if River
+// rescues its job anyway and delivers it again, that duplicate finds the
+// live lease and snoozes. It is never executed twice at once.
+//
+// A paused worker (SIGSTOP, a long GC or network stall) that outlives its
+// lease is handled the same way: the Sweeper re-delivers, a successor takes
+// over with a higher generation, and when the paused worker resumes its
+// heartbeat finds the lease lost and every write it attempts is rejected.
+//
+// # Failures
+//
+// Handled failures are recorded on the batch (failed_pre_commit,
+// failed_publication, superseded, publication_expired) and complete the job.
+// Transient failures return an error so River retries with backoff; the
+// batch keeps its recorded progress. After MaxAttempts the batch is
+// recorded failed (pre-commit or publication, by whether the warehouse
+// commit happened) so its scope is not held by a batch nobody retries.
+//
+// # Graceful shutdown
+//
+// On SIGTERM the worker stops fetching and lets running batches finish for
+// the shutdown grace period; then it cancels them. A cancelled delivery
+// writes nothing more, releases its lease and returns an error, so River
+// retries the job later and the batch continues from its recorded phase.
+package jobs

@@ -1,0 +1,90 @@
+package jobs
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fleet/ingest/internal/metrics"
+)
+
+// StatsIntervalDefault is how often database-derived gauges are refreshed.
+const StatsIntervalDefault = 15 * time.Second
+
+// statsQuery computes every database-derived gauge in one statement:
+// running scoped batches, those whose lease expired, the oldest one's age,
+// and the ingest queue's River jobs by state.
+const statsQuery = `
+	WITH running AS (
+		SELECT count(*) AS n,
+		       count(*) FILTER (WHERE execution_lease_expires_at < now()) AS stuck,
+		       COALESCE(EXTRACT(EPOCH FROM now() - min(started_at)), 0)::float8 AS oldest
+		FROM ingestion_batches
+		WHERE status = 'Running' AND source_scope IS NOT NULL
+	), queue AS (
+		SELECT state::text AS state, count(*) AS n
+		FROM river_job
+		WHERE queue = $1 AND state IN ('available', 'scheduled', 'retryable', 'running', 'pending')
+		GROUP BY state
+	)
+	SELECT r.n, r.stuck, r.oldest, q.state, q.n
+	FROM running r LEFT JOIN queue q ON true`
+
+// RefreshStats updates the database-derived gauges once.
+func RefreshStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) error {
+	rows, err := pool.Query(ctx, statsQuery, Queue)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	depth := map[string]float64{}
+	for rows.Next() {
+		var (
+			running, stuck int64
+			oldest         float64
+			state          *string
+			n              *int64
+		)
+		if err := rows.Scan(&running, &stuck, &oldest, &state, &n); err != nil {
+			return err
+		}
+		m.RunningBatches.Set(float64(running))
+		m.StuckBatches.Set(float64(stuck))
+		m.OldestRunningAge.Set(oldest)
+		if state != nil && n != nil {
+			depth[*state] = float64(*n)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, s := range metrics.JobStates {
+		m.QueueDepth.WithLabelValues(s).Set(depth[s])
+	}
+	return nil
+}
+
+// RunStats refreshes the gauges every interval until ctx is done.
+func RunStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics, interval time.Duration, logger *slog.Logger) {
+	refresh := func() {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := RefreshStats(qctx, pool, m); err != nil && ctx.Err() == nil {
+			m.DatabaseStatsErrors.Inc()
+			logger.Warn("refreshing database gauges failed", "error", err)
+		}
+	}
+	refresh()
+	t := time.NewTicker(cmpOr(interval, StatsIntervalDefault))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			refresh()
+		}
+	}
+}

@@ -1,0 +1,339 @@
+package jobs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/pipeline"
+)
+
+// Defaults of WorkerConfig.
+const (
+	LeaseTTLDefault     = 30 * time.Second
+	RenewEveryDefault   = 10 * time.Second
+	minSnoozeDefault    = time.Second
+	releaseTimeout      = 5 * time.Second
+	errLeaseLostMessage = "execution lease lost"
+)
+
+// ErrLeaseLost is the cause of a work context cancelled because a heartbeat
+// found the lease gone or could not renew it.
+var ErrLeaseLost = errors.New(errLeaseLostMessage)
+
+// WorkerConfig configures IngestWorker.
+type WorkerConfig struct {
+	// Store reads and writes batches (the operational pool).
+	Store *batch.Store
+	// Leases acquires, renews and releases leases. Give it a pool of its
+	// own so heartbeats never queue behind pipeline work.
+	Leases *lease.Store
+	// Pipelines by source type.
+	Pipelines pipeline.Registry
+	// LeaseTTL is the lease duration. Defaults to LeaseTTLDefault (30 s).
+	LeaseTTL time.Duration
+	// RenewEvery is the heartbeat period; it must be shorter than LeaseTTL.
+	// Defaults to RenewEveryDefault (10 s).
+	RenewEvery time.Duration
+	// HolderPrefix identifies this process in lease ids (e.g. the pod
+	// name). Defaults to "worker".
+	HolderPrefix string
+	Metrics      *metrics.Metrics
+	Logger       *slog.Logger
+}
+
+func (c *WorkerConfig) validate() error {
+	c.LeaseTTL = cmpOr(c.LeaseTTL, LeaseTTLDefault)
+	c.RenewEvery = cmpOr(c.RenewEvery, RenewEveryDefault)
+	if c.HolderPrefix == "" {
+		c.HolderPrefix = "worker"
+	}
+	if len(c.HolderPrefix) > 50 {
+		c.HolderPrefix = c.HolderPrefix[:50]
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = metrics.New()
+	}
+	switch {
+	case c.Store == nil || c.Leases == nil:
+		return errors.New("jobs: Store and Leases are required")
+	case c.RenewEvery >= c.LeaseTTL:
+		return fmt.Errorf("jobs: lease renewal period %s must be shorter than the lease TTL %s", c.RenewEvery, c.LeaseTTL)
+	}
+	return nil
+}
+
+func cmpOr(v, def time.Duration) time.Duration {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// IngestWorker runs IngestArgs jobs: it takes the batch's execution lease,
+// keeps it alive with a heartbeat while the batch's pipeline runs, and
+// releases it when done. See the package documentation.
+type IngestWorker struct {
+	river.WorkerDefaults[IngestArgs]
+	cfg WorkerConfig
+}
+
+// NewIngestWorker validates cfg and returns the worker.
+func NewIngestWorker(cfg WorkerConfig) (*IngestWorker, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &IngestWorker{cfg: cfg}, nil
+}
+
+// Timeout disables River's job timeout: a healthy batch may run for as long
+// as it needs. Liveness is the lease's business, not a timer's.
+func (w *IngestWorker) Timeout(*river.Job[IngestArgs]) time.Duration { return -1 }
+
+// Work implements river.Worker.
+func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) error {
+	m, log := w.cfg.Metrics, w.cfg.Logger.With("job_id", job.ID, "batch_id", job.Args.BatchID, "attempt", job.Attempt)
+	holder := w.holderID(job)
+	a, err := w.cfg.Leases.Acquire(ctx, job.Args.BatchID, holder, w.cfg.LeaseTTL)
+	if err != nil {
+		m.Deliveries.WithLabelValues("retry").Inc()
+		return err
+	}
+	switch a.Outcome {
+	case lease.NotFound:
+		m.LeaseAcquisitions.WithLabelValues("not_found").Inc()
+		m.Deliveries.WithLabelValues("cancelled").Inc()
+		log.Warn("batch not found: cancelling job")
+		return river.JobCancel(fmt.Errorf("batch %d not found", job.Args.BatchID))
+	case lease.Terminal:
+		m.LeaseAcquisitions.WithLabelValues("terminal").Inc()
+		m.Deliveries.WithLabelValues("skipped_terminal").Inc()
+		log.Info("batch is terminal: nothing to do", "status", a.Status)
+		return nil
+	case lease.Held:
+		m.LeaseAcquisitions.WithLabelValues("contended").Inc()
+		m.Deliveries.WithLabelValues("snoozed_contended").Inc()
+		wait := max(a.PreviousExpiresAt.Sub(a.Now)+time.Second, minSnoozeDefault)
+		log.Info("lease held by another delivery: snoozing until its expiry",
+			"holder", a.PreviousHolder, "holder_expires_at", a.PreviousExpiresAt, "snooze", wait)
+		return river.JobSnooze(wait)
+	}
+	if a.TakenOver {
+		m.LeaseAcquisitions.WithLabelValues("taken_over").Inc()
+		m.TakeoverDelay.Observe(a.TakeoverDelay().Seconds())
+		log.Warn("took over an expired lease", "previous_holder", a.PreviousHolder, "takeover_delay", a.TakeoverDelay())
+	} else {
+		m.LeaseAcquisitions.WithLabelValues("acquired").Inc()
+	}
+	log = log.With("lease_id", holder, "lease_generation", a.Lease.Generation)
+	m.LeasesHeld.Inc()
+	defer m.LeasesHeld.Dec()
+
+	hb := &heartbeat{leases: w.cfg.Leases, lease: a.Lease, ttl: w.cfg.LeaseTTL, metrics: m, log: log}
+	workCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		hb.run(workCtx, w.cfg.RenewEvery, cancel)
+	}()
+
+	log.Info("lease acquired: working on batch")
+	res, err := pipeline.Execute(workCtx, w.cfg.Store, a.Lease, hb.verify, w.cfg.Pipelines)
+	leaseLost := errors.Is(context.Cause(workCtx), ErrLeaseLost)
+	cancel(nil)
+	<-hbDone
+
+	// Release so a successor need not wait for expiry; a no-op if the lease
+	// was already released by a terminal write or lost.
+	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	if _, rerr := w.cfg.Leases.Release(relCtx, hb.current()); rerr != nil {
+		log.Warn("releasing lease failed; it will expire", "error", rerr)
+	}
+	relCancel()
+	if err != nil {
+		m.Deliveries.WithLabelValues("retry").Inc()
+		return err
+	}
+	if leaseLost && res.Outcome == pipeline.Retry {
+		res.Outcome = pipeline.LeaseLost
+	}
+	return w.finish(ctx, job, res, log)
+}
+
+// finish maps a pipeline result onto River: completed, snoozed, cancelled
+// or retried.
+func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], res pipeline.Result, log *slog.Logger) error {
+	m := w.cfg.Metrics
+	age := time.Since(res.Batch.StartedAt).Seconds()
+	switch res.Outcome {
+	case pipeline.Succeeded:
+		m.Deliveries.WithLabelValues("worked").Inc()
+		m.BatchDuration.WithLabelValues("succeeded").Observe(age)
+		log.Info("batch succeeded")
+		return nil
+	case pipeline.Failed:
+		m.Deliveries.WithLabelValues("worked").Inc()
+		m.BatchDuration.WithLabelValues("failed").Observe(age)
+		log.Warn("batch failed", "phase", res.Phase, "error", res.Err)
+		return nil
+	case pipeline.SkippedTerminal:
+		m.Deliveries.WithLabelValues("skipped_terminal").Inc()
+		return nil
+	case pipeline.DetailsRefused:
+		m.Deliveries.WithLabelValues("cancelled").Inc()
+		log.Error("batch details refused: cancelling job; the batch needs an operator", "error", res.Err)
+		return river.JobCancel(res.Err)
+	case pipeline.LeaseLost:
+		m.Deliveries.WithLabelValues("lease_lost").Inc()
+		if errors.Is(res.Err, batch.ErrStaleLease) {
+			m.StaleWritesRejected.Inc()
+		}
+		log.Warn("lease lost mid-way: stopped without further writes", "error", res.Err)
+		// Try again shortly: the job then finds a successor's live lease
+		// (snooze), a terminal batch (done), or a free lease (continue).
+		return river.JobSnooze(minSnoozeDefault)
+	}
+	// Transient failure or cancellation: the batch keeps its progress.
+	if ctx.Err() != nil {
+		m.Deliveries.WithLabelValues("retry").Inc()
+		log.Info("delivery interrupted by shutdown: batch left resumable", "error", res.Err)
+		return fmt.Errorf("interrupted: %w", res.Err)
+	}
+	if job.Attempt >= job.MaxAttempts {
+		return w.giveUp(ctx, job, res, log)
+	}
+	m.Deliveries.WithLabelValues("retry").Inc()
+	log.Warn("transient failure: will retry", "error", res.Err)
+	return res.Err
+}
+
+// giveUp records a batch whose transient failures outlasted every attempt as
+// failed, so its scope does not stay reserved by a batch nobody retries.
+func (w *IngestWorker) giveUp(ctx context.Context, job *river.Job[IngestArgs], res pipeline.Result, log *slog.Logger) error {
+	m := w.cfg.Metrics
+	m.Deliveries.WithLabelValues("failed").Inc()
+	a, err := w.cfg.Leases.Acquire(ctx, job.Args.BatchID, w.holderID(job), w.cfg.LeaseTTL)
+	if err != nil || a.Outcome != lease.Acquired {
+		return res.Err
+	}
+	defer w.cfg.Leases.Release(context.WithoutCancel(ctx), a.Lease) //nolint:errcheck
+	b, err := w.cfg.Store.Get(ctx, job.Args.BatchID)
+	if err != nil {
+		return res.Err
+	}
+	d, err := batch.ParseDetails(b.Details)
+	if err != nil {
+		return res.Err
+	}
+	phase := batch.PhaseFailedPreCommit
+	if d.RedshiftCommitted {
+		phase = batch.PhaseFailedPublication
+	}
+	msg := fmt.Sprintf("gave up after %d attempts: %v", job.Attempt, res.Err)
+	if _, err := w.cfg.Store.MarkFailed(ctx, a.Lease.Fence(), d, phase, msg); err != nil {
+		return res.Err
+	}
+	log.Error("batch failed after exhausting retries", "phase", phase, "error", res.Err)
+	return nil
+}
+
+// holderID makes a lease holder id unique to this delivery.
+func (w *IngestWorker) holderID(job *river.Job[IngestArgs]) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s/job-%d/attempt-%d/%s", w.cfg.HolderPrefix, job.ID, job.Attempt, hex.EncodeToString(b[:]))
+}
+
+// heartbeat renews one lease term periodically and on demand.
+type heartbeat struct {
+	leases  *lease.Store
+	ttl     time.Duration
+	metrics *metrics.Metrics
+	log     *slog.Logger
+
+	mu    sync.Mutex
+	lease lease.Lease
+	lost  bool
+}
+
+func (h *heartbeat) current() lease.Lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lease
+}
+
+// renew extends the term once. It returns batch.ErrStaleLease if the term is
+// lost, or the infrastructure error.
+func (h *heartbeat) renew(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost {
+		return batch.ErrStaleLease
+	}
+	// Never wait past the term's own expiry: a renewal that lands after it
+	// would be refused anyway.
+	rctx, cancel := context.WithDeadline(ctx, h.lease.ExpiresAt)
+	defer cancel()
+	l, ok, err := h.leases.Renew(rctx, h.lease, h.ttl)
+	switch {
+	case err != nil:
+		h.metrics.LeaseRenewals.WithLabelValues("error").Inc()
+		h.lost = true
+		return fmt.Errorf("%w: renewal failed: %v", ErrLeaseLost, err)
+	case !ok:
+		h.metrics.LeaseRenewals.WithLabelValues("lost").Inc()
+		h.lost = true
+		return batch.ErrStaleLease
+	}
+	h.metrics.LeaseRenewals.WithLabelValues("renewed").Inc()
+	h.lease = l
+	return nil
+}
+
+// verify is Run.VerifyLease: renew now, before an irreversible step.
+func (h *heartbeat) verify(ctx context.Context) error {
+	if err := h.renew(ctx); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			return fmt.Errorf("%w: %v", batch.ErrStaleLease, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// run renews every period until ctx ends. When a renewal fails or finds the
+// lease gone it cancels the work at once (self-fencing): the delivery makes no
+// further writes, and the database rejects any that slip through.
+func (h *heartbeat) run(ctx context.Context, every time.Duration, cancel context.CancelCauseFunc) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := h.renew(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			h.log.Error("lease heartbeat failed: stopping work on the batch", "error", err)
+			cancel(fmt.Errorf("%w: %v", ErrLeaseLost, err))
+			return
+		}
+	}
+}
