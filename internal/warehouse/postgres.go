@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,10 +26,41 @@ func NewPostgres(pool *pgxpool.Pool) *Postgres { return &Postgres{pool: pool} }
 
 var recordColumns = []string{"tenant_id", "source_scope", "batch_id", "object_key", "line_number", "record"}
 
+// loadTag names a load's session in pg_stat_activity (application_name):
+// fleet-load:{slice key}:{batch}:{generation}, at most 63 bytes.
+func loadTag(s Slice) (prefix, tag string) {
+	h := fnv.New64a()
+	h.Write([]byte(s.TenantID))
+	h.Write([]byte{0})
+	h.Write([]byte(s.SourceScope))
+	prefix = fmt.Sprintf("fleet-load:%016x:", h.Sum64())
+	return prefix, prefix + strconv.FormatInt(s.BatchID, 36) + ":" + strconv.FormatInt(s.Generation, 36)
+}
+
 // Load implements Warehouse.
+//
+// Before it waits for the slice, a load whose lease checks out terminates
+// any other load of the same slice still in the database: one Running batch
+// holds a scope at a time, so such a load belongs to a delivery that lost its
+// lease (a paused or partitioned worker) and would otherwise hold the slice's
+// locks until it woke up. Its transaction is rolled back.
 func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, objects []folder.Object, beforeCommit func(context.Context) error) (Stamp, error) {
 	var st Stamp
+	prefix, tag := loadTag(s)
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('application_name', $1, true)`, tag); err != nil {
+			return err
+		}
+		if beforeCommit != nil {
+			if err := beforeCommit(ctx); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, `
+			SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE application_name LIKE $1 || '%' AND application_name <> $2 AND pid <> pg_backend_pid()`, prefix, tag); err != nil {
+			return err
+		}
 		// Serialise loads and publications of one slice; the slice row may
 		// not exist yet, so lock the key rather than the row.
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope); err != nil {

@@ -72,6 +72,8 @@ type Warehouse interface {
 	// not nil, runs just before the commit; its error aborts the load.
 	// Returns ErrSliceSuperseded if a newer batch or generation stamped the
 	// slice; records that cannot be stored wrap folder.ErrMalformed.
+	// beforeCommit is also called before the load fences off other loads of
+	// the same slice (see Postgres.Load), so pass a lease check.
 	Load(ctx context.Context, s Slice, src *folder.Source, objects []folder.Object, beforeCommit func(context.Context) error) (Stamp, error)
 	// Stamp returns the slice's stamp, and false if there is no slice.
 	Stamp(ctx context.Context, tenantID, sourceScope string) (Stamp, bool, error)
