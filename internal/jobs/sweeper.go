@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -108,6 +110,14 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 				outcome = "already_queued"
 			} else {
 				inserted++
+				// The expired holder's job may still sit "running" (River
+				// never rescues jobs without a timeout): mark it for
+				// cancellation, which also stops it if its process wakes up.
+				if jobID, ok := holderJobID(e.holder); ok {
+					if _, err := s.River.JobCancelTx(ctx, tx, jobID); err != nil && !errors.Is(err, river.ErrNotFound) {
+						return err
+					}
+				}
 				s.logger().Warn("re-delivering batch with an expired lease", "batch_id", e.id,
 					"expired_holder", e.holder, "lease_generation", e.generation, "overdue", e.overdue, "job_id", res.Job.ID)
 			}
@@ -121,6 +131,17 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		return inserted, nil
 	}
 	return inserted, err
+}
+
+// holderJobID extracts the job id from a lease holder id made by
+// IngestWorker.holderID: {name}/job-{id}/attempt-{n}/{random}.
+func holderJobID(holder string) (int64, bool) {
+	parts := strings.Split(holder, "/")
+	if len(parts) < 4 {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(strings.TrimPrefix(parts[len(parts)-3], "job-"), 10, 64)
+	return id, err == nil && strings.HasPrefix(parts[len(parts)-3], "job-")
 }
 
 func (s *Sweeper) logger() *slog.Logger {

@@ -1,0 +1,256 @@
+package e2e
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+func TestDuplicateJobsExecuteOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	workers := []*workerProc{startWorker(t, dbURL, fastLease...), startWorker(t, dbURL, fastLease...), startWorker(t, dbURL, fastLease...)}
+
+	release := blockLoads(t, pool)
+	folderURL := writeFolder(t, sample)
+	id := enqueueBatch(t, dbURL, "tenant-a", folderURL)
+	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	for range 4 { // duplicate deliveries of the same batch
+		_, err := client.Insert(ctx, jobs.IngestArgs{BatchID: id}, nil)
+		require.NoError(t, err)
+	}
+	waitLoadBlocked(t, pool, id, "w")
+	contended := func() float64 {
+		var n float64
+		for _, w := range workers {
+			n += w.metric(`ingest_lease_acquisitions_total{outcome="contended"}`)
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return contended() >= 4 }, 20*time.Second, 100*time.Millisecond,
+		"the four duplicates find the live lease")
+	release()
+
+	b := waitStatus(t, pool, id, batch.StatusSucceeded, 30*time.Second)
+	require.Equal(t, int64(1), b.LeaseGeneration, "exactly one delivery ever acquired the lease")
+	total, distinct := recordCopies(t, pool, b.Scope())
+	require.Equal(t, sampleRecords, total)
+	require.Equal(t, sampleRecords, distinct)
+	var pubs int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM curated.fleet_publications WHERE batch_id = $1`, id).Scan(&pubs))
+	require.Equal(t, 1, pubs)
+
+	// The snoozed duplicates wake, find the batch terminal and complete.
+	require.Eventually(t, func() bool { return jobStates(t, pool, id)["completed"] == 5 }, 30*time.Second, 100*time.Millisecond,
+		"all five jobs complete: %v", jobStates(t, pool, id))
+	var worked, skipped float64
+	for _, w := range workers {
+		worked += w.metric(`ingest_deliveries_total{outcome="worked"}`)
+		skipped += w.metric(`ingest_deliveries_total{outcome="skipped_terminal"}`)
+	}
+	require.Equal(t, float64(1), worked)
+	require.Equal(t, float64(4), skipped)
+}
+
+func TestTerminalOrMissingBatchGetsNoWork(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	w := startWorker(t, dbURL, fastLease...)
+	id := enqueueBatch(t, dbURL, "tenant-a", writeFolder(t, sample))
+	before := waitStatus(t, pool, id, batch.StatusSucceeded, 30*time.Second)
+
+	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	_, err = client.Insert(ctx, jobs.IngestArgs{BatchID: id}, nil)
+	require.NoError(t, err)
+	missing, err := client.Insert(ctx, jobs.IngestArgs{BatchID: 987654}, nil)
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool { return jobStates(t, pool, id)["completed"] == 2 }, 20*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool {
+		var state string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, missing.Job.ID).Scan(&state))
+		return state == "cancelled"
+	}, 20*time.Second, 50*time.Millisecond, "a job for a missing batch is cancelled")
+	after, _ := getBatch(t, pool, id)
+	require.Equal(t, before.LeaseGeneration, after.LeaseGeneration, "no lease was taken")
+	require.Equal(t, before.UpdatedAt, after.UpdatedAt, "nothing was written")
+	require.Equal(t, float64(1), w.metric(`ingest_deliveries_total{outcome="skipped_terminal"}`))
+	require.Equal(t, float64(1), w.metric(`ingest_lease_acquisitions_total{outcome="not_found"}`))
+}
+
+// TestKilledWorkerIsTakenOver SIGKILLs the worker holding a batch mid-load
+// and expects another worker process to finish it within TTL + 15 s.
+func TestKilledWorkerIsTakenOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	const ttl = 3 * time.Second
+
+	victim := startWorker(t, dbURL, fastLease...)
+	release := blockLoads(t, pool)
+	folderURL := writeFolder(t, sample)
+	id := enqueueBatch(t, dbURL, "tenant-a", folderURL)
+	held := waitLoadBlocked(t, pool, id, victim.name+"/")
+	survivor := startWorker(t, dbURL, fastLease...)
+
+	victim.signal(syscall.SIGKILL)
+	killed := time.Now()
+	victim.wait(10 * time.Second)
+
+	// The survivor's sweeper re-delivers the batch once the lease expires and
+	// the survivor takes it over.
+	var taken batch.Batch
+	require.Eventually(t, func() bool {
+		taken, _ = getBatch(t, pool, id)
+		return taken.LeaseGeneration > held.LeaseGeneration && taken.LeaseID != nil && strings.HasPrefix(*taken.LeaseID, survivor.name+"/")
+	}, ttl+15*time.Second, 50*time.Millisecond, "no takeover within TTL + 15 s")
+	takeover := time.Since(killed)
+	release()
+	done := waitStatus(t, pool, id, batch.StatusSucceeded, ttl+15*time.Second-takeover)
+	finished := time.Since(killed)
+	t.Logf("SIGKILL → takeover %.1fs, → Succeeded %.1fs (lease TTL %s)", takeover.Seconds(), finished.Seconds(), ttl)
+	require.Less(t, finished, ttl+15*time.Second)
+
+	require.Equal(t, int64(2), done.LeaseGeneration)
+	total, distinct := recordCopies(t, pool, done.Scope())
+	require.Equal(t, sampleRecords, total, "exactly one copy of each record")
+	require.Equal(t, sampleRecords, distinct)
+	require.Equal(t, float64(1), survivor.metric(`ingest_lease_acquisitions_total{outcome="taken_over"}`))
+	require.GreaterOrEqual(t, survivor.metric(`ingest_sweep_redeliveries_total{outcome="redelivered"}`), float64(1))
+
+	// The dead worker's job, which River would leave running forever, is
+	// marked for cancellation.
+	var marked int
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT count(*) FROM river_job WHERE (args->>'batch_id')::bigint = $1 AND state = 'running' AND metadata ? 'cancel_attempted_at'`, id).Scan(&marked))
+	require.Equal(t, 1, marked)
+}
+
+// TestPausedWorkerWritesNothingAfterTakeover SIGSTOPs the lease holder past
+// its expiry, lets another worker finish, then SIGCONTs it.
+func TestPausedWorkerWritesNothingAfterTakeover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+
+	paused := startWorker(t, dbURL, fastLease...)
+	release := blockLoads(t, pool)
+	folderURL := writeFolder(t, sample)
+	id := enqueueBatch(t, dbURL, "tenant-a", folderURL)
+	held := waitLoadBlocked(t, pool, id, paused.name+"/")
+	paused.signal(syscall.SIGSTOP)
+	other := startWorker(t, dbURL, fastLease...)
+
+	require.Eventually(t, func() bool {
+		b, _ := getBatch(t, pool, id)
+		return b.LeaseGeneration > held.LeaseGeneration
+	}, 20*time.Second, 50*time.Millisecond, "no takeover of the paused worker's batch")
+	release()
+	done := waitStatus(t, pool, id, batch.StatusSucceeded, 20*time.Second)
+
+	var pubsBefore int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM curated.fleet_publications`).Scan(&pubsBefore))
+	paused.signal(syscall.SIGCONT)
+	// The woken worker finds its lease lost (heartbeat or fenced write) and
+	// stops without writing.
+	paused.waitLog(`lease`, 10*time.Second)
+	require.Eventually(t, func() bool {
+		logs := paused.logs.String()
+		return strings.Contains(logs, "lease heartbeat failed") || strings.Contains(logs, "lease lost") ||
+			strings.Contains(logs, "interrupted") || strings.Contains(logs, "transient failure")
+	}, 15*time.Second, 100*time.Millisecond, "the paused worker never noticed it lost its lease:\n%s", paused.logs.String())
+	time.Sleep(2 * time.Second) // give a stale write every chance to land
+
+	after, _ := getBatch(t, pool, id)
+	require.Equal(t, done.UpdatedAt, after.UpdatedAt, "the stale worker wrote nothing")
+	require.Equal(t, done.Details, after.Details)
+	require.Equal(t, batch.StatusSucceeded, after.Status)
+	total, distinct := recordCopies(t, pool, done.Scope())
+	require.Equal(t, sampleRecords, total)
+	require.Equal(t, sampleRecords, distinct)
+	var pubsAfter int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM curated.fleet_publications`).Scan(&pubsAfter))
+	require.Equal(t, pubsBefore, pubsAfter)
+	require.Equal(t, 1, pubsAfter)
+	_ = other
+}
+
+// TestSIGTERMLeavesBatchResumable stops a worker mid-load: it exits 0 after
+// its grace period, releases the lease, and another worker finishes the batch.
+func TestSIGTERMLeavesBatchResumable(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	w := startWorker(t, dbURL, append([]string{"--shutdown-grace", "1s"}, fastLease...)...)
+	release := blockLoads(t, pool)
+	folderURL := writeFolder(t, sample)
+	id := enqueueBatch(t, dbURL, "tenant-a", folderURL)
+	waitLoadBlocked(t, pool, id, w.name+"/")
+
+	w.signal(syscall.SIGTERM)
+	require.Equal(t, 0, w.wait(20*time.Second), "a clean exit")
+	b, d := getBatch(t, pool, id)
+	require.Equal(t, batch.StatusRunning, b.Status, "left resumable, not failed")
+	require.Nil(t, b.LeaseID, "lease released on shutdown")
+	require.Equal(t, batch.PhaseLoading, d.Phase)
+	require.Contains(t, w.logs.String(), "grace period over")
+
+	release()
+	startWorker(t, dbURL, fastLease...)
+	done := waitStatus(t, pool, id, batch.StatusSucceeded, 30*time.Second)
+	total, distinct := recordCopies(t, pool, done.Scope())
+	require.Equal(t, sampleRecords, total)
+	require.Equal(t, sampleRecords, distinct)
+}
+
+// TestLongBatchOutlivesRiverTimeoutsAndRunsOnce keeps a batch loading for
+// longer than River's default job timeout (1 min) and its rescue interval
+// (set to 5 s here): the heartbeat keeps the lease alive, nothing times the
+// job out, nothing re-delivers it, and it completes once.
+func TestLongBatchOutlivesRiverTimeoutsAndRunsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for more than a minute; skipped under -short")
+	}
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	w := startWorker(t, dbURL, append([]string{"--rescue-stuck-jobs-after", "5s"}, fastLease...)...)
+	other := startWorker(t, dbURL, fastLease...)
+
+	release := blockLoads(t, pool)
+	id := enqueueBatch(t, dbURL, "tenant-a", writeFolder(t, sample))
+	held := waitLoadBlocked(t, pool, id, "w")
+	time.Sleep(65 * time.Second) // longer than River's default JobTimeout; the batch must not be interrupted
+	b, d := getBatch(t, pool, id)
+	require.Equal(t, batch.StatusRunning, b.Status)
+	require.Equal(t, batch.PhaseLoading, d.Phase)
+	require.Equal(t, held.LeaseGeneration, b.LeaseGeneration, "nobody took the lease of the long batch")
+	release()
+
+	done := waitStatus(t, pool, id, batch.StatusSucceeded, 30*time.Second)
+	require.Equal(t, int64(1), done.LeaseGeneration, "one delivery from start to end")
+	total, distinct := recordCopies(t, pool, done.Scope())
+	require.Equal(t, sampleRecords, total)
+	require.Equal(t, sampleRecords, distinct)
+	renewed := w.metric(`ingest_lease_renewals_total{outcome="renewed"}`) + other.metric(`ingest_lease_renewals_total{outcome="renewed"}`)
+	require.GreaterOrEqual(t, renewed, float64(60), "the heartbeat renewed the lease every second")
+	require.Eventually(t, func() bool { return jobStates(t, pool, id)["completed"] == 1 }, 10*time.Second, 50*time.Millisecond)
+	require.Equal(t, map[string]int{"completed": 1}, jobStates(t, pool, id), "one job, never rescued or retried")
+}
