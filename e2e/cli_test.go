@@ -248,4 +248,3 @@ func TestResumeCommandContract(t *testing.T) {
 }
 
 func itoa(i int64) string { return strconv.FormatInt(i, 10) }
-
