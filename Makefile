@@ -10,12 +10,15 @@ export DATABASE_URL TEST_DATABASE_URL
 
 GO ?= go
 
-.PHONY: all build test test-short lint fmt vet staticcheck migrate bench-store bench-load demo clean
+.PHONY: all build test test-short lint fmt vet staticcheck migrate bench-store bench-load demo demo-clean clean
 
 all: lint test
 
 build:
 	$(GO) build -o bin/ ./cmd/...
+
+demo:
+	bash scripts/demo.sh
 
 test:
 	$(GO) test -race -timeout 30m ./...
@@ -46,5 +49,13 @@ bench-store:
 bench-load:
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./internal/warehouse
 
-clean:
-	rm -rf bin .dev
+# Stop the throwaway demo cluster (if make demo started one) and remove .dev.
+demo-clean:
+	@if [ -f .dev/pg/postmaster.pid ]; then \
+		pgctl=$$(ls /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n1); pgctl=$${pgctl:-pg_ctl}; \
+		if [ "$$(id -u)" = 0 ]; then runuser -u postgres -- $$pgctl -D $$PWD/.dev/pg stop -m fast; else $$pgctl -D .dev/pg stop -m fast; fi; \
+	fi
+	rm -rf .dev
+
+clean: demo-clean
+	rm -rf bin
