@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -253,4 +256,35 @@ func TestLongBatchOutlivesRiverTimeoutsAndRunsOnce(t *testing.T) {
 	require.GreaterOrEqual(t, renewed, float64(60), "the heartbeat renewed the lease every second")
 	require.Eventually(t, func() bool { return jobStates(t, pool, id)["completed"] == 1 }, 10*time.Second, 50*time.Millisecond)
 	require.Equal(t, map[string]int{"completed": 1}, jobStates(t, pool, id), "one job, never rescued or retried")
+}
+
+func TestWorkerProbesAndFlagValidation(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	w := startWorker(t, dbURL, fastLease...)
+	require.Equal(t, "ok\n", httpGet(t, "http://"+w.addr+"/healthz"))
+	require.Equal(t, "ready\n", httpGet(t, "http://"+w.addr+"/readyz"))
+	body := httpGet(t, "http://"+w.addr+"/metrics")
+	for _, name := range []string{"ingest_lease_acquisitions_total", "ingest_leases_held", "go_goroutines", "process_resident_memory_bytes"} {
+		require.Contains(t, body, name)
+	}
+	require.NotContains(t, body, "tenant_id", "no tenant label by default")
+	w.signal(syscall.SIGTERM)
+	require.Equal(t, 0, w.wait(20*time.Second))
+
+	for name, args := range map[string][]string{
+		"renewal not shorter than ttl": {"run", "--lease-ttl", "5s", "--lease-renew-every", "5s"},
+		"zero concurrency":             {"run", "--concurrency", "0"},
+		"bad duration":                 {"run", "--lease-ttl", "soon"},
+	} {
+		cmd := exec.Command(filepath.Join(binDir, "worker"), args...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+		out, _ := cmd.CombinedOutput()
+		require.Equal(t, 2, cmd.ProcessState.ExitCode(), "%s: %s", name, out)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "worker"), "run", "--metrics-addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATABASE_URL=postgres://postgres:sekrit-pw@127.0.0.1:1/x?connect_timeout=2")
+	out, _ := cmd.CombinedOutput()
+	require.Equal(t, 1, cmd.ProcessState.ExitCode(), "unreachable database: %s", out)
+	require.NotContains(t, string(out), "sekrit-pw")
 }

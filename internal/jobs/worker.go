@@ -178,6 +178,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 // or retried.
 func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], res pipeline.Result, log *slog.Logger) error {
 	m := w.cfg.Metrics
+	log = log.With("tenant_id", res.Batch.TenantID)
 	age := time.Since(res.Batch.StartedAt).Seconds()
 	switch res.Outcome {
 	case pipeline.Succeeded:
