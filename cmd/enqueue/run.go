@@ -26,6 +26,7 @@ type enqueueCLI struct {
 	Resume resumeCmd `cmd:"" help:"Resume a batch whose warehouse commit succeeded but whose publication failed."`
 	Status statusCmd `cmd:"" help:"Show one batch: status, phase, lease holder, expiry, generation, age."`
 	List   listCmd   `cmd:"" help:"List batches, newest first."`
+	Serve  serveCmd  `cmd:"" help:"Serve the HTTP listener for upload notifications (POST /v1/imports, POST /v1/events/s3)."`
 }
 
 // env is what every command runs with.
@@ -100,7 +101,7 @@ func invalid(e *env, err error) error {
 // exitCode maps an outcome to the command's exit code.
 func exitCode(outcome string) int {
 	switch outcome {
-	case jobs.OutcomeEnqueued, jobs.OutcomeResumed:
+	case jobs.OutcomeEnqueued, jobs.OutcomeResumed, jobs.OutcomeAlreadySucceeded:
 		return cli.ExitOK
 	case jobs.OutcomeConflict:
 		return cli.ExitConflict
@@ -128,10 +129,11 @@ type importCmd struct {
 	TenantDatabase string `name:"tenant-database" required:"" help:"Tenant database name."`
 	CompanyID      string `name:"company-id" required:"" help:"Company (customer) id."`
 	Folder         string `name:"folder" required:"" help:"Source folder URL: s3://bucket/prefix, file:///dir or mem://bucket/prefix."`
+	Reimport       bool   `name:"reimport" help:"Start a new batch even if the folder's latest batch succeeded (otherwise: already_succeeded)."`
 }
 
 func (i *importCmd) Run(c *enqueueCLI, e *env) error {
-	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder}
+	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder, Reimport: i.Reimport}
 	if err := jobs.ValidateImport(req); err != nil {
 		return invalid(e, err)
 	}

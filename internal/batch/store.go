@@ -291,3 +291,12 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&now)
 	return now, err
 }
+
+// Latest returns the newest batch of a tenant and source scope, or
+// ErrNotFound.
+func (s *Store) Latest(ctx context.Context, tenantID, scope string) (Batch, error) {
+	return scanBatch(s.db.QueryRow(ctx, `
+		SELECT `+columns+` FROM ingestion_batches
+		WHERE tenant_id = $1 AND source_scope = $2
+		ORDER BY id DESC LIMIT 1`, tenantID, scope))
+}

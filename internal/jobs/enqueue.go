@@ -25,6 +25,9 @@ const (
 	OutcomeResumed       = "resumed"
 	OutcomeNotResumable  = "not_resumable"
 	OutcomeNotFound      = "not_found"
+	// OutcomeAlreadySucceeded: the folder's latest batch succeeded and the
+	// request did not ask for a re-import; nothing was started.
+	OutcomeAlreadySucceeded = "already_succeeded"
 )
 
 // InputError is a request refused before anything was written. Field names
@@ -53,6 +56,9 @@ type ImportRequest struct {
 	TenantDatabase string `json:"tenant_database"`
 	CompanyID      string `json:"company_id"`
 	Folder         string `json:"folder"`
+	// Reimport starts a new batch even if the folder's latest batch
+	// succeeded. Without it such a request answers already_succeeded.
+	Reimport bool `json:"reimport,omitempty"`
 }
 
 // Result is the outcome of an import or a resume: one JSON line on the
@@ -82,8 +88,10 @@ type Enqueuer struct {
 
 // Import reserves a batch for (tenant, folder) and inserts its job in the
 // same transaction. Outcomes: enqueued; conflict when a running batch holds
-// the scope; enqueue_failed when the job insert failed, in which case the
-// batch is recorded Failed with failed_enqueue and the scope is free. Invalid
+// the scope; already_succeeded when the folder's latest batch succeeded and
+// req.Reimport is false; enqueue_failed when the job insert failed, in which
+// case the batch is recorded Failed with failed_enqueue and the scope is
+// free. Invalid
 // input returns an *InputError and writes nothing; other errors are
 // infrastructure failures and leave nothing behind.
 func (e *Enqueuer) Import(ctx context.Context, req ImportRequest) (Result, error) {
@@ -101,7 +109,18 @@ func (e *Enqueuer) Import(ctx context.Context, req ImportRequest) (Result, error
 	}
 	var res Result
 	err = pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
-		reserved, err := batch.NewStore(e.Pool).WithTx(tx).Reserve(ctx, r)
+		store := batch.NewStore(e.Pool).WithTx(tx)
+		if !req.Reimport {
+			latest, err := store.Latest(ctx, r.TenantID, r.SourceScope)
+			switch {
+			case err == nil && latest.Status == batch.StatusSucceeded:
+				res = Result{Outcome: OutcomeAlreadySucceeded, BatchID: latest.ID, SourceScope: f.Scope()}
+				return nil
+			case err != nil && !errors.Is(err, batch.ErrNotFound):
+				return err
+			}
+		}
+		reserved, err := store.Reserve(ctx, r)
 		if err != nil {
 			return err
 		}
@@ -213,7 +232,10 @@ func (e *Enqueuer) observeReservation(outcome string) {
 	if e.Metrics == nil {
 		return
 	}
-	label := map[string]string{OutcomeEnqueued: "reserved", OutcomeConflict: "conflict", OutcomeEnqueueFailed: "enqueue_failed"}[outcome]
+	label, ok := map[string]string{OutcomeEnqueued: "reserved", OutcomeConflict: "conflict", OutcomeEnqueueFailed: "enqueue_failed"}[outcome]
+	if !ok {
+		return
+	}
 	e.Metrics.Reservations.WithLabelValues(string(batch.SourceTypeFleetS3), label).Inc()
 }
 

@@ -1,0 +1,203 @@
+package uploads
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"path"
+	"strings"
+)
+
+// ObjectEvent is one object notification extracted from a storage event.
+type ObjectEvent struct {
+	Bucket string
+	// Key is the decoded object key.
+	Key string
+	// Created is true for object-created events.
+	Created bool
+}
+
+// ErrMalformedEvent is wrapped by ParseS3Event for bodies it cannot read.
+var ErrMalformedEvent = errors.New("malformed storage event")
+
+// s3Notification is the Amazon S3 event notification shape.
+type s3Notification struct {
+	Records []struct {
+		EventSource string `json:"eventSource"`
+		EventName   string `json:"eventName"`
+		S3          struct {
+			Bucket struct {
+				Name string `json:"name"`
+			} `json:"bucket"`
+			Object struct {
+				Key string `json:"key"`
+			} `json:"object"`
+		} `json:"s3"`
+	} `json:"Records"`
+	// Event is set on the "s3:TestEvent" sent when notifications are configured.
+	Event string `json:"Event"`
+}
+
+// snsEnvelope is an SNS HTTP delivery wrapping an S3 notification.
+type snsEnvelope struct {
+	Type    string `json:"Type"`
+	Message string `json:"Message"`
+}
+
+// eventBridgeEvent is an EventBridge "Object Created" event from S3.
+type eventBridgeEvent struct {
+	Source     string `json:"source"`
+	DetailType string `json:"detail-type"`
+	Detail     struct {
+		Bucket struct {
+			Name string `json:"name"`
+		} `json:"bucket"`
+		Object struct {
+			Key string `json:"key"`
+		} `json:"object"`
+	} `json:"detail"`
+}
+
+// ParseS3Event reads the object events of a body that is an S3 event
+// notification, an SNS notification wrapping one, or an EventBridge event
+// from S3. Keys in S3 notifications are URL-encoded and are decoded here
+// ('+' is a space). Bodies with no object events (an s3:TestEvent, an SNS
+// subscription confirmation) give none and no error.
+func ParseS3Event(body []byte) ([]ObjectEvent, error) {
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(body, &probe); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+	}
+	switch {
+	case probe["Records"] != nil || probe["Event"] != nil:
+		return parseNotification(body)
+	case probe["Type"] != nil:
+		var env snsEnvelope
+		if err := json.Unmarshal(body, &env); err != nil {
+			return nil, fmt.Errorf("%w: SNS envelope: %v", ErrMalformedEvent, err)
+		}
+		if env.Type != "Notification" {
+			return nil, nil // SubscriptionConfirmation and the like carry no objects
+		}
+		return parseNotification([]byte(env.Message))
+	case probe["detail-type"] != nil:
+		var ev eventBridgeEvent
+		if err := json.Unmarshal(body, &ev); err != nil {
+			return nil, fmt.Errorf("%w: EventBridge event: %v", ErrMalformedEvent, err)
+		}
+		if ev.Source != "aws.s3" {
+			return nil, fmt.Errorf("%w: EventBridge source %q is not aws.s3", ErrMalformedEvent, ev.Source)
+		}
+		if ev.Detail.Bucket.Name == "" || ev.Detail.Object.Key == "" {
+			return nil, fmt.Errorf("%w: EventBridge event without bucket or key", ErrMalformedEvent)
+		}
+		// EventBridge keys are not URL-encoded.
+		return []ObjectEvent{{Bucket: ev.Detail.Bucket.Name, Key: ev.Detail.Object.Key, Created: ev.DetailType == "Object Created"}}, nil
+	}
+	return nil, fmt.Errorf("%w: neither an S3 notification, an SNS envelope nor an EventBridge event", ErrMalformedEvent)
+}
+
+func parseNotification(body []byte) ([]ObjectEvent, error) {
+	var n s3Notification
+	if err := json.Unmarshal(body, &n); err != nil {
+		return nil, fmt.Errorf("%w: S3 notification: %v", ErrMalformedEvent, err)
+	}
+	if len(n.Records) > 1000 {
+		return nil, fmt.Errorf("%w: too many records (%d)", ErrMalformedEvent, len(n.Records))
+	}
+	events := make([]ObjectEvent, 0, len(n.Records))
+	for i, r := range n.Records {
+		if r.S3.Bucket.Name == "" || r.S3.Object.Key == "" {
+			return nil, fmt.Errorf("%w: record %d has no bucket or key", ErrMalformedEvent, i)
+		}
+		key, err := url.QueryUnescape(r.S3.Object.Key)
+		if err != nil {
+			return nil, fmt.Errorf("%w: record %d key: %v", ErrMalformedEvent, i, err)
+		}
+		events = append(events, ObjectEvent{Bucket: r.S3.Bucket.Name, Key: key, Created: strings.HasPrefix(r.EventName, "ObjectCreated:")})
+	}
+	return events, nil
+}
+
+// Mapping says which tenant, database and company a folder belongs to.
+type Mapping struct {
+	// Pattern is matched against the folder's key prefix, segment by
+	// segment. Placeholders {tenant_id}, {tenant_database} and {company_id}
+	// capture one segment each; other segments must match literally; the
+	// folder may go deeper than the pattern. Defaults to
+	// DefaultPattern.
+	Pattern string
+	// Buckets, if not empty, are the only buckets accepted.
+	Buckets []string
+}
+
+// DefaultPattern is the default Mapping.Pattern.
+const DefaultPattern = "tenants/{tenant_id}/{tenant_database}/{company_id}/"
+
+// ErrUnmapped is wrapped when a folder matches no mapping.
+var ErrUnmapped = errors.New("folder is not mapped to a tenant")
+
+// Target is what a mapped folder imports as.
+type Target struct {
+	TenantID, TenantDatabase, CompanyID, Folder string
+}
+
+// Validate checks the pattern names all three placeholders.
+func (m Mapping) Validate() error {
+	p := m.pattern()
+	for _, ph := range []string{"{tenant_id}", "{tenant_database}", "{company_id}"} {
+		if strings.Count(p, ph) != 1 {
+			return fmt.Errorf("mapping pattern %q must contain %s exactly once", p, ph)
+		}
+	}
+	return nil
+}
+
+func (m Mapping) pattern() string {
+	if m.Pattern == "" {
+		return DefaultPattern
+	}
+	return m.Pattern
+}
+
+// Resolve maps the folder holding an object (bucket, dir) to its target.
+func (m Mapping) Resolve(bucket, dir string) (Target, error) {
+	if len(m.Buckets) > 0 {
+		allowed := false
+		for _, b := range m.Buckets {
+			allowed = allowed || strings.EqualFold(b, bucket)
+		}
+		if !allowed {
+			return Target{}, fmt.Errorf("%w: bucket %q is not accepted", ErrUnmapped, bucket)
+		}
+	}
+	want := strings.Split(strings.Trim(m.pattern(), "/"), "/")
+	got := strings.Split(strings.Trim(dir, "/"), "/")
+	if len(got) < len(want) {
+		return Target{}, fmt.Errorf("%w: %q does not match %q", ErrUnmapped, dir, m.pattern())
+	}
+	t := Target{Folder: "s3://" + bucket + "/" + strings.Trim(dir, "/")}
+	for i, w := range want {
+		switch w {
+		case "{tenant_id}":
+			t.TenantID = got[i]
+		case "{tenant_database}":
+			t.TenantDatabase = got[i]
+		case "{company_id}":
+			t.CompanyID = got[i]
+		default:
+			if w != got[i] {
+				return Target{}, fmt.Errorf("%w: %q does not match %q", ErrUnmapped, dir, m.pattern())
+			}
+		}
+	}
+	return t, nil
+}
+
+// folderOf returns the directory of an object key, and whether its base name
+// is the completion marker.
+func folderOf(key, marker string) (string, bool) {
+	dir, base := path.Split(key)
+	return strings.TrimSuffix(dir, "/"), base == marker
+}
