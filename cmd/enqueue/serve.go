@@ -114,4 +114,3 @@ func (s *serveCmd) Run(c *enqueueCLI, e *env) error {
 	e.logger.Info("stopped")
 	return nil
 }
-
