@@ -1,0 +1,35 @@
+package uploads
+
+import (
+	"errors"
+	"testing"
+)
+
+// FuzzParseS3Event feeds arbitrary bodies to the event parser: it must never
+// panic, and every failure must wrap ErrMalformedEvent. The seed corpus runs
+// in every normal test run.
+func FuzzParseS3Event(f *testing.F) {
+	for _, s := range []string{
+		string(s3Event("b", "tenants/t/d/c/x/_SUCCESS", "ObjectCreated:Put")),
+		`{"Type":"Notification","Message":"{\"Records\":[]}"}`,
+		`{"source":"aws.s3","detail-type":"Object Created","detail":{"bucket":{"name":"b"},"object":{"key":"k"}}}`,
+		`{"Event":"s3:TestEvent"}`, `{}`, `[]`, `null`, `{"Records":null}`, `{"Records":[{}]}`,
+		`{"Type":"Notification","Message":"\u0000"}`, `{"detail-type":1}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		events, err := ParseS3Event(body)
+		if err != nil {
+			if !errors.Is(err, ErrMalformedEvent) {
+				t.Fatalf("error does not wrap ErrMalformedEvent: %v", err)
+			}
+			return
+		}
+		for _, e := range events {
+			if e.Bucket == "" || e.Key == "" {
+				t.Fatalf("event without bucket or key: %+v", e)
+			}
+		}
+	})
+}
