@@ -97,7 +97,7 @@ func (r *runCmd) Run(g *cli.Globals, e *env) error {
 		Store:  batch.NewStore(pool),
 		Leases: lease.NewStore(hbPool),
 		Pipelines: pipeline.Registry{
-			batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log},
+			batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m},
 		},
 		LeaseTTL:     r.LeaseTTL,
 		RenewEvery:   r.LeaseRenewEvery,

@@ -39,6 +39,7 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pipeline"
 	"github.com/fleet/ingest/internal/warehouse"
 )
@@ -54,6 +55,14 @@ type Pipeline struct {
 	PublicationWindow time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Metrics, if set, receives phase durations.
+	Metrics *metrics.Metrics
+}
+
+func (p *Pipeline) observe(phase string, start time.Time) {
+	if p.Metrics != nil {
+		p.Metrics.PhaseDuration.WithLabelValues(phase).Observe(time.Since(start).Seconds())
+	}
 }
 
 var _ pipeline.Pipeline = (*Pipeline)(nil)
@@ -119,6 +128,7 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 	case err != nil:
 		return classify(batch.PhaseFailedPublication, err)
 	}
+	p.observe("publish", start)
 	d.Phase, d.Publication.Completed, d.Publication.CompletedAt = batch.PhasePublished, true, st.PublishedAt
 	run.Details = d
 	logger.Info("batch published", "record_count", st.RecordCount, "publish_seconds", time.Since(start).Seconds())
@@ -152,6 +162,7 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 	case err != nil:
 		return warehouse.Stamp{}, classify(batch.PhaseFailedPreCommit, err)
 	}
+	p.observe("load", start)
 	logger.Info("warehouse slice committed", "record_count", st.RecordCount, "load_seconds", time.Since(start).Seconds())
 	return st, nil
 }

@@ -1,0 +1,134 @@
+// Package deploy_test checks the operational artefacts under deploy/: every
+// Prometheus alert rule and Grafana panel names only metrics (and labels)
+// that the binaries export.
+package deploy_test
+
+import (
+	"encoding/json"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/metrics"
+)
+
+// exported returns every exported metric family and its label names. For
+// histograms the _bucket, _sum and _count series are included.
+func exported(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	families, err := metrics.New().Registry.Gather()
+	require.NoError(t, err)
+	out := map[string]map[string]bool{}
+	for _, f := range families {
+		labels := map[string]bool{}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = true
+			}
+		}
+		names := []string{f.GetName()}
+		if f.GetType().String() == "HISTOGRAM" {
+			labels["le"] = true
+			names = append(names, f.GetName()+"_bucket", f.GetName()+"_sum", f.GetName()+"_count")
+		}
+		for _, n := range names {
+			out[n] = labels
+		}
+	}
+	return out
+}
+
+// checkExpr parses a PromQL expression and checks every selector against
+// the exported metrics.
+func checkExpr(t *testing.T, where, expr string, known map[string]map[string]bool) []string {
+	t.Helper()
+	e, err := parser.NewParser(parser.Options{}).ParseExpr(expr)
+	require.NoError(t, err, "%s: %s", where, expr)
+	var names []string
+	parser.Inspect(e, func(node parser.Node, _ []parser.Node) error {
+		vs, ok := node.(*parser.VectorSelector)
+		if !ok {
+			return nil
+		}
+		labels, ok := known[vs.Name]
+		require.True(t, ok, "%s: %q is not exported by the binaries", where, vs.Name)
+		for _, m := range vs.LabelMatchers {
+			if m.Name == "__name__" {
+				continue
+			}
+			require.True(t, labels[m.Name], "%s: metric %s has no label %q", where, vs.Name, m.Name)
+		}
+		names = append(names, vs.Name)
+		return nil
+	})
+	require.NotEmpty(t, names, "%s names no metric", where)
+	return names
+}
+
+func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
+	t.Parallel()
+	known := exported(t)
+	groups, errs := rulefmt.ParseFile("prometheus/alerts.yaml", false, model.LegacyValidation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
+	require.Empty(t, errs)
+	alerts := map[string]bool{}
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			require.NotEmpty(t, r.Alert, "only alerting rules here")
+			require.NotEmpty(t, r.Annotations["summary"], r.Alert)
+			require.NotEmpty(t, r.Labels["severity"], r.Alert)
+			checkExpr(t, r.Alert, r.Expr, known)
+			alerts[r.Alert] = true
+		}
+	}
+	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing"} {
+		require.True(t, alerts[want], "missing alert %s", want)
+	}
+
+	// The chart ships the same file.
+	a, err := os.ReadFile("prometheus/alerts.yaml")
+	require.NoError(t, err)
+	b, err := os.ReadFile("helm/fleet-ingest/files/alerts.yaml")
+	require.NoError(t, err)
+	require.Equal(t, string(b), string(a))
+}
+
+func TestDashboardQueriesReferenceExportedMetrics(t *testing.T) {
+	t.Parallel()
+	known := exported(t)
+	raw, err := os.ReadFile("grafana/fleet-ingest.json")
+	require.NoError(t, err)
+	var dash struct {
+		Title  string `json:"title"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &dash))
+	used := map[string]bool{}
+	for _, p := range dash.Panels {
+		require.NotEmpty(t, p.Targets, p.Title)
+		for _, tg := range p.Targets {
+			expr := strings.ReplaceAll(tg.Expr, "$__rate_interval", "5m")
+			for _, n := range checkExpr(t, p.Title, expr, known) {
+				used[n] = true
+			}
+		}
+	}
+	// The panels operators asked for are there.
+	for _, m := range []string{
+		"ingest_lease_acquisitions_total", "ingest_lease_renewals_total", "ingest_stale_writes_rejected_total",
+		"ingest_reservations_total", "ingest_queue_jobs", "ingest_batch_duration_seconds_bucket",
+		"ingest_takeover_delay_seconds_bucket", "ingest_stuck_batches",
+	} {
+		require.True(t, used[m], "no panel shows %s", m)
+	}
+}

@@ -1,0 +1,259 @@
+// Package helm_test renders the fleet-ingest chart with Helm's own Go
+// packages and checks the manifests' key invariants.
+package helm_test
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+const chartDir = "fleet-ingest"
+
+// manifest is one rendered document.
+type manifest struct {
+	Kind     string `json:"kind"`
+	Metadata struct {
+		Name        string            `json:"name"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"metadata"`
+	raw string
+}
+
+// render renders the chart with overrides and returns its documents by
+// kind and name, or the render error.
+func render(t *testing.T, overrides map[string]any) (map[string]manifest, error) {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	require.NoError(t, err)
+	vals, err := chartutil.ToRenderValues(ch, overrides, chartutil.ReleaseOptions{Name: "prod", Namespace: "fleet", IsInstall: true}, chartutil.DefaultCapabilities)
+	require.NoError(t, err)
+	out, err := engine.Render(ch, vals)
+	if err != nil {
+		return nil, err
+	}
+	docs := map[string]manifest{}
+	names := make([]string, 0, len(out))
+	for name := range out {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		for _, doc := range strings.Split(out[name], "\n---") {
+			if strings.TrimSpace(doc) == "" || strings.HasPrefix(strings.TrimSpace(doc), "#") && !strings.Contains(doc, "kind:") {
+				continue
+			}
+			var m manifest
+			require.NoError(t, yaml.Unmarshal([]byte(doc), &m), "%s:\n%s", name, doc)
+			if m.Kind == "" {
+				continue
+			}
+			m.raw = doc
+			key := m.Kind + "/" + m.Metadata.Name
+			require.NotContains(t, docs, key, "duplicate %s", key)
+			docs[key] = m
+		}
+	}
+	return docs, nil
+}
+
+func decode[T any](t *testing.T, m manifest) T {
+	t.Helper()
+	var v T
+	require.NoError(t, yaml.UnmarshalStrict([]byte(m.raw), &v), m.raw)
+	return v
+}
+
+func mustRender(t *testing.T, overrides map[string]any) map[string]manifest {
+	t.Helper()
+	docs, err := render(t, overrides)
+	require.NoError(t, err)
+	return docs
+}
+
+func argValue(args []string, flag string) (string, bool) {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+func envSecret(c corev1.Container, name string) (string, string) {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			return e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key
+		}
+	}
+	return "", ""
+}
+
+func requireHardened(t *testing.T, what string, pod corev1.PodSpec) {
+	t.Helper()
+	require.NotNil(t, pod.SecurityContext, what)
+	require.True(t, *pod.SecurityContext.RunAsNonRoot, what)
+	require.NotZero(t, *pod.SecurityContext.RunAsUser, what)
+	for _, c := range pod.Containers {
+		sc := c.SecurityContext
+		require.NotNil(t, sc, what)
+		require.True(t, *sc.ReadOnlyRootFilesystem, "%s: read-only root filesystem", what)
+		require.False(t, *sc.AllowPrivilegeEscalation, "%s: no privilege escalation", what)
+		require.True(t, *sc.RunAsNonRoot, what)
+		require.Contains(t, sc.Capabilities.Drop, corev1.Capability("ALL"), what)
+		name, key := envSecret(c, "DATABASE_URL")
+		require.Equal(t, "fleet-ingest-database", name, "%s: the database URL comes from the existing Secret", what)
+		require.Equal(t, "url", key, what)
+		for _, e := range c.Env {
+			require.NotContains(t, strings.ToLower(e.Value), "postgres://", "%s: no connection string inline", what)
+		}
+	}
+}
+
+func TestChartDefaults(t *testing.T) {
+	t.Parallel()
+	docs := mustRender(t, nil)
+
+	worker := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"])
+	pod := worker.Spec.Template.Spec
+	require.Nil(t, worker.Spec.Replicas, "replicas belong to the HPA when autoscaling")
+	requireHardened(t, "worker", pod)
+	c := pod.Containers[0]
+	require.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
+	require.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
+	require.Equal(t, "metrics", c.LivenessProbe.HTTPGet.Port.String())
+	grace, ok := argValue(c.Args, "--shutdown-grace")
+	require.True(t, ok)
+	graceDur, err := time.ParseDuration(grace)
+	require.NoError(t, err)
+	require.Greater(t, time.Duration(*pod.TerminationGracePeriodSeconds)*time.Second, graceDur,
+		"terminationGracePeriodSeconds must outlast the worker's shutdown grace")
+	ttl, _ := argValue(c.Args, "--lease-ttl")
+	renew, _ := argValue(c.Args, "--lease-renew-every")
+	ttlDur, _ := time.ParseDuration(ttl)
+	renewDur, _ := time.ParseDuration(renew)
+	require.Less(t, renewDur, ttlDur)
+	require.Equal(t, "30s", ttl)
+	require.Equal(t, []string{"/worker"}, c.Command)
+	require.Equal(t, "run", c.Args[0])
+
+	require.Contains(t, docs, "HorizontalPodAutoscaler/prod-fleet-ingest-worker")
+	require.Contains(t, docs, "PodDisruptionBudget/prod-fleet-ingest-worker")
+	require.Contains(t, docs, "PodDisruptionBudget/prod-fleet-ingest-enqueue")
+
+	job := decode[batchv1.Job](t, docs["Job/prod-fleet-ingest-migrate"])
+	require.Equal(t, "pre-install,pre-upgrade", docs["Job/prod-fleet-ingest-migrate"].Metadata.Annotations["helm.sh/hook"])
+	require.Equal(t, []string{"migrate"}, job.Spec.Template.Spec.Containers[0].Args)
+	require.Equal(t, corev1.RestartPolicyNever, job.Spec.Template.Spec.RestartPolicy)
+	requireHardened(t, "migrate job", job.Spec.Template.Spec)
+
+	enq := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"])
+	requireHardened(t, "enqueue", enq.Spec.Template.Spec)
+	ec := enq.Spec.Template.Spec.Containers[0]
+	require.Equal(t, []string{"/enqueue"}, ec.Command)
+	require.Equal(t, "serve", ec.Args[0])
+	name, key := envSecret(ec, "ENQUEUE_AUTH_TOKEN")
+	require.Equal(t, "fleet-ingest-enqueue", name)
+	require.Equal(t, "token", key)
+	require.Equal(t, "/readyz", ec.ReadinessProbe.HTTPGet.Path)
+	require.Contains(t, docs, "Service/prod-fleet-ingest-enqueue")
+
+	require.NotContains(t, docs, "ServiceMonitor/prod-fleet-ingest", "off by default")
+	require.NotContains(t, docs, "PrometheusRule/prod-fleet-ingest", "off by default")
+}
+
+func TestChartNonDefaults(t *testing.T) {
+	t.Parallel()
+	docs := mustRender(t, map[string]any{
+		"image": map[string]any{"tag": "1.2.3"},
+		"worker": map[string]any{
+			"replicas": 5, "autoscaling": map[string]any{"enabled": false}, "shutdownGraceSeconds": 60,
+			"leaseTTLSeconds": 45, "leaseRenewEverySeconds": 15, "concurrency": 8,
+			"podDisruptionBudget": map[string]any{"enabled": false},
+		},
+		"warehouse": map[string]any{"existingSecret": "redshift"},
+		"enqueue":   map[string]any{"enabled": false},
+		"migration": map[string]any{"skipWarehouse": true},
+		"metrics": map[string]any{
+			"serviceMonitor":   map[string]any{"enabled": true},
+			"prometheusRule":   map[string]any{"enabled": true, "labels": map[string]any{"release": "kube-prometheus"}},
+			"grafanaDashboard": map[string]any{"enabled": true},
+		},
+	})
+	worker := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"])
+	require.Equal(t, int32(5), *worker.Spec.Replicas)
+	pod := worker.Spec.Template.Spec
+	require.Equal(t, int64(75), *pod.TerminationGracePeriodSeconds, "shutdown grace + 15 s")
+	c := pod.Containers[0]
+	require.Equal(t, "ghcr.io/fleet/ingest:1.2.3", c.Image)
+	v, _ := argValue(c.Args, "--concurrency")
+	require.Equal(t, "8", v)
+	name, key := envSecret(c, "WAREHOUSE_URL")
+	require.Equal(t, "redshift", name)
+	require.Equal(t, "url", key)
+	require.NotContains(t, docs, "HorizontalPodAutoscaler/prod-fleet-ingest-worker")
+	require.NotContains(t, docs, "PodDisruptionBudget/prod-fleet-ingest-worker")
+	require.NotContains(t, docs, "Deployment/prod-fleet-ingest-enqueue")
+	require.Contains(t, docs, "ServiceMonitor/prod-fleet-ingest")
+	job := decode[batchv1.Job](t, docs["Job/prod-fleet-ingest-migrate"])
+	require.Equal(t, []string{"migrate", "--skip-warehouse"}, job.Spec.Template.Spec.Containers[0].Args)
+
+	rule := docs["PrometheusRule/prod-fleet-ingest"]
+	require.Contains(t, rule.raw, "release: kube-prometheus")
+	var pr struct {
+		Spec struct {
+			Groups []struct {
+				Rules []struct {
+					Alert string `json:"alert"`
+					Expr  string `json:"expr"`
+				} `json:"rules"`
+			} `json:"groups"`
+		} `json:"spec"`
+	}
+	require.NoError(t, yaml.Unmarshal([]byte(rule.raw), &pr))
+	var file struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `json:"alert"`
+				Expr  string `json:"expr"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	raw, err := os.ReadFile(chartDir + "/files/alerts.yaml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(raw, &file))
+	require.Equal(t, fmt.Sprint(file.Groups), fmt.Sprint(pr.Spec.Groups), "the PrometheusRule carries the alert file verbatim")
+	require.Contains(t, docs["ConfigMap/prod-fleet-ingest-dashboard"].raw, "Fleet ingestion: leases and batches")
+}
+
+func TestChartRefusesUnsafeTimings(t *testing.T) {
+	t.Parallel()
+	_, err := render(t, map[string]any{"worker": map[string]any{"shutdownGraceSeconds": 30, "terminationGracePeriodSeconds": 30}})
+	require.ErrorContains(t, err, "must be longer than worker.shutdownGraceSeconds")
+	_, err = render(t, map[string]any{"worker": map[string]any{"leaseTTLSeconds": 10, "leaseRenewEverySeconds": 10}})
+	require.ErrorContains(t, err, "leaseRenewEverySeconds must be shorter")
+	_, err = render(t, map[string]any{"database": map[string]any{"existingSecret": ""}})
+	require.ErrorContains(t, err, "database.existingSecret is required")
+}
+
+func TestChartLints(t *testing.T) {
+	t.Parallel()
+	res := lint.AllWithKubeVersion(chartDir, map[string]any{}, "fleet", nil)
+	for _, msg := range res.Messages {
+		require.Less(t, msg.Severity, support.WarningSev, "%s", msg.Error())
+	}
+}

@@ -1,0 +1,73 @@
+{{- define "fleet-ingest.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fleet-ingest.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fleet-ingest.labels" -}}
+app.kubernetes.io/name: {{ include "fleet-ingest.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "fleet-ingest.selector" -}}
+app.kubernetes.io/name: {{ include "fleet-ingest.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "fleet-ingest.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "fleet-ingest.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "fleet-ingest.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Environment shared by every container: database URLs from Secrets. */}}
+{{- define "fleet-ingest.databaseEnv" -}}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "database.existingSecret is required" .Values.database.existingSecret }}
+      key: {{ .Values.database.key }}
+{{- if .Values.warehouse.existingSecret }}
+- name: WAREHOUSE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.warehouse.existingSecret }}
+      key: {{ .Values.warehouse.key }}
+{{- end }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- with .Values.env }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Validates the worker's timing values. */}}
+{{- define "fleet-ingest.workerTermination" -}}
+{{- $grace := int .Values.worker.shutdownGraceSeconds -}}
+{{- $term := .Values.worker.terminationGracePeriodSeconds | default (add $grace 15) | int -}}
+{{- if le $term $grace -}}
+{{- fail (printf "worker.terminationGracePeriodSeconds (%d) must be longer than worker.shutdownGraceSeconds (%d)" $term $grace) -}}
+{{- end -}}
+{{- if ge (int .Values.worker.leaseRenewEverySeconds) (int .Values.worker.leaseTTLSeconds) -}}
+{{- fail "worker.leaseRenewEverySeconds must be shorter than worker.leaseTTLSeconds" -}}
+{{- end -}}
+{{- $term -}}
+{{- end -}}
