@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+func runCLI(t *testing.T, dbURL string, args ...string) (string, int) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), append(args, "--database-url", dbURL, "--log-level", "error"), &stdout, &stderr)
+	return stdout.String(), code
+}
+
+// phased creates a Fleet batch and drives it to the given phase and status
+// the way a worker would, under a lease.
+func phased(t *testing.T, pool *pgxpool.Pool, tenant string, phase batch.Phase, status batch.Status, keepLease time.Duration) batch.Batch {
+	t.Helper()
+	ctx := context.Background()
+	store := batch.NewStore(pool)
+	folder := fmt.Sprintf("s3://fleet-bucket/%s/%s", tenant, phase)
+	res, err := store.Reserve(ctx, batch.Reservation{
+		CompanyID: "c", TenantID: tenant, TenantDatabase: "db", SourceType: batch.SourceTypeFleetS3,
+		IngestionMode: batch.IngestionModeFileUpload, PipelineStage: batch.PipelineStageFleet,
+		SourceScope: "fleet_s3:" + folder, Details: batch.NewDetails(folder),
+	})
+	require.NoError(t, err)
+	b := res.Batch
+	if phase == batch.PhaseReserved {
+		return b
+	}
+	ttl := time.Minute
+	if keepLease > 0 {
+		ttl = keepLease
+	}
+	a, err := lease.NewStore(pool).Acquire(ctx, b.ID, "worker-1/job-7/attempt-1/ab12", ttl)
+	require.NoError(t, err)
+	d, err := batch.ParseDetails(b.Details)
+	require.NoError(t, err)
+	d.Phase = phase
+	if phase != batch.PhaseLoading && phase != batch.PhaseFailedPreCommit {
+		now := time.Now()
+		d.RedshiftCommitted, d.CommittedAt, d.RecordCount = true, &now, 42
+	}
+	switch status {
+	case batch.StatusRunning:
+		b, err = store.WriteDetails(ctx, a.Lease.Fence(), d)
+	case batch.StatusSucceeded:
+		b, err = store.MarkSucceeded(ctx, a.Lease.Fence(), d)
+	case batch.StatusFailed:
+		b, err = store.MarkFailed(ctx, a.Lease.Fence(), d, phase, "boom: "+string(phase))
+	}
+	require.NoError(t, err)
+	return b
+}
+
+func TestStatusAndList(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+
+	reserved := phased(t, pool, "tenant-a", batch.PhaseReserved, batch.StatusRunning, 0)
+	loading := phased(t, pool, "tenant-a", batch.PhaseLoading, batch.StatusRunning, 0)
+	publishing := phased(t, pool, "tenant-a", batch.PhasePublishing, batch.StatusRunning, 0)
+	stuck := phased(t, pool, "tenant-b", batch.PhaseLoading, batch.StatusRunning, 20*time.Millisecond)
+	published := phased(t, pool, "tenant-b", batch.PhasePublished, batch.StatusSucceeded, 0)
+	preCommit := phased(t, pool, "tenant-b", batch.PhaseFailedPreCommit, batch.StatusFailed, 0)
+	failedPub := phased(t, pool, "tenant-c", batch.PhaseFailedPublication, batch.StatusFailed, 0)
+	time.Sleep(30 * time.Millisecond) // let the short lease expire
+
+	status := func(b batch.Batch) batchView {
+		t.Helper()
+		out, code := runCLI(t, dbURL, "status", "--batch-id", fmt.Sprint(b.ID), "--json")
+		require.Equal(t, cli.ExitOK, code, out)
+		var v batchView
+		require.NoError(t, json.Unmarshal([]byte(out), &v))
+		require.Equal(t, b.ID, v.BatchID)
+		return v
+	}
+	v := status(reserved)
+	require.Equal(t, "Running", v.Status)
+	require.Equal(t, "reserved", v.Phase)
+	require.Empty(t, v.LeaseHolder)
+	require.Zero(t, v.LeaseGeneration)
+
+	v = status(loading)
+	require.Equal(t, "loading", v.Phase)
+	require.Equal(t, "worker-1/job-7/attempt-1/ab12", v.LeaseHolder)
+	require.Equal(t, int64(1), v.LeaseGeneration)
+	require.NotNil(t, v.LeaseExpiresAt)
+	require.False(t, strings.HasPrefix(v.LeaseExpiresIn, "-"), "a live lease expires in the future")
+	require.False(t, v.RedshiftCommitted)
+
+	v = status(publishing)
+	require.Equal(t, "publishing", v.Phase)
+	require.True(t, v.RedshiftCommitted)
+	require.Equal(t, int64(42), v.RecordCount)
+
+	v = status(stuck)
+	require.True(t, strings.HasPrefix(v.LeaseExpiresIn, "-"), "an expired lease shows a negative expiry: %s", v.LeaseExpiresIn)
+
+	v = status(published)
+	require.Equal(t, "Succeeded", v.Status)
+	require.Equal(t, "published", v.Phase)
+	require.Empty(t, v.LeaseHolder, "terminal writes release the lease")
+	require.NotNil(t, v.CompletedAt)
+
+	v = status(preCommit)
+	require.Equal(t, "failed_pre_commit", v.Phase)
+	require.Equal(t, "boom: failed_pre_commit", v.LastError)
+	v = status(failedPub)
+	require.Equal(t, "failed_publication", v.Phase)
+	require.True(t, v.RedshiftCommitted)
+
+	// The table form has a header and the row.
+	out, code := runCLI(t, dbURL, "status", "--batch-id", fmt.Sprint(loading.ID))
+	require.Equal(t, cli.ExitOK, code)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2)
+	for _, col := range []string{"BATCH", "STATUS", "PHASE", "LEASE HOLDER", "LEASE EXPIRES IN", "GEN", "AGE"} {
+		require.Contains(t, lines[0], col)
+	}
+	require.Contains(t, lines[1], "loading")
+	require.Contains(t, lines[1], "worker-1/job-7/attempt-1/ab12")
+
+	listIDs := func(args ...string) []int64 {
+		t.Helper()
+		out, code := runCLI(t, dbURL, append([]string{"list", "--json"}, args...)...)
+		require.Equal(t, cli.ExitOK, code, out)
+		var ids []int64
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if line == "" {
+				continue
+			}
+			var v batchView
+			require.NoError(t, json.Unmarshal([]byte(line), &v))
+			ids = append(ids, v.BatchID)
+		}
+		return ids
+	}
+	require.Equal(t, []int64{failedPub.ID, preCommit.ID, published.ID, stuck.ID, publishing.ID, loading.ID, reserved.ID}, listIDs())
+	require.Equal(t, []int64{stuck.ID, publishing.ID, loading.ID, reserved.ID}, listIDs("--status", "Running"))
+	require.Equal(t, []int64{stuck.ID}, listIDs("--stuck"))
+	require.Equal(t, []int64{preCommit.ID, published.ID, stuck.ID}, listIDs("--tenant-id", "tenant-b"))
+	require.Equal(t, []int64{failedPub.ID, preCommit.ID}, listIDs("--status", "Failed", "--limit", "5"))
+
+	out, code = runCLI(t, dbURL, "list")
+	require.Equal(t, cli.ExitOK, code)
+	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 8, "header and seven rows")
+
+	// Refusals.
+	out, code = runCLI(t, dbURL, "status", "--batch-id", "999999")
+	require.Equal(t, cli.ExitNotResumable, code)
+	require.Contains(t, out, `"outcome":"not_found"`)
+	_, code = runCLI(t, dbURL, "status", "--batch-id", "0")
+	require.Equal(t, cli.ExitInvalidInput, code)
+	_, code = runCLI(t, dbURL, "list", "--status", "Sleeping")
+	require.Equal(t, cli.ExitInvalidInput, code)
+	_, code = runCLI(t, dbURL, "list", "--limit", "0")
+	require.Equal(t, cli.ExitInvalidInput, code)
+}

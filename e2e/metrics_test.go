@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+// TestMetricsMoveAsDocumented drives reservations, a conflict, a contended
+// lease and a takeover through real processes and scrapes their /metrics.
+func TestMetricsMoveAsDocumented(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=tok"})
+	holder := startWorker(t, dbURL, append([]string{"--concurrency", "1"}, fastLease...)...)
+
+	release := blockLoads(t, pool)
+	folderURL := writeFolder(t, sample)
+	req := map[string]any{"tenant_id": "tenant-a", "tenant_database": "db", "company_id": "c", "folder": folderURL}
+	status, out := postJSON(t, base+"/v1/imports", "tok", req)
+	require.Equal(t, http.StatusAccepted, status)
+	id := int64(out["batch_id"].(float64))
+	status, _ = postJSON(t, base+"/v1/imports", "tok", req)
+	require.Equal(t, http.StatusConflict, status)
+
+	waitLoadBlocked(t, pool, id, holder.name+"/")
+	other := startWorker(t, dbURL, fastLease...)
+	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	_, err = client.Insert(ctx, jobs.IngestArgs{BatchID: id}, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return other.metric(`ingest_lease_acquisitions_total{outcome="contended"}`) >= 1
+	}, 15*time.Second, 100*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return other.metric(`ingest_stuck_batches`) == 0 && other.metric(`ingest_running_batches`) == 1
+	},
+		10*time.Second, 100*time.Millisecond, "database gauges refresh")
+
+	holder.signal(syscall.SIGKILL)
+	holder.wait(10 * time.Second)
+	require.Eventually(t, func() bool { return other.metric(`ingest_stuck_batches`) == 1 }, 15*time.Second, 100*time.Millisecond,
+		"the expired lease shows as a stuck batch before the takeover")
+	require.Eventually(t, func() bool {
+		return other.metric(`ingest_lease_acquisitions_total{outcome="taken_over"}`) >= 1
+	}, 20*time.Second, 100*time.Millisecond)
+	release()
+	waitStatus(t, pool, id, batch.StatusSucceeded, 20*time.Second)
+	require.Eventually(t, func() bool { return other.metric(`ingest_deliveries_total{outcome="worked"}`) >= 1 }, 10*time.Second, 50*time.Millisecond)
+
+	require.GreaterOrEqual(t, other.metric(`ingest_sweep_redeliveries_total{outcome="redelivered"}`), float64(1))
+	require.GreaterOrEqual(t, other.metric(`ingest_takeover_delay_seconds_count`), float64(1))
+	require.GreaterOrEqual(t, other.metric(`ingest_phase_duration_seconds_count{phase="load"}`), float64(1))
+	require.GreaterOrEqual(t, other.metric(`ingest_phase_duration_seconds_count{phase="publish"}`), float64(1))
+	require.GreaterOrEqual(t, other.metric(`ingest_batch_duration_seconds_count{outcome="succeeded"}`), float64(1))
+	require.GreaterOrEqual(t, other.metric(`ingest_lease_renewals_total{outcome="renewed"}`), float64(1))
+	require.Equal(t, float64(0), other.metric(`ingest_leases_held`))
+	require.Eventually(t, func() bool { return other.metric(`ingest_running_batches`) == 0 }, 10*time.Second, 100*time.Millisecond)
+
+	// Reservations are counted where they happen: in enqueue serve.
+	serveMetric := func(series string) float64 {
+		body := httpGet(t, base+"/metrics")
+		for _, line := range strings.Split(body, "\n") {
+			if v, ok := strings.CutPrefix(line, series+" "); ok {
+				var f float64
+				_, err := fmtSscan(v, &f)
+				require.NoError(t, err)
+				return f
+			}
+		}
+		t.Fatalf("%s not exported by enqueue serve", series)
+		return 0
+	}
+	require.Equal(t, float64(1), serveMetric(`ingest_reservations_total{outcome="reserved",source_type="FleetS3"}`))
+	require.Equal(t, float64(1), serveMetric(`ingest_reservations_total{outcome="conflict",source_type="FleetS3"}`))
+	require.Equal(t, float64(0), serveMetric(`ingest_reservations_total{outcome="enqueue_failed",source_type="FleetS3"}`))
+	require.Equal(t, float64(1), serveMetric(`ingest_http_requests_total{outcome="conflict",route="imports"}`))
+	_ = serve
+
+	// Every documented series exists, zeros included.
+	body := httpGet(t, "http://"+other.addr+"/metrics")
+	for _, series := range []string{
+		`ingest_resumes_total{outcome="not_resumable"}`, `ingest_lease_acquisitions_total{outcome="not_found"}`,
+		`ingest_lease_renewals_total{outcome="error"}`, `ingest_deliveries_total{outcome="skipped_terminal"}`,
+		`ingest_stale_writes_rejected_total`, `ingest_oldest_running_batch_age_seconds`, `ingest_queue_jobs{state="available"}`,
+		`ingest_batch_duration_seconds_bucket{outcome="failed",le="+Inf"}`, `go_goroutines`, `process_resident_memory_bytes`,
+	} {
+		require.Contains(t, body, series)
+	}
+}
+
+func fmtSscan(s string, f *float64) (int, error) { return fmt.Sscan(strings.TrimSpace(s), f) }
