@@ -64,8 +64,46 @@ type Details struct {
 	Resumes int `json:"resumes,omitempty"`
 	// UpdatedAt is stamped with the database clock by every store write.
 	UpdatedAt *time.Time `json:"updatedAt,omitempty"`
-	// Leases is the bounded audit trail of lease events for this batch.
-	Leases []LeaseEvent `json:"leases,omitempty"`
+	// Leases is the audit trail of lease terms, maintained by the database
+	// statements that acquire, renew and release leases. Writes from Go never
+	// replace it. Bounded to the last AuditLimit entries.
+	Leases []LeaseTerm `json:"leases,omitempty"`
+	// Writes is the audit trail of accepted fenced writes, appended by the
+	// fenced statement itself. Bounded to the last AuditLimit entries.
+	Writes []FencedWrite `json:"writes,omitempty"`
+}
+
+// AuditLimit bounds the audit trails kept in details.
+const AuditLimit = 64
+
+// LeaseTerm is one acquisition of the execution lease: who held it, under
+// which generation, from when, until when it was last extended, and when it
+// was released (nil if it expired or is still held).
+type LeaseTerm struct {
+	LeaseID    string     `json:"leaseId"`
+	Generation int64      `json:"generation"`
+	At         time.Time  `json:"at"`
+	ExpiresAt  time.Time  `json:"expiresAt"`
+	ReleasedAt *time.Time `json:"releasedAt,omitempty"`
+	Renewals   int64      `json:"renewals,omitempty"`
+}
+
+// End is when the term stopped holding the lease: its release, or its
+// last expiry.
+func (t LeaseTerm) End() time.Time {
+	if t.ReleasedAt != nil && t.ReleasedAt.Before(t.ExpiresAt) {
+		return *t.ReleasedAt
+	}
+	return t.ExpiresAt
+}
+
+// FencedWrite is one accepted state write of a lease holder.
+type FencedWrite struct {
+	Phase      Phase     `json:"phase"`
+	Status     Status    `json:"status"`
+	LeaseID    string    `json:"leaseId"`
+	Generation int64     `json:"generation"`
+	At         time.Time `json:"at"`
 }
 
 // Publication records progress of the post-commit publication.
@@ -82,15 +120,6 @@ type ErrorRecord struct {
 	Phase   Phase     `json:"phase"`
 	Message string    `json:"message"`
 	At      time.Time `json:"at"`
-}
-
-// LeaseEvent is one entry of the lease audit trail kept in details.
-type LeaseEvent struct {
-	Event      string    `json:"event"`
-	LeaseID    string    `json:"leaseId"`
-	Generation int64     `json:"generation"`
-	At         time.Time `json:"at"`
-	ExpiresAt  time.Time `json:"expiresAt"`
 }
 
 // NewDetails returns the initial details of a scoped batch reservation.
@@ -139,16 +168,4 @@ func ParseDetails(raw []byte) (Details, error) {
 func (d Details) Marshal() ([]byte, error) {
 	d.Version = DetailsVersion
 	return json.Marshal(d)
-}
-
-// maxLeaseEvents bounds the lease audit trail kept in details.
-const maxLeaseEvents = 50
-
-// AppendLeaseEvent adds e to the audit trail, dropping the oldest entries
-// beyond the bound.
-func (d *Details) AppendLeaseEvent(e LeaseEvent) {
-	d.Leases = append(d.Leases, e)
-	if n := len(d.Leases); n > maxLeaseEvents {
-		d.Leases = append(d.Leases[:0:0], d.Leases[n-maxLeaseEvents:]...)
-	}
 }

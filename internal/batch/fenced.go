@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -11,10 +12,24 @@ import (
 // through. It writes only while the batch is Running and held by exactly the
 // fence's lease id and generation, unexpired by the database clock. Terminal
 // statuses stamp completed_at and release the lease in the same statement.
-const fencedUpdate = `
+//
+// The audit trails in details belong to the database: the lease terms are
+// kept from the row (the writer's copy may be stale), the last term is marked
+// released by a terminal write, and the write itself is appended to
+// details.writes with its generation and the database time.
+var fencedUpdate = `
 	UPDATE ingestion_batches
 	SET status = $4::text,
-	    details = $5::jsonb || jsonb_build_object('updatedAt', now()),
+	    details = jsonb_set(jsonb_set(
+	        ($5::jsonb - 'leases' - 'writes') || jsonb_build_object('updatedAt', now()),
+	        '{leases}',
+	        CASE WHEN $4::text <> 'Running' AND jsonb_array_length(` + auditLeases + `) > 0
+	             THEN jsonb_set(` + auditLeases + `, '{-1,releasedAt}', to_jsonb(now()))
+	             ELSE ` + auditLeases + ` END),
+	        '{writes}',
+	        ` + AuditAppend("details->'writes'") + ` || jsonb_build_array(jsonb_build_object(
+	            'phase', $5::jsonb->>'phase', 'status', $4::text, 'leaseId', $2::text,
+	            'generation', $3::bigint, 'at', now()))),
 	    completed_at = CASE WHEN $4::text = 'Running' THEN NULL ELSE now() END,
 	    execution_lease_id = CASE WHEN $4::text = 'Running' THEN execution_lease_id END,
 	    execution_lease_expires_at = CASE WHEN $4::text = 'Running' THEN execution_lease_expires_at END,
@@ -25,6 +40,18 @@ const fencedUpdate = `
 	  AND execution_lease_generation = $3
 	  AND execution_lease_expires_at > now()
 	RETURNING ` + columns
+
+// auditLeases is the row's lease trail, an empty array if none.
+const auditLeases = `COALESCE(CASE WHEN jsonb_typeof(details->'leases') = 'array' THEN details->'leases' END, '[]'::jsonb)`
+
+// AuditAppend returns SQL for the audit array at expr (NULL or missing
+// means empty), with its oldest entry dropped once it holds AuditLimit
+// entries, ready for "|| new entry". Exported for the lease store, which
+// maintains details.leases the same way.
+func AuditAppend(expr string) string {
+	arr := `COALESCE(CASE WHEN jsonb_typeof(` + expr + `) = 'array' THEN ` + expr + ` END, '[]'::jsonb)`
+	return `(CASE WHEN jsonb_array_length(` + arr + `) >= ` + strconv.Itoa(AuditLimit) + ` THEN ` + arr + ` - 0 ELSE ` + arr + ` END)`
+}
 
 func (s *Store) fenced(ctx context.Context, f Fence, status Status, d Details) (Batch, error) {
 	raw, err := d.Marshal()

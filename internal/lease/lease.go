@@ -97,7 +97,11 @@ func (a Acquisition) TakeoverDelay() time.Duration {
 // ErrInvalidTTL is returned for a non-positive lease duration.
 var ErrInvalidTTL = errors.New("lease ttl must be positive")
 
-const acquireSQL = `
+// leasesAppend is the batch's lease audit trail, trimmed for one more term
+// (see batch.Details.Leases).
+var leasesAppend = batch.AuditAppend("b.details->'leases'")
+
+var acquireSQL = `
 	WITH prev AS (
 		SELECT id, execution_lease_id, execution_lease_expires_at
 		FROM ingestion_batches
@@ -105,9 +109,14 @@ const acquireSQL = `
 		FOR UPDATE
 	)
 	UPDATE ingestion_batches b
-	SET execution_lease_id = $2,
+	SET execution_lease_id = $2::text,
 	    execution_lease_expires_at = now() + $3 * interval '1 microsecond',
 	    execution_lease_generation = b.execution_lease_generation + 1,
+	    details = CASE WHEN jsonb_typeof(b.details) = 'object'
+	        THEN jsonb_set(b.details, '{leases}', ` + leasesAppend + ` || jsonb_build_array(jsonb_build_object(
+	            'leaseId', $2::text, 'generation', b.execution_lease_generation + 1,
+	            'at', now(), 'expiresAt', now() + $3 * interval '1 microsecond')))
+	        ELSE b.details END,
 	    updated_at = now()
 	FROM prev
 	WHERE b.id = prev.id
@@ -181,7 +190,11 @@ func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, b
 	}
 	err := s.db.QueryRow(ctx, `
 		UPDATE ingestion_batches
-		SET execution_lease_expires_at = now() + $4 * interval '1 microsecond'
+		SET execution_lease_expires_at = now() + $4 * interval '1 microsecond',
+		    details = CASE WHEN (details->'leases'->-1->>'generation')::bigint = $3::bigint
+		        THEN jsonb_set(jsonb_set(details, '{leases,-1,expiresAt}', to_jsonb(now() + $4 * interval '1 microsecond')),
+		                       '{leases,-1,renewals}', to_jsonb(COALESCE((details->'leases'->-1->>'renewals')::bigint, 0) + 1))
+		        ELSE details END
 		WHERE id = $1
 		  AND execution_lease_id = $2
 		  AND execution_lease_generation = $3
@@ -204,7 +217,10 @@ func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, b
 func (s *Store) Release(ctx context.Context, l Lease) (bool, error) {
 	tag, err := s.db.Exec(ctx, `
 		UPDATE ingestion_batches
-		SET execution_lease_id = NULL, execution_lease_expires_at = NULL, updated_at = now()
+		SET execution_lease_id = NULL, execution_lease_expires_at = NULL, updated_at = now(),
+		    details = CASE WHEN (details->'leases'->-1->>'generation')::bigint = $3::bigint
+		        THEN jsonb_set(details, '{leases,-1,releasedAt}', to_jsonb(now()))
+		        ELSE details END
 		WHERE id = $1 AND execution_lease_id = $2 AND execution_lease_generation = $3`,
 		l.BatchID, l.HolderID, l.Generation)
 	if err != nil {

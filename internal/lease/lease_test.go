@@ -287,3 +287,97 @@ func TestStaleHolderWriteRejectedAfterTakeover(t *testing.T) {
 	require.Equal(t, batch.PhaseLoading, gotDetails.Phase, "the successor's write stands")
 	require.Equal(t, "delivery-successor", *got.LeaseID)
 }
+
+// TestAuditTrail checks the lease terms and accepted writes the database
+// records in the batch details, which the chaos invariant checker reads.
+func TestAuditTrail(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+	store := batch.NewStore(pool)
+	b := reserve(t, pool, "tenant-a", "s3://bucket/audit")
+
+	first, err := leases.Acquire(ctx, b.ID, "delivery-1", 60*time.Millisecond)
+	require.NoError(t, err)
+	renewed, ok, err := leases.Renew(ctx, first.Lease, 60*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	// A write from a stale in-memory copy of details (no audit trail) must
+	// not erase the database's trail.
+	d := batch.NewDetails("f")
+	d.Phase = batch.PhaseLoading
+	_, err = store.WriteDetails(ctx, first.Lease.Fence(), d)
+	require.NoError(t, err)
+	waitExpired(t, pool, renewed)
+	second, err := leases.Acquire(ctx, b.ID, "delivery-2", time.Minute)
+	require.NoError(t, err)
+	require.True(t, second.TakenOver)
+	d.Phase = batch.PhaseCommitted
+	_, err = store.WriteDetails(ctx, second.Lease.Fence(), d)
+	require.NoError(t, err)
+	_, err = store.WriteDetails(ctx, first.Lease.Fence(), d)
+	require.ErrorIs(t, err, batch.ErrStaleLease, "rejected writes leave no audit entry")
+	_, err = store.MarkSucceeded(ctx, second.Lease.Fence(), d)
+	require.NoError(t, err)
+
+	got, err := store.Get(ctx, b.ID)
+	require.NoError(t, err)
+	details, err := batch.ParseDetails(got.Details)
+	require.NoError(t, err)
+	require.Len(t, details.Leases, 2)
+	t1, t2 := details.Leases[0], details.Leases[1]
+	require.Equal(t, "delivery-1", t1.LeaseID)
+	require.Equal(t, int64(1), t1.Generation)
+	require.Equal(t, int64(1), t1.Renewals)
+	require.WithinDuration(t, renewed.ExpiresAt, t1.ExpiresAt, time.Microsecond, "renewals extend the recorded term")
+	require.Nil(t, t1.ReleasedAt, "the first term expired")
+	require.Equal(t, "delivery-2", t2.LeaseID)
+	require.Equal(t, int64(2), t2.Generation)
+	require.NotNil(t, t2.ReleasedAt, "the terminal write released the second term")
+	require.False(t, t2.At.Before(t1.End()), "terms never overlap")
+
+	require.Len(t, details.Writes, 3)
+	require.Equal(t, []int64{1, 2, 2}, []int64{details.Writes[0].Generation, details.Writes[1].Generation, details.Writes[2].Generation})
+	require.Equal(t, batch.PhaseLoading, details.Writes[0].Phase)
+	require.Equal(t, batch.StatusSucceeded, details.Writes[2].Status)
+	require.Equal(t, batch.PhasePublished, details.Writes[2].Phase)
+	for _, w := range details.Writes {
+		term := details.Leases[w.Generation-1]
+		require.False(t, w.At.Before(term.At), "a write lies within its term")
+		require.False(t, w.At.After(term.End()), "a write lies within its term")
+	}
+
+	// Release marks the term released.
+	c := reserve(t, pool, "tenant-a", "s3://bucket/audit-release")
+	a, err := leases.Acquire(ctx, c.ID, "delivery-3", time.Minute)
+	require.NoError(t, err)
+	_, err = leases.Release(ctx, a.Lease)
+	require.NoError(t, err)
+	got, err = store.Get(ctx, c.ID)
+	require.NoError(t, err)
+	details, err = batch.ParseDetails(got.Details)
+	require.NoError(t, err)
+	require.Len(t, details.Leases, 1)
+	require.NotNil(t, details.Leases[0].ReleasedAt)
+}
+
+func TestAuditTrailIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+	b := reserve(t, pool, "tenant-a", "s3://bucket/audit-bounded")
+	for i := range batch.AuditLimit + 10 {
+		a, err := leases.Acquire(ctx, b.ID, fmt.Sprintf("d-%d", i), time.Minute)
+		require.NoError(t, err)
+		_, err = leases.Release(ctx, a.Lease)
+		require.NoError(t, err)
+	}
+	got, err := batch.NewStore(pool).Get(ctx, b.ID)
+	require.NoError(t, err)
+	d, err := batch.ParseDetails(got.Details)
+	require.NoError(t, err)
+	require.Len(t, d.Leases, batch.AuditLimit)
+	require.Equal(t, int64(batch.AuditLimit+10), d.Leases[len(d.Leases)-1].Generation)
+}
