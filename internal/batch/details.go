@@ -74,7 +74,7 @@ type Details struct {
 }
 
 // AuditLimit bounds the audit trails kept in details.
-const AuditLimit = 64
+const AuditLimit = 16
 
 // LeaseTerm is one acquisition of the execution lease: who held it, under
 // which generation, from when, until when it was last extended, and when it

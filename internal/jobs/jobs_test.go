@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertest"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
@@ -271,4 +272,14 @@ func TestEnqueuerValidatesBeforeWriting(t *testing.T) {
 	var n int
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&n))
 	require.Zero(t, n)
+}
+
+func TestNextRetryBacksOffWithACap(t *testing.T) {
+	t.Parallel()
+	w := &IngestWorker{}
+	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 5: 16 * time.Second, 12: 10 * time.Minute, 25: 10 * time.Minute} {
+		got := time.Until(w.NextRetry(&river.Job[IngestArgs]{JobRow: &rivertype.JobRow{Attempt: attempt}}))
+		require.GreaterOrEqual(t, got, want-50*time.Millisecond, "attempt %d", attempt)
+		require.LessOrEqual(t, got, want+want/5+50*time.Millisecond, "attempt %d", attempt)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -102,6 +103,27 @@ func NewIngestWorker(cfg WorkerConfig) (*IngestWorker, error) {
 // Timeout disables River's job timeout: a healthy batch may run for as long
 // as it needs. Liveness is the lease's business, not a timer's.
 func (w *IngestWorker) Timeout(*river.Job[IngestArgs]) time.Duration { return -1 }
+
+// Retry backoff bounds of NextRetry.
+const (
+	retryBackoffBase = time.Second
+	retryBackoffMax  = 10 * time.Minute
+)
+
+// NextRetry backs off exponentially from one second, capped at ten minutes,
+// with up to 20% jitter: transient failures (a restarting database, a
+// network blip) are retried within seconds, and MaxAttempts spans about
+// three hours before the batch is recorded failed. River's default
+// (attempt⁴ seconds) would leave a batch idle for minutes after its third
+// failure.
+func (w *IngestWorker) NextRetry(job *river.Job[IngestArgs]) time.Time {
+	d := retryBackoffMax
+	if n := job.Attempt - 1; n < 20 {
+		d = min(retryBackoffBase<<max(n, 0), retryBackoffMax)
+	}
+	jitter := time.Duration(mrand.Int64N(int64(d)/5 + 1))
+	return time.Now().Add(d + jitter)
+}
 
 // Work implements river.Worker.
 func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) error {
