@@ -329,3 +329,17 @@ func jobStates(t *testing.T, pool *pgxpool.Pool, batchID int64) map[string]int {
 	}
 	return m
 }
+
+// runWorkerCommand runs the worker binary to completion and returns its
+// combined output and exit code.
+func runWorkerCommand(t *testing.T, dbURL string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "worker"), args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	if err != nil && !errors.As(err, &exitErr) {
+		t.Fatalf("running worker: %v", err)
+	}
+	return string(out), cmd.ProcessState.ExitCode()
+}

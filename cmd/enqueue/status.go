@@ -15,8 +15,9 @@ import (
 )
 
 type statusCmd struct {
-	BatchID int64 `name:"batch-id" required:"" help:"The batch to show."`
-	JSON    bool  `name:"json" help:"Print JSON instead of a table."`
+	BatchID  int64  `name:"batch-id" required:"" help:"The batch to show."`
+	TenantID string `name:"tenant-id" help:"Only show the batch if it belongs to this tenant (otherwise not_found)."`
+	JSON     bool   `name:"json" help:"Print JSON instead of a table."`
 }
 
 type listCmd struct {
@@ -83,6 +84,11 @@ func (s *statusCmd) Run(c *enqueueCLI, e *env) error {
 	if s.BatchID <= 0 {
 		return invalid(e, &jobs.InputError{Field: "batch_id", Reason: "must be a positive batch id"})
 	}
+	if s.TenantID != "" {
+		if err := batch.ValidateTenantID(s.TenantID); err != nil {
+			return invalid(e, &jobs.InputError{Field: "tenant_id", Reason: err.Error()})
+		}
+	}
 	pool, err := connect(c, e)
 	if err != nil {
 		return err
@@ -92,6 +98,9 @@ func (s *statusCmd) Run(c *enqueueCLI, e *env) error {
 	defer cancel()
 	store := batch.NewStore(pool)
 	b, err := store.Get(ctx, s.BatchID)
+	if err == nil && s.TenantID != "" && b.TenantID != s.TenantID {
+		err = batch.ErrNotFound // never reveal another tenant's batch
+	}
 	if errors.Is(err, batch.ErrNotFound) {
 		printJSON(e.stdout, map[string]any{"outcome": jobs.OutcomeNotFound, "batch_id": s.BatchID})
 		return exitError{cli.ExitNotResumable, err}

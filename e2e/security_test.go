@@ -1,0 +1,145 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+var roleSeq atomic.Int64
+
+// loginAs creates a login role that is a member of group and returns dbURL
+// rewritten to connect as it. The role is dropped when the test ends.
+func loginAs(t *testing.T, admin *pgxpool.Pool, dbURL, group string) string {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("e2e_%s_%d_%d", group, os.Getpid(), roleSeq.Add(1))
+	_, err := admin.Exec(ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN IN ROLE %s`, name, group))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), fmt.Sprintf(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '%s'`, name))
+		_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+name)
+	})
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(name)
+	return u.String()
+}
+
+func applyRoles(t *testing.T, admin *pgxpool.Pool) {
+	t.Helper()
+	sql, err := os.ReadFile("../deploy/postgres/roles.sql")
+	require.NoError(t, err)
+	_, err = admin.Exec(context.Background(), string(sql))
+	require.NoError(t, err)
+}
+
+func requirePermissionDenied(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), sql)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%s: %v", sql, err)
+	require.Equal(t, "42501", pgErr.Code, "%s: %v", sql, err)
+}
+
+// TestLeastPrivilegeRoles runs the binaries as the roles of
+// deploy/postgres/roles.sql and checks what those roles may not do.
+func TestLeastPrivilegeRoles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	admin := pgtest.Pool(t, dbURL)
+	applyRoles(t, admin)
+	applyRoles(t, admin) // idempotent
+	workerURL := loginAs(t, admin, dbURL, "fleet_worker")
+	enqueueURL := loginAs(t, admin, dbURL, "fleet_enqueue")
+
+	startWorker(t, workerURL, fastLease...)
+	folderURL := writeFolder(t, sample)
+	id := enqueueBatch(t, enqueueURL, "tenant-a", folderURL)
+	waitStatus(t, admin, id, batch.StatusSucceeded, 30*time.Second)
+
+	// Resume as the enqueue role, after a publication failure.
+	_, err := admin.Exec(ctx, `
+		CREATE FUNCTION curated.fail_publication() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'down'; END $$;
+		CREATE TRIGGER fail_publication BEFORE INSERT ON curated.fleet_publications FOR EACH ROW EXECUTE FUNCTION curated.fail_publication();`)
+	require.NoError(t, err)
+	other := writeFolder(t, sample)
+	id2 := enqueueBatch(t, enqueueURL, "tenant-a", other)
+	waitStatus(t, admin, id2, batch.StatusFailed, 30*time.Second)
+	_, err = admin.Exec(ctx, `DROP TRIGGER fail_publication ON curated.fleet_publications`)
+	require.NoError(t, err)
+	out, code := runEnqueue(t, enqueueURL, "resume", "--batch-id", itoa(id2), "--tenant-id", "tenant-a", "--folder", other)
+	require.Equal(t, 0, code, out)
+	waitStatus(t, admin, id2, batch.StatusSucceeded, 30*time.Second)
+	out, code = runEnqueue(t, enqueueURL, "status", "--batch-id", itoa(id2), "--json")
+	require.Equal(t, 0, code, out)
+
+	// What the roles may not do.
+	w := pgtest.Pool(t, workerURL)
+	e := pgtest.Pool(t, enqueueURL)
+	for _, sql := range []string{
+		`CREATE TABLE sneaky (i int)`,
+		`CREATE TABLE curated.sneaky (i int)`,
+		`ALTER TABLE ingestion_batches ADD COLUMN x int`,
+		`INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status) VALUES ('c','t','d','Api','BrinkPos','s','Running')`,
+		`DELETE FROM ingestion_batches`,
+		`TRUNCATE curated.fleet_records`,
+		`DROP TABLE river_job`,
+	} {
+		requirePermissionDenied(t, w, sql)
+	}
+	for _, sql := range []string{
+		`CREATE TABLE sneaky (i int)`,
+		`DELETE FROM ingestion_batches`,
+		`DELETE FROM river_job`,
+		`INSERT INTO curated.fleet_records (tenant_id, source_scope, batch_id, object_key, line_number, record) VALUES ('t','s',1,'k',1,'{}')`,
+		`UPDATE curated.fleet_slices SET published_at = now()`,
+		`SELECT count(*) FROM curated.fleet_records`,
+	} {
+		requirePermissionDenied(t, e, sql)
+	}
+	// "worker migrate" as the worker role cannot create anything.
+	fresh := pgtest.NewDatabaseURLAt(t, 1)
+	freshAdmin := pgtest.Pool(t, fresh)
+	_, err = freshAdmin.Exec(ctx, `REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT USAGE ON SCHEMA public TO fleet_worker`)
+	require.NoError(t, err)
+	cmdOut, code := runWorkerCommand(t, loginAs(t, freshAdmin, fresh, "fleet_worker"), "migrate")
+	require.Equal(t, 1, code, cmdOut)
+	require.True(t, strings.Contains(cmdOut, "permission denied"), cmdOut)
+}
+
+// TestTenantIsolation: a resume or status request naming another tenant's
+// batch is refused as not found.
+func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	folderURL := writeFolder(t, sample)
+	id := enqueueBatch(t, dbURL, "tenant-a", folderURL)
+
+	out, code := runEnqueue(t, dbURL, "status", "--batch-id", itoa(id), "--tenant-id", "tenant-b", "--json")
+	require.Equal(t, 5, code)
+	require.Equal(t, "not_found", outcome(t, out)["outcome"])
+	require.NotContains(t, out, "tenant-a", "nothing of the other tenant's batch is shown")
+	out, code = runEnqueue(t, dbURL, "status", "--batch-id", itoa(id), "--tenant-id", "tenant-a", "--json")
+	require.Equal(t, 0, code, out)
+	out, code = runEnqueue(t, dbURL, "resume", "--batch-id", itoa(id), "--tenant-id", "tenant-b", "--folder", folderURL)
+	require.Equal(t, 5, code)
+	require.Equal(t, "not_found", outcome(t, out)["outcome"])
+	out, code = runEnqueue(t, dbURL, "list", "--tenant-id", "tenant-b", "--json")
+	require.Equal(t, 0, code)
+	require.Empty(t, strings.TrimSpace(out))
+}
