@@ -343,3 +343,22 @@ func runWorkerCommand(t *testing.T, dbURL string, args ...string) (string, int) 
 	}
 	return string(out), cmd.ProcessState.ExitCode()
 }
+
+var httpClient = &http.Client{Timeout: 30 * time.Second}
+
+func newRequest(url, body string) (*http.Request, error) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return req, nil
+}
+
+func s3EventBody(bucket, key string) []byte {
+	b, _ := json.Marshal(map[string]any{"Records": []any{map[string]any{
+		"eventSource": "aws:s3", "eventName": "ObjectCreated:Put",
+		"s3": map[string]any{"bucket": map[string]any{"name": bucket}, "object": map[string]any{"key": key}},
+	}}})
+	return b
+}

@@ -143,3 +143,117 @@ func TestTenantIsolation(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Empty(t, strings.TrimSpace(out))
 }
+
+// TestHostileInputRefusedAndNothingWritten sends hostile values through the
+// command line and the HTTP listener.
+func TestHostileInputRefusedAndNothingWritten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	folderURL := writeFolder(t, sample)
+
+	// SQL metacharacters are data, never SQL.
+	sneaky := `x'); DROP TABLE ingestion_batches; --`
+	out, code := runEnqueue(t, dbURL, importArgs(sneaky, folderURL)...)
+	require.Equal(t, 0, code, out)
+	id := int64(outcome(t, out)["batch_id"].(float64))
+	b, _ := getBatch(t, pool, id)
+	require.Equal(t, sneaky, b.TenantID)
+
+	count := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&n))
+		return n
+	}
+	refused := [][]string{
+		importArgs(strings.Repeat("t", 10_000), folderURL),
+		importArgs("tenant-a", "s3://bucket/"+strings.Repeat("a", 100_000)),
+		importArgs("tenant\xff", folderURL),
+		importArgs("tenant-a", "s3://bucket/a/../../etc"),
+		importArgs("tenant-a", "file:///etc/../root"),
+		importArgs("tenant-a", "s3://bucket/a\x1b[31m"),
+		importArgs("tenant-a", "s3://bucket/a?x=$(id)"),
+		{"import", "--tenant-id", "t", "--tenant-database", "../../etc/passwd", "--company-id", "c", "--folder", folderURL},
+		{"import", "--tenant-id", "t", "--tenant-database", "db", "--company-id", "c\u2028\u0085", "--folder", folderURL},
+		{"resume", "--batch-id", "-1", "--tenant-id", "t", "--folder", folderURL},
+		{"resume", "--batch-id", "99999999999999999999999", "--tenant-id", "t", "--folder", folderURL},
+	}
+	for _, args := range refused {
+		out, code := runEnqueue(t, dbURL, args...)
+		require.Equal(t, 2, code, "%q: %s", args, out)
+	}
+	require.Equal(t, 1, count(), "refused input writes nothing")
+
+	_, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=tok"})
+	post := func(path, body string) int {
+		req, err := newRequest(base+path, body)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := httpClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for name, tc := range map[string]struct {
+		path, body string
+		status     int
+	}{
+		"NUL in tenant":        {"/v1/imports", `{"tenant_id":"a\u0000b","tenant_database":"db","company_id":"c","folder":"s3://bucket/x"}`, 422},
+		"NUL in folder":        {"/v1/imports", `{"tenant_id":"a","tenant_database":"db","company_id":"c","folder":"s3://bucket/x\u0000"}`, 422},
+		"traversal in folder":  {"/v1/imports", `{"tenant_id":"a","tenant_database":"db","company_id":"c","folder":"s3://bucket/x/../../y"}`, 422},
+		"huge JSON":            {"/v1/imports", `{"tenant_id":"` + strings.Repeat("a", 2<<20) + `"}`, 413},
+		"deeply nested JSON":   {"/v1/imports", strings.Repeat("[", 100_000), 400},
+		"wrong types":          {"/v1/imports", `{"tenant_id":1,"tenant_database":[],"company_id":{},"folder":null}`, 400},
+		"traversal in S3 key":  {"/v1/events/s3", string(s3EventBody("fleet", "tenants/t/db/c/../../../etc/_SUCCESS")), 422},
+		"NUL in S3 key":        {"/v1/events/s3", string(s3EventBody("fleet", "tenants/t/db/c/x%00/_SUCCESS")), 422},
+		"invalid UTF-8 escape": {"/v1/events/s3", string(s3EventBody("fleet", "tenants/t/db/c/%ff/_SUCCESS")), 422},
+	} {
+		require.Equal(t, tc.status, post(tc.path, tc.body), name)
+	}
+	require.Equal(t, 1, count(), "refused requests write nothing")
+	var tables int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'ingestion_batches'`).Scan(&tables))
+	require.Equal(t, 1, tables)
+}
+
+// TestSecretsNeverLeak runs the processes with a database password and an
+// auth token and greps their logs, error output and /metrics for them.
+func TestSecretsNeverLeak(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	const password, token = "pw-Zq9-never-print", "tok-Xr7-never-print"
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(u.User.Username(), password) // trust auth: accepted, never needed
+	withPassword := u.String()
+
+	w := startWorker(t, withPassword, append([]string{"--log-level", "debug"}, fastLease...)...)
+	serve, base := startServe(t, withPassword, []string{"ENQUEUE_AUTH_TOKEN=" + token, "LOG_LEVEL=debug"})
+	folderURL := writeFolder(t, sample)
+	status, body := postJSON(t, base+"/v1/imports", token, map[string]any{"tenant_id": "t", "tenant_database": "db", "company_id": "c", "folder": folderURL})
+	require.Equal(t, 202, status, body)
+	waitStatus(t, pool, int64(body["batch_id"].(float64)), batch.StatusSucceeded, 30*time.Second)
+	status, _ = postJSON(t, base+"/v1/imports", "wrong-"+token, map[string]any{"tenant_id": "t"})
+	require.Equal(t, 401, status)
+
+	bad := strings.Replace(withPassword, u.Host, "127.0.0.1:1", 1) + "&connect_timeout=1"
+	errOut, code := runEnqueue(t, bad, importArgs("t", folderURL)...)
+	require.Equal(t, 1, code)
+	workerErr, code := runWorkerCommand(t, bad, "migrate")
+	require.Equal(t, 1, code)
+
+	for name, text := range map[string]string{
+		"worker logs":    w.logs.String(),
+		"worker metrics": httpGet(t, "http://"+w.addr+"/metrics"),
+		"serve logs":     serve.logs.String(),
+		"serve metrics":  httpGet(t, base+"/metrics"),
+		"enqueue error":  errOut,
+		"migrate error":  workerErr,
+	} {
+		require.NotContains(t, text, password, name)
+		require.NotContains(t, text, token, name)
+	}
+	require.Contains(t, w.logs.String(), "xxxxx", "the password is shown masked")
+}

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -124,6 +125,13 @@ type exitPanic struct{ code int }
 // or ok false with the exit code to use: 0 after --help, ExitInvalidInput
 // after a usage error (the error printed to stderr).
 func Parse(grammar any, args []string, stdout, stderr io.Writer, name, description string, vars kong.Vars) (kctx *kong.Context, code int, ok bool) {
+	// kong would silently turn invalid UTF-8 into U+FFFD; refuse instead.
+	for i, a := range args {
+		if !utf8.ValidString(a) {
+			fmt.Fprintf(stderr, "%s: argument %d is not valid UTF-8\n", name, i+1)
+			return nil, ExitInvalidInput, false
+		}
+	}
 	parser, err := kong.New(grammar,
 		kong.Name(name),
 		kong.Description(description),
