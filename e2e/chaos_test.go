@@ -1,0 +1,402 @@
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/chaos"
+	"github.com/fleet/ingest/internal/folder"
+)
+
+var chaosFull = flag.Bool("chaos.full", false, "run the full chaos suite (make chaos) instead of the reduced one")
+
+// chaosConfig sizes one scenario.
+type chaosConfig struct {
+	name                 string
+	workers              int
+	tenants, folders     int
+	badFolders           int
+	minRows, maxRows     int
+	duplicates           int
+	faultEvery           time.Duration
+	faults               []string
+	restartDatabaseAfter time.Duration // 0: never
+	// duration is how long folders keep arriving and faults keep coming;
+	// after it the scenario drains until deadline.
+	duration time.Duration
+	deadline time.Duration
+}
+
+const chaosTTL = 3 * time.Second
+
+var chaosWorkerFlags = []string{"--lease-ttl", "3s", "--lease-renew-every", "1s", "--sweep-interval", "1s",
+	"--poll-interval", "200ms", "--stats-interval", "2s", "--concurrency", "2", "--shutdown-grace", "2s", "--log-level", "warn"}
+
+func chaosScenarios() []chaosConfig {
+	all := []string{"kill", "stop", "terminate", "stall", "cut"}
+	if !*chaosFull {
+		return []chaosConfig{{
+			name: "reduced", workers: 3, tenants: 4, folders: 5, badFolders: 1, minRows: 40_000, maxRows: 120_000,
+			duplicates: 3, faultEvery: time.Second, faults: all, restartDatabaseAfter: 9 * time.Second,
+			duration: 20 * time.Second, deadline: 3 * time.Minute,
+		}}
+	}
+	return []chaosConfig{
+		{name: "processes", workers: 3, tenants: 6, folders: 8, badFolders: 2, minRows: 40_000, maxRows: 200_000,
+			duplicates: 3, faultEvery: 700 * time.Millisecond, faults: []string{"kill", "stop"},
+			duration: 60 * time.Second, deadline: 5 * time.Minute},
+		{name: "network", workers: 3, tenants: 6, folders: 8, badFolders: 2, minRows: 40_000, maxRows: 200_000,
+			duplicates: 3, faultEvery: 700 * time.Millisecond, faults: []string{"terminate", "stall", "cut"},
+			duration: 60 * time.Second, deadline: 5 * time.Minute},
+		{name: "everything", workers: 4, tenants: 8, folders: 8, badFolders: 3, minRows: 40_000, maxRows: 200_000,
+			duplicates: 4, faultEvery: 500 * time.Millisecond, faults: all, restartDatabaseAfter: 25 * time.Second,
+			duration: 75 * time.Second, deadline: 6 * time.Minute},
+	}
+}
+
+// TestChaos runs workers and an enqueue driver against a throwaway
+// PostgreSQL cluster while injecting faults, then checks the invariants by
+// reading the database. make test runs the reduced suite; make chaos the full.
+func TestChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts its own PostgreSQL cluster; skipped under -short")
+	}
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "fleet-chaos-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cluster, err := chaos.StartCluster(ctx, filepath.Join(dir, "pg"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop(context.Background()) })
+
+	totalFaults, totalBatches, totalViolations := 0, 0, 0
+	scenarios := chaosScenarios()
+	for i, cfg := range scenarios {
+		faults, batches, violations := runScenario(t, cluster, dir, i, cfg)
+		totalFaults += faults
+		totalBatches += batches
+		totalViolations += violations
+	}
+	summary := chaos.Summary(len(scenarios), totalFaults, totalBatches, totalViolations)
+	t.Log(summary)
+	fmt.Println(summary)
+	require.Zero(t, totalViolations)
+}
+
+type expectedFolder struct {
+	tenant, url string
+	scope       string
+	rows        int
+	bad         bool
+}
+
+func writeChaosFolder(t *testing.T, dir string, rows int, bad bool) string {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	var b strings.Builder
+	b.WriteString("vehicle_id,seq,lat,lon,speed\n")
+	for i := range rows {
+		fmt.Fprintf(&b, "VH-%05d,%d,52.%06d,13.%06d,%d\n", i%500, i, i%1000000, (i*7)%1000000, i%130)
+		if bad && i == rows/2 {
+			b.WriteString("broken,row\n") // a ragged row halfway: a pre-commit data failure
+		}
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "part-0.csv"), []byte(b.String()), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "_SUCCESS"), nil, 0o644))
+	return "file://" + dir
+}
+
+// supervisedWorker restarts its worker process whenever it dies, like a
+// Deployment does, until stopped.
+type supervisedWorker struct {
+	t       *testing.T
+	name    string
+	url     string
+	proxy   *chaos.Proxy
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	logs    *syncBuffer
+	stopped atomic.Bool
+	exited  chan struct{}
+}
+
+func (w *supervisedWorker) run() {
+	defer close(w.exited)
+	for !w.stopped.Load() {
+		cmd := exec.Command(filepath.Join(binDir, "worker"), append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", w.name}, chaosWorkerFlags...)...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+w.url)
+		cmd.Stdout, cmd.Stderr = w.logs, w.logs
+		if err := cmd.Start(); err != nil {
+			w.t.Errorf("starting %s: %v", w.name, err)
+			return
+		}
+		w.mu.Lock()
+		w.cmd = cmd
+		w.mu.Unlock()
+		_ = cmd.Wait()
+		if !w.stopped.Load() {
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+}
+
+func (w *supervisedWorker) signal(sig syscall.Signal) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cmd == nil || w.cmd.Process == nil {
+		return false
+	}
+	return w.cmd.Process.Signal(sig) == nil
+}
+
+func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg chaosConfig) (faults, batches, violations int) {
+	ctx := context.Background()
+	db := fmt.Sprintf("chaos_%d", n)
+	admin, err := pgxpool.New(ctx, cluster.URL("postgres"))
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+db)
+	require.NoError(t, err)
+	admin.Close()
+	dbURL := cluster.URL(db)
+	out, code := runWorkerCommand(t, dbURL, "migrate", "--log-level", "warn")
+	require.Equal(t, 0, code, out)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	// The workload: tenants × folders, plus deliberately malformed folders.
+	rng := rand.New(rand.NewPCG(uint64(n)+1, 42))
+	var folders []expectedFolder
+	for ti := range cfg.tenants {
+		for fi := range cfg.folders + cfg.badFolders {
+			bad := fi >= cfg.folders && ti == 0
+			if fi >= cfg.folders && !bad {
+				continue
+			}
+			rows := cfg.minRows + rng.IntN(cfg.maxRows-cfg.minRows+1)
+			url := writeChaosFolder(t, filepath.Join(dir, db, fmt.Sprintf("t%d", ti), fmt.Sprintf("f%d", fi)), rows, bad)
+			f, err := folder.Canonicalize(url)
+			require.NoError(t, err)
+			if bad {
+				rows++ // the broken row is a line too; irrelevant for bad folders
+			}
+			folders = append(folders, expectedFolder{tenant: fmt.Sprintf("tenant-%d", ti), url: url, scope: f.Scope(), rows: rows, bad: bad})
+		}
+	}
+	rng.Shuffle(len(folders), func(i, j int) { folders[i], folders[j] = folders[j], folders[i] })
+
+	// Workers behind their own proxies, restarted when they die.
+	workers := make([]*supervisedWorker, cfg.workers)
+	for i := range workers {
+		proxy, err := chaos.NewProxy(fmt.Sprintf("127.0.0.1:%d", cluster.Port))
+		require.NoError(t, err)
+		defer proxy.Close()
+		name := fmt.Sprintf("chaos%d-w%d", n, i)
+		workers[i] = &supervisedWorker{
+			t: t, name: name, proxy: proxy, logs: &syncBuffer{}, exited: make(chan struct{}),
+			url: fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&application_name=%s", proxy.Addr(), db, name),
+		}
+		go workers[i].run()
+	}
+	defer func() {
+		for _, w := range workers {
+			w.stopped.Store(true)
+			w.signal(syscall.SIGCONT)
+			w.signal(syscall.SIGTERM)
+		}
+		for _, w := range workers {
+			select {
+			case <-w.exited:
+			case <-time.After(20 * time.Second):
+				w.signal(syscall.SIGKILL)
+				<-w.exited
+			}
+			if t.Failed() {
+				logs := w.logs.String()
+				if len(logs) > 6000 {
+					logs = logs[len(logs)-6000:]
+				}
+				t.Logf("%s logs (tail):\n%s", w.name, logs)
+			}
+		}
+	}()
+
+	// The enqueue driver: every folder enqueued several times at once
+	// (duplicate notifications), spread over the first seconds.
+	var driver sync.WaitGroup
+	var enqueueErrors atomic.Int64
+	spacing := cfg.duration / time.Duration(len(folders)+1)
+	for i, f := range folders {
+		driver.Go(func() {
+			time.Sleep(time.Duration(i) * spacing)
+			var dup sync.WaitGroup
+			for range cfg.duplicates {
+				dup.Go(func() {
+					// Like a storage notification, an enqueue that met an
+					// unavailable database (exit 1) is delivered again.
+					for attempt := range 30 {
+						_, code := runEnqueue(t, dbURL, importArgs(f.tenant, f.url)...)
+						if code == 0 || code == 3 {
+							return
+						}
+						if code != 1 || attempt == 29 {
+							enqueueErrors.Add(1)
+							return
+						}
+						time.Sleep(time.Second)
+					}
+				})
+			}
+			dup.Wait()
+		})
+	}
+
+	// Faults on a schedule until every folder has ended.
+	start := time.Now()
+	restarted := false
+	var kinds = map[string]int{}
+	done := func() bool {
+		var open, terminal int
+		require.NoError(t, pool.QueryRow(ctx, `
+			SELECT count(*) FILTER (WHERE status = 'Running'), count(DISTINCT source_scope) FILTER (WHERE status <> 'Running')
+			FROM ingestion_batches`).Scan(&open, &terminal))
+		return open == 0 && terminal == len(folders)
+	}
+	for i := 0; ; i++ {
+		if time.Since(start) > cfg.deadline {
+			t.Errorf("scenario %s did not finish within %s", cfg.name, cfg.deadline)
+			dumpRunning(t, pool)
+			break
+		}
+		if ok := func() (ok bool) {
+			defer func() {
+				if recover() != nil { // database restarting: try again
+					ok = false
+				}
+			}()
+			return i > 0 && done()
+		}(); ok && time.Since(start) > cfg.duration {
+			break
+		}
+		time.Sleep(cfg.faultEvery)
+		if time.Since(start) > cfg.duration {
+			continue // let it drain
+		}
+		if cfg.restartDatabaseAfter > 0 && !restarted && time.Since(start) > cfg.restartDatabaseAfter {
+			took, err := cluster.Restart(ctx, "fast")
+			require.NoError(t, err)
+			t.Logf("%s: restarted PostgreSQL in %s", cfg.name, took.Round(time.Millisecond))
+			restarted = true
+			kinds["pg_restart"]++
+			continue
+		}
+		w := workers[rng.IntN(len(workers))]
+		switch kind := cfg.faults[i%len(cfg.faults)]; kind {
+		case "kill":
+			if w.signal(syscall.SIGKILL) {
+				kinds[kind]++
+			}
+		case "stop":
+			if w.signal(syscall.SIGSTOP) {
+				kinds[kind]++
+				time.AfterFunc(chaosTTL+2*time.Second, func() { w.signal(syscall.SIGCONT) })
+			}
+		case "terminate":
+			var killed int
+			_ = pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, w.name).Scan(&killed)
+			if killed > 0 {
+				kinds[kind]++
+			}
+		case "stall":
+			w.proxy.Stall(chaosTTL + time.Second)
+			kinds[kind]++
+		case "cut":
+			w.proxy.Cut()
+			kinds[kind]++
+		}
+	}
+	driver.Wait()
+	require.Zero(t, enqueueErrors.Load(), "every enqueue answered enqueued or conflict")
+
+	// Duplicate notifications after the fact: already succeeded, no new batch.
+	for _, f := range folders[:min(4, len(folders))] {
+		if f.bad {
+			continue // a new notification of a failed folder rightly starts a new batch
+		}
+		out, code := runEnqueue(t, dbURL, importArgs(f.tenant, f.url)...)
+		require.Equal(t, 0, code, out)
+		require.Equal(t, "already_succeeded", outcome(t, out)["outcome"])
+	}
+
+	expect := make([]chaos.Expectation, 0, len(folders))
+	for _, f := range folders {
+		expect = append(expect, chaos.Expectation{TenantID: f.tenant, Scope: f.scope, Records: int64(f.rows), Bad: f.bad})
+	}
+	report, err := chaos.Check(ctx, pool, expect)
+	require.NoError(t, err)
+	faults = 0
+	for _, c := range kinds {
+		faults += c
+	}
+	var takeovers int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches, jsonb_array_elements(details->'leases') WITH ORDINALITY e(term, i) WHERE i > 1`).Scan(&takeovers))
+	t.Logf("%s: %s; faults by kind %v; %d folders (%d bad); batches succeeded %d, failed %d; lease terms after the first %d; took %s",
+		cfg.name, chaos.Summary(1, faults, report.Batches, len(report.Violations)), kinds, len(folders), countBad(folders),
+		report.Succeeded, report.Failed, takeovers, time.Since(start).Round(time.Second))
+	for _, v := range report.Violations {
+		t.Errorf("invariant violation: %s", v)
+	}
+	return faults, report.Batches, len(report.Violations)
+}
+
+func countBad(folders []expectedFolder) int {
+	n := 0
+	for _, f := range folders {
+		if f.bad {
+			n++
+		}
+	}
+	return n
+}
+
+// dumpRunning logs what is left Running and the River jobs for it.
+func dumpRunning(t *testing.T, pool *pgxpool.Pool) {
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `
+		SELECT b.id, b.details->>'phase', COALESCE(b.execution_lease_id, '-'), COALESCE((b.execution_lease_expires_at - now())::text, '-'),
+		       b.execution_lease_generation, b.details->'leases', b.details->'writes',
+		       COALESCE((SELECT jsonb_agg(jsonb_build_object('id', j.id, 'state', j.state, 'attempt', j.attempt, 'scheduled_at', j.scheduled_at, 'args', j.args, 'errors', j.errors, 'metadata', j.metadata))
+		                 FROM river_job j WHERE (j.args->>'batch_id')::bigint = b.id), '[]')
+		FROM ingestion_batches b WHERE status = 'Running'`)
+	if err != nil {
+		t.Logf("dump: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id, gen                  int64
+			phase, holder, expiresIn string
+			leases, writes, jobs     []byte
+		)
+		if err := rows.Scan(&id, &phase, &holder, &expiresIn, &gen, &leases, &writes, &jobs); err != nil {
+			t.Logf("dump: %v", err)
+			return
+		}
+		t.Logf("STILL RUNNING batch %d phase %s holder %s expires in %s gen %d\n leases %s\n writes %s\n jobs %s", id, phase, holder, expiresIn, gen, leases, writes, jobs)
+	}
+}
