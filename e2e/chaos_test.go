@@ -44,7 +44,7 @@ type chaosConfig struct {
 const chaosTTL = 3 * time.Second
 
 var chaosWorkerFlags = []string{"--lease-ttl", "3s", "--lease-renew-every", "1s", "--sweep-interval", "1s",
-	"--poll-interval", "200ms", "--stats-interval", "2s", "--concurrency", "2", "--shutdown-grace", "2s", "--log-level", "warn"}
+	"--poll-interval", "200ms", "--stats-interval", "2s", "--concurrency", "2", "--shutdown-grace", "2s", "--orphan-after", "5s", "--log-level", "warn"}
 
 func chaosScenarios() []chaosConfig {
 	all := []string{"kill", "stop", "terminate", "stall", "cut"}

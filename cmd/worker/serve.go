@@ -30,7 +30,8 @@ type runCmd struct {
 	Concurrency          int           `name:"concurrency" env:"CONCURRENCY" default:"4" help:"Batches this process works at once."`
 	WarehouseURL         string        `name:"warehouse-url" env:"WAREHOUSE_URL" help:"PostgreSQL connection string of the warehouse (schema curated). Defaults to the operational database."`
 	ShutdownGrace        time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"25s" help:"On SIGTERM, how long running batches may finish before they are cancelled and left resumable."`
-	SweepInterval        time.Duration `name:"sweep-interval" env:"SWEEP_INTERVAL" default:"5s" help:"How often to look for running batches whose lease expired (crashed workers)."`
+	SweepInterval        time.Duration `name:"sweep-interval" env:"SWEEP_INTERVAL" default:"5s" help:"How often to look for Running batches whose lease expired (crashed workers) or that are orphaned."`
+	OrphanAfter          time.Duration `name:"orphan-after" env:"ORPHAN_AFTER" default:"1m" help:"Re-deliver a Running batch without a lease and without a queued job after it has been untouched this long."`
 	PublicationWindow    time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"How long after its warehouse commit a batch may still be published."`
 	RescueStuckJobsAfter time.Duration `name:"rescue-stuck-jobs-after" env:"RESCUE_STUCK_JOBS_AFTER" default:"1h" help:"River's rescue interval for jobs left running. Crash takeover does not wait for it."`
 	StatsInterval        time.Duration `name:"stats-interval" env:"STATS_INTERVAL" default:"15s" help:"How often database-derived gauges are refreshed."`
@@ -48,7 +49,7 @@ func (r *runCmd) validate() error {
 		return errors.New("--concurrency must be between 1 and 256")
 	case r.ShutdownGrace < 0:
 		return errors.New("--shutdown-grace must not be negative")
-	case r.SweepInterval <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.RescueStuckJobsAfter <= 0:
+	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.RescueStuckJobsAfter <= 0:
 		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval and --rescue-stuck-jobs-after must be positive")
 	}
 	return nil
@@ -135,7 +136,7 @@ func (r *runCmd) Run(g *cli.Globals, e *env) error {
 	}
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBackground()
-	sweeper := &jobs.Sweeper{Pool: pool, River: client, Interval: r.SweepInterval, Metrics: m, Logger: log}
+	sweeper := &jobs.Sweeper{Pool: pool, River: client, Interval: r.SweepInterval, OrphanAfter: r.OrphanAfter, Metrics: m, Logger: log}
 	go sweeper.Run(bg)
 	go jobs.RunStats(bg, pool, m, r.StatsInterval, log)
 	ready.Store(true)

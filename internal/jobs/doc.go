@@ -43,9 +43,11 @@
 // the inserted job is fetched within River's fetch latency (LISTEN/NOTIFY,
 // or FetchPollInterval, 1 s, at worst) and takes the lease over at once. So
 // a crashed batch is resumed within LeaseTTL + SweepInterval + fetch latency
-// ≈ TTL + 6 s, inside the required TTL + 15 s. River never rescues a job
-// whose timeout is disabled, so the dead process's job would stay "running"
-// forever: the Sweeper marks it for cancellation in the same transaction
+// ≈ TTL + 6 s, inside the required TTL + 15 s (a worker killed before it
+// took the lease is re-delivered within OrphanAfter + SweepInterval). River
+// never rescues a job whose timeout is disabled, so the dead process's job
+// would stay "running" forever: the Sweeper marks it for cancellation in the
+// same transaction
 // (River's rescuer then finalises it as cancelled, and if its process was
 // only paused, River cancels its context when it wakes).
 //

@@ -192,6 +192,9 @@ func TestSweeperRedeliversExpiredLeasesOnce(t *testing.T) {
 	require.NoError(t, err)
 	_, err = lease.NewStore(f.pool).Acquire(ctx, other, "alive", time.Hour)
 	require.NoError(t, err)
+	// Both jobs were taken by their (now dead or alive) deliveries.
+	_, err = f.pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempted_at = now(), attempt = 1`)
+	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		var expired bool
 		require.NoError(t, f.pool.QueryRow(ctx, `SELECT now() > $1`, a.Lease.ExpiresAt).Scan(&expired))
@@ -228,15 +231,40 @@ func TestSweeperRedeliversExpiredLeasesOnce(t *testing.T) {
 	require.Zero(t, jobs, "a live lease is never re-delivered")
 }
 
-func TestHolderJobID(t *testing.T) {
+func TestSweeperRedeliversOrphans(t *testing.T) {
 	t.Parallel()
-	id, ok := holderJobID("pod-7/job-123/attempt-2/a1b2c3")
-	require.True(t, ok)
-	require.Equal(t, int64(123), id)
-	for _, h := range []string{"", "x", "a/b/c/d", "pod/job-x/attempt-1/r", "delivery-1"} {
-		_, ok := holderJobID(h)
-		require.False(t, ok, h)
+	ctx := context.Background()
+	f := newFixture(t, nil)
+	orphan := f.importBatch(t, "tenant-a")
+	queued := f.importBatch(t, "tenant-b")
+	// The orphan's worker took its job (now "running") and died before
+	// taking the lease; the other batch's job is still queued.
+	_, err := f.pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempted_at = now(), attempt = 1 WHERE (args->>'batch_id')::bigint = $1`, orphan)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(ctx, `UPDATE ingestion_batches SET updated_at = now() - interval '2 minutes'`)
+	require.NoError(t, err)
+
+	s := &Sweeper{Pool: f.pool, River: f.enqueuer.River, Metrics: f.metrics, OrphanAfter: time.Minute}
+	n, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "only the orphan is re-delivered; the queued batch has its job")
+	states := map[string]int{}
+	rows, err := f.pool.Query(ctx, `SELECT state::text, metadata ? 'cancel_attempted_at' FROM river_job WHERE (args->>'batch_id')::bigint = $1`, orphan)
+	require.NoError(t, err)
+	for rows.Next() {
+		var st string
+		var marked bool
+		require.NoError(t, rows.Scan(&st, &marked))
+		if st == "running" {
+			require.True(t, marked, "the dead delivery's job is marked for cancellation")
+		}
+		states[st]++
 	}
+	require.Equal(t, map[string]int{"running": 1, "available": 1}, states)
+	n, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "the new job is queued: nothing more to do")
+	_ = queued
 }
 
 func TestRefreshStats(t *testing.T) {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,21 +16,36 @@ import (
 // Defaults of Sweeper.
 const (
 	SweepIntervalDefault = 5 * time.Second
+	OrphanAfterDefault   = time.Minute
 	sweepLimitDefault    = 100
 	sweepLockKey         = int64(0x666c656574_02)
 )
 
-// Sweeper re-delivers Running batches whose execution lease expired: their
-// worker died (SIGKILL, node loss) or stalled, and River would not re-deliver
-// the job it left "running" until RescueStuckJobsAfter (an hour by default).
-// Every worker process runs one; a transaction-scoped advisory lock lets only
-// one sweep at a time, and River's unique insert by (batch, expired
-// generation) makes a second sweep of the same expiry a no-op.
+// Sweeper re-delivers Running batches that no delivery is working on and no
+// queued job will pick up:
+//
+//   - expired: the lease expired; its worker died (SIGKILL, node loss) or
+//     stalled;
+//   - orphaned: no lease at all and no write for OrphanAfter; the worker
+//     died between fetching the job and taking the lease, or before River
+//     recorded the job's retry.
+//
+// In both cases River would never re-deliver the job left "running": jobs
+// without a timeout are not rescued. A batch with a queued job (available,
+// scheduled, retryable or pending) is left to it; a "running" job never
+// counts, because a live delivery holds the lease within milliseconds of
+// starting. Every worker process runs a sweeper; a transaction-scoped
+// advisory lock lets one sweep at a time, and since each sweep sees the jobs
+// the previous one inserted, two sweepers cannot both re-deliver a batch.
 type Sweeper struct {
 	Pool  *pgxpool.Pool
 	River *river.Client[pgx.Tx]
 	// Interval between sweeps. Defaults to SweepIntervalDefault (5 s).
 	Interval time.Duration
+	// OrphanAfter is how long a Running batch without a lease and without
+	// a queued job may stay untouched before it is re-delivered. Defaults
+	// to OrphanAfterDefault (1 min).
+	OrphanAfter time.Duration
 	// Limit bounds the batches re-delivered per sweep. Defaults to 100.
 	Limit   int
 	Metrics *metrics.Metrics
@@ -55,10 +68,10 @@ func (s *Sweeper) Run(ctx context.Context) {
 	}
 }
 
-// Sweep inserts one job for every Running batch whose lease has expired by
-// the database clock, unless a job for that expiry exists already. It
-// returns how many jobs it inserted; it does nothing while another process
-// sweeps.
+// Sweep inserts one job for every expired or orphaned Running batch (see
+// Sweeper) and marks the dead deliveries' "running" jobs for cancellation.
+// It returns how many jobs it inserted; it does nothing while another
+// process sweeps.
 func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	limit := s.Limit
 	if limit <= 0 {
@@ -74,12 +87,20 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 			return nil
 		}
 		rows, err := tx.Query(ctx, `
-			SELECT id, execution_lease_generation, execution_lease_id, now() - execution_lease_expires_at
-			FROM ingestion_batches
-			WHERE status = 'Running' AND source_scope IS NOT NULL
-			  AND execution_lease_id IS NOT NULL AND execution_lease_expires_at < now()
-			ORDER BY execution_lease_expires_at
-			LIMIT $1`, limit)
+			SELECT b.id, b.execution_lease_generation, COALESCE(b.execution_lease_id, ''),
+			       now() - COALESCE(b.execution_lease_expires_at, b.updated_at),
+			       ARRAY(SELECT j.id FROM river_job j
+			             WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id) AND j.state = 'running')
+			FROM ingestion_batches b
+			WHERE b.status = 'Running' AND b.source_scope IS NOT NULL
+			  AND ((b.execution_lease_id IS NOT NULL AND b.execution_lease_expires_at < now())
+			    OR (b.execution_lease_id IS NULL AND b.updated_at < now() - $2 * interval '1 microsecond'))
+			  AND NOT EXISTS (
+			        SELECT 1 FROM river_job j
+			        WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id)
+			          AND j.state IN ('available', 'scheduled', 'retryable', 'pending'))
+			ORDER BY b.updated_at
+			LIMIT $1`, limit, cmpOr(s.OrphanAfter, OrphanAfterDefault).Microseconds(), IngestArgs{}.Kind())
 		if err != nil {
 			return err
 		}
@@ -87,11 +108,12 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 			id, generation int64
 			holder         string
 			overdue        time.Duration
+			running        []int64
 		}
 		var found []expired
 		for rows.Next() {
 			var e expired
-			if err := rows.Scan(&e.id, &e.generation, &e.holder, &e.overdue); err != nil {
+			if err := rows.Scan(&e.id, &e.generation, &e.holder, &e.overdue, &e.running); err != nil {
 				return err
 			}
 			found = append(found, e)
@@ -100,29 +122,27 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 			return err
 		}
 		for _, e := range found {
-			res, err := s.River.InsertTx(ctx, tx, IngestArgs{BatchID: e.id, RedeliveryOf: e.generation},
-				&river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}})
+			res, err := s.River.InsertTx(ctx, tx, IngestArgs{BatchID: e.id, RedeliveryOf: e.generation}, nil)
 			if err != nil {
 				return err
 			}
-			outcome := "redelivered"
-			if res.UniqueSkippedAsDuplicate {
-				outcome = "already_queued"
-			} else {
-				inserted++
-				// The expired holder's job may still sit "running" (River
-				// never rescues jobs without a timeout): mark it for
-				// cancellation, which also stops it if its process wakes up.
-				if jobID, ok := holderJobID(e.holder); ok {
-					if _, err := s.River.JobCancelTx(ctx, tx, jobID); err != nil && !errors.Is(err, river.ErrNotFound) {
-						return err
-					}
+			inserted++
+			// The dead deliveries' jobs would stay "running" forever (River
+			// never rescues jobs without a timeout): mark them for
+			// cancellation, which also stops one whose process wakes up.
+			for _, jobID := range e.running {
+				if _, err := s.River.JobCancelTx(ctx, tx, jobID); err != nil && !errors.Is(err, river.ErrNotFound) {
+					return err
 				}
-				s.logger().Warn("re-delivering batch with an expired lease", "batch_id", e.id,
-					"expired_holder", e.holder, "lease_generation", e.generation, "overdue", e.overdue, "job_id", res.Job.ID)
 			}
+			kind := "expired lease"
+			if e.holder == "" {
+				kind = "orphaned (no lease, no queued job)"
+			}
+			s.logger().Warn("re-delivering batch: "+kind, "batch_id", e.id, "expired_holder", e.holder,
+				"lease_generation", e.generation, "idle", e.overdue, "job_id", res.Job.ID, "cancelled_jobs", e.running)
 			if s.Metrics != nil {
-				s.Metrics.SweepRedeliveries.WithLabelValues(outcome).Inc()
+				s.Metrics.SweepRedeliveries.WithLabelValues("redelivered").Inc()
 			}
 		}
 		return nil
@@ -131,17 +151,6 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		return inserted, nil
 	}
 	return inserted, err
-}
-
-// holderJobID extracts the job id from a lease holder id made by
-// IngestWorker.holderID: {name}/job-{id}/attempt-{n}/{random}.
-func holderJobID(holder string) (int64, bool) {
-	parts := strings.Split(holder, "/")
-	if len(parts) < 4 {
-		return 0, false
-	}
-	id, err := strconv.ParseInt(strings.TrimPrefix(parts[len(parts)-3], "job-"), 10, 64)
-	return id, err == nil && strings.HasPrefix(parts[len(parts)-3], "job-")
 }
 
 func (s *Sweeper) logger() *slog.Logger {

@@ -25,7 +25,7 @@ var (
 	Phases              = []string{"load", "publish"}
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
-	SweepOutcomes       = []string{"redelivered", "already_queued"}
+	SweepOutcomes       = []string{"redelivered"}
 	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error"}
 )
 
@@ -94,7 +94,7 @@ func New() *Metrics {
 		Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 15, 20, 30, 60, 120, 300},
 	})
 	m.SweepRedeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_sweep_redeliveries_total", Help: "Jobs the lease sweeper inserted for running batches with expired leases, by outcome.",
+		Name: "ingest_sweep_redeliveries_total", Help: "Jobs the sweeper inserted for Running batches with an expired lease or orphaned without one.",
 	}, []string{"outcome"})
 	m.RunningBatches = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ingest_running_batches", Help: "Scoped batches in status Running (from the database).",
