@@ -10,7 +10,7 @@ export DATABASE_URL TEST_DATABASE_URL
 
 GO ?= go
 
-.PHONY: all build test test-short lint fmt vet staticcheck migrate bench-store bench-load demo demo-clean clean
+.PHONY: all build test test-short lint fmt vet staticcheck migrate bench-store bench-load chaos demo demo-clean clean
 
 all: lint test
 
@@ -39,6 +39,13 @@ staticcheck:
 
 migrate:
 	$(GO) run ./cmd/worker migrate
+
+# The full reliability suite: several scenarios of workers, an enqueue
+# driver and injected faults (SIGKILL, SIGSTOP, pg_terminate_backend, proxy
+# stalls and cuts, a PostgreSQL restart) against a throwaway cluster, then the
+# invariant checker. make test runs the reduced scenario.
+chaos:
+	$(GO) test -count=1 -run '^TestChaos$$' -v -timeout 60m ./e2e -chaos.full
 
 # Store benchmarks (reserve, acquire, renew) next to raw single-row
 # INSERT/UPDATE baselines on the same database.
