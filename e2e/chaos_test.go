@@ -79,7 +79,7 @@ func TestChaos(t *testing.T) {
 	dir, err := os.MkdirTemp("", "fleet-chaos-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	cluster, err := chaos.StartCluster(ctx, filepath.Join(dir, "pg"))
+	cluster, err := chaos.StartCluster(ctx, filepath.Join(dir, "pg"), "fsync=off", "full_page_writes=off")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cluster.Stop(context.Background()) })
 

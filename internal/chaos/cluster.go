@@ -27,6 +27,8 @@ type Cluster struct {
 	Port int
 	bin  string
 	asPG []string // "runuser -u postgres --" when running as root
+	// settings are extra server settings (name=value).
+	settings []string
 }
 
 // FindPGBin returns the directory holding initdb and pg_ctl.
@@ -53,9 +55,9 @@ func freePort() (int, error) {
 }
 
 // StartCluster creates and starts a cluster under dir (which must not
-// exist). As root it runs the server as the postgres user, which initdb
-// requires.
-func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
+// exist), with extra server settings ("name=value"). As root it runs the
+// server as the postgres user, which initdb requires.
+func StartCluster(ctx context.Context, dir string, settings ...string) (*Cluster, error) {
 	bin, err := FindPGBin()
 	if err != nil {
 		return nil, err
@@ -64,7 +66,7 @@ func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: dir, Port: port, bin: bin}
+	c := &Cluster{Dir: dir, Port: port, bin: bin, settings: settings}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -105,7 +107,11 @@ func (c *Cluster) run(ctx context.Context, tool string, args ...string) ([]byte,
 }
 
 func (c *Cluster) options() string {
-	return fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off -c full_page_writes=off", c.Port, c.Dir)
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=300", c.Port, c.Dir)
+	for _, s := range c.settings {
+		opts += " -c " + s
+	}
+	return opts
 }
 
 // Start starts the server and waits until it accepts connections.

@@ -1,0 +1,125 @@
+// Command bench measures the coordinator against its own physical limits and
+// against River, side by side, on a PostgreSQL cluster of its own, and writes
+// bench/results/latest.{json,md} and latency charts. Run it with make bench.
+//
+// Every figure is a ratio against a baseline measured in the same run on the
+// same cluster: raw statements through pgbench, psql \copy, or River's own
+// no-op job throughput.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fleet/ingest/internal/chaos"
+	"github.com/fleet/ingest/migrations"
+)
+
+func main() {
+	out := flag.String("out", "bench/results", "directory for latest.json, latest.md and the charts")
+	seconds := flag.Duration("phase", 4*time.Second, "duration of each timed phase")
+	trials := flag.Int("takeover-trials", 10, "SIGKILL takeover trials")
+	flag.Parse()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	if err := run(ctx, *out, *seconds, *trials); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type env struct {
+	ctx       context.Context
+	cluster   *chaos.Cluster
+	dbURL     string
+	pool      *pgxpool.Pool
+	workerBin string
+	dir       string
+	phase     time.Duration
+	log       *slog.Logger
+	results   []Result
+	charts    []chart
+}
+
+func run(ctx context.Context, out string, phase time.Duration, trials int) error {
+	start := time.Now()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	dir, err := os.MkdirTemp("", "fleet-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	log.Info("building the worker binary")
+	build := exec.CommandContext(ctx, "go", "build", "-o", dir, "./cmd/worker")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("building worker: %w", err)
+	}
+
+	log.Info("starting a PostgreSQL cluster of its own (fsync on, pg_stat_statements)")
+	cluster, err := chaos.StartCluster(ctx, filepath.Join(dir, "pg"), "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all")
+	if err != nil {
+		return err
+	}
+	defer cluster.Stop(context.Background()) //nolint:errcheck
+
+	admin, err := pgxpool.New(ctx, cluster.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	if _, err := admin.Exec(ctx, `CREATE DATABASE bench`); err != nil {
+		return err
+	}
+	admin.Close()
+	e := &env{ctx: ctx, cluster: cluster, dbURL: cluster.URL("bench"), workerBin: filepath.Join(dir, "worker"), dir: dir, phase: phase, log: log}
+	cfg, err := pgxpool.ParseConfig(e.dbURL)
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = 64
+	if e.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return err
+	}
+	defer e.pool.Close()
+	if _, err := migrations.Apply(ctx, e.pool, slog.New(slog.DiscardHandler)); err != nil {
+		return err
+	}
+	if _, err := migrations.ApplyWarehouse(ctx, e.pool); err != nil {
+		return err
+	}
+	if _, err := e.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		return err
+	}
+
+	for _, s := range []struct {
+		name string
+		fn   func(*env) error
+	}{
+		{"enqueue throughput", benchEnqueue},
+		{"conflict path", benchConflict},
+		{"lease operations", benchLeases},
+		{"load phase", benchLoad},
+		{"worker idle cost", benchIdle},
+		{"end to end", benchEndToEnd},
+		{"takeover latency", func(e *env) error { return benchTakeover(e, trials) }},
+	} {
+		log.Info("scenario", "name", s.name)
+		if err := s.fn(e); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	if err := writeReport(out, e.results, e.charts, time.Since(start)); err != nil {
+		return err
+	}
+	log.Info("done", "took", time.Since(start).Round(time.Second), "results", out)
+	return nil
+}

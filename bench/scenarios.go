@@ -1,0 +1,608 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+func (e *env) enqueuer(pool *pgxpool.Pool) (*jobs.Enqueuer, error) {
+	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	return &jobs.Enqueuer{Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler)}, nil
+}
+
+const enqueueBaseline = `\set n random(1, 2000000000)
+BEGIN;
+INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
+  VALUES ('company-1', 'tenant-bench', 'tenant_db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', 'Running', '{"version":1,"phase":"reserved"}', 'fleet_s3:s3://pgbench/' || :client_id || '-' || :n || '-' || random());
+INSERT INTO river_job (args, kind, max_attempts, queue) VALUES ('{"batch_id": 1}', 'bench_baseline', 25, 'bench_baseline');
+COMMIT;
+`
+
+// benchEnqueue: reserve + River InsertTx committed per transaction, against
+// pgbench running the two raw INSERTs per transaction on the same tables.
+func benchEnqueue(e *env) error {
+	for _, clients := range []int{1, 8, 32} {
+		if err := e.reset(); err != nil {
+			return err
+		}
+		enq, err := e.enqueuer(e.pool)
+		if err != nil {
+			return err
+		}
+		n, lat, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+			res, err := enq.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+				Folder: fmt.Sprintf("s3://bench-bucket/enqueue/%d/%d/%d", clients, c, i)})
+			if err == nil && res.Outcome != jobs.OutcomeEnqueued {
+				err = fmt.Errorf("outcome %s", res.Outcome)
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		ours := float64(n) / e.phase.Seconds()
+		if err := e.reset(); err != nil {
+			return err
+		}
+		base, err := e.pgbench(enqueueBaseline, clients, e.phase)
+		if err != nil {
+			return err
+		}
+		e.add(fmt.Sprintf("enqueue throughput, %d client(s)", clients), ours, ptr(base), "enqueues/s", 0.8, false,
+			fmt.Sprintf("p50 %s, p99 %s; baseline: pgbench, two raw INSERTs per transaction", percentile(lat, 50).Round(time.Microsecond), percentile(lat, 99).Round(time.Microsecond)))
+		e.charts = append(e.charts, chart{group: "enqueue", x: float64(clients), p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99)})
+	}
+	return nil
+}
+
+// benchConflict: 32 clients importing one folder that a running batch holds.
+func benchConflict(e *env) error {
+	if err := e.reset(); err != nil {
+		return err
+	}
+	enq, err := e.enqueuer(e.pool)
+	if err != nil {
+		return err
+	}
+	req := jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1", Folder: "s3://bench-bucket/hot/folder"}
+	n, lat, err := timed(e.ctx, 32, e.phase, func(ctx context.Context, c, i int) error {
+		_, err := enq.Import(ctx, req)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	var reservations int
+	if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&reservations); err != nil {
+		return err
+	}
+	if reservations != 1 {
+		return fmt.Errorf("%d reservations for one folder", reservations)
+	}
+	base, err := e.pgbench(`SELECT id FROM ingestion_batches WHERE tenant_id = 'tenant-bench' AND source_scope = 'fleet_s3:s3://bench-bucket/hot/folder' AND status = 'Running';`, 32, e.phase)
+	if err != nil {
+		return err
+	}
+	e.add("conflict path, 32 clients on one folder", float64(n-1)/e.phase.Seconds(), ptr(base), "conflicts/s", 0, false,
+		fmt.Sprintf("exactly %d reservation; p99 %s; baseline: pgbench SELECT of the running batch by (tenant, scope)", reservations, percentile(lat, 99).Round(time.Microsecond)))
+	e.addTarget("conflict path p99 latency", float64(percentile(lat, 99).Microseconds())/1000, "ms", "exactly one reservation", reservations == 1, "32 clients")
+	return nil
+}
+
+// benchLeases: acquire and renew against a raw single-row UPDATE, and the
+// steady renewal load of many running batches.
+func benchLeases(e *env) error {
+	if err := e.reset(); err != nil {
+		return err
+	}
+	const prepared = 60000
+	if err := e.exec(`
+		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
+		SELECT 'c', 'tenant-bench', 'db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', 'Running',
+		       '{"version":1,"phase":"reserved"}', 'fleet_s3:s3://bench-bucket/lease/' || g
+		FROM generate_series(1, $1) g`, prepared); err != nil {
+		return err
+	}
+	var firstID int64
+	if err := e.pool.QueryRow(e.ctx, `SELECT min(id) FROM ingestion_batches`).Scan(&firstID); err != nil {
+		return err
+	}
+	leases := lease.NewStore(e.pool)
+	n, _, err := timed(e.ctx, 1, e.phase, func(ctx context.Context, c, i int) error {
+		if i >= prepared {
+			return fmt.Errorf("ran out of prepared batches")
+		}
+		a, err := leases.Acquire(ctx, firstID+int64(i), fmt.Sprintf("bench-%d", i), time.Minute)
+		if err == nil && a.Outcome != lease.Acquired {
+			err = fmt.Errorf("outcome %s", a.Outcome)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	acquire := float64(n) / e.phase.Seconds()
+	rawUpdate, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d;`, firstID+prepared-1), 1, e.phase)
+	if err != nil {
+		return err
+	}
+	e.add("lease acquire, 1 client", acquire, ptr(rawUpdate), "ops/s", 0.8, false, "fresh batches; baseline: pgbench raw single-row UPDATE by id")
+
+	held := make([]lease.Lease, 8)
+	for c := range held {
+		a, err := leases.Acquire(e.ctx, firstID+prepared-1-int64(c), fmt.Sprintf("renewer-%d", c), time.Hour)
+		if err != nil {
+			return err
+		}
+		held[c] = a.Lease
+	}
+	for _, clients := range []int{1, 8} {
+		n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+			l, ok, err := leases.Renew(ctx, held[c], time.Hour)
+			if err == nil && !ok {
+				err = fmt.Errorf("renewal lost")
+			}
+			held[c] = l
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		renew := float64(n) / e.phase.Seconds()
+		base, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d - :client_id;`, firstID+prepared-1), clients, e.phase)
+		if err != nil {
+			return err
+		}
+		e.add(fmt.Sprintf("lease renew, %d client(s)", clients), renew, ptr(base), "ops/s", 0.8, false, "baseline: pgbench raw single-row UPDATE by id, one row per client")
+		if clients == 8 {
+			for _, running := range []int{1000, 10000} {
+				need := float64(running) / jobs.RenewEveryDefault.Seconds()
+				e.add(fmt.Sprintf("steady renewal load, %d running batches", running), need, ptr(renew), "statements/s", 0, false,
+					fmt.Sprintf("computed: %d batches / %s renewal period; ratio = share of the renewal capacity measured above (8 clients)", running, jobs.RenewEveryDefault))
+			}
+		}
+	}
+	return nil
+}
+
+// benchLoad: rows per second of the load phase against psql \copy of the
+// same records into the same table.
+func benchLoad(e *env) error {
+	const rows = 200_000
+	dir := filepath.Join(e.dir, "load")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var src, copyCSV strings.Builder
+	src.WriteString("vehicle_id,recorded_at,latitude,longitude,speed_kmh,odometer_km,driver,status\n")
+	for i := range rows {
+		v := []string{fmt.Sprintf("VH-%07d", i), fmt.Sprintf("2026-11-30T10:%02d:%02dZ", i%60, (i/60)%60), fmt.Sprintf("52.%06d", i%1000000),
+			fmt.Sprintf("13.%06d", (i*7)%1000000), fmt.Sprint(i % 130), fmt.Sprint(100000 + i), fmt.Sprintf("driver-%05d", i%50000), "moving"}
+		src.WriteString(strings.Join(v, ",") + "\n")
+		fmt.Fprintf(&copyCSV, "tenant-bench,fleet_s3:file://%s,1,%s/part-0.csv,%d,\"{\"\"vehicle_id\"\":\"\"%s\"\",\"\"recorded_at\"\":\"\"%s\"\",\"\"latitude\"\":\"\"%s\"\",\"\"longitude\"\":\"\"%s\"\",\"\"speed_kmh\"\":\"\"%s\"\",\"\"odometer_km\"\":\"\"%s\"\",\"\"driver\"\":\"\"%s\"\",\"\"status\"\":\"\"%s\"\"}\"\n",
+			dir, dir, i+2, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
+	}
+	if err := os.WriteFile(filepath.Join(dir, "part-0.csv"), []byte(src.String()), 0o644); err != nil {
+		return err
+	}
+	copyFile := filepath.Join(e.dir, "records.csv")
+	if err := os.WriteFile(copyFile, []byte(copyCSV.String()), 0o644); err != nil {
+		return err
+	}
+	f, err := folder.Canonicalize("file://" + dir)
+	if err != nil {
+		return err
+	}
+	source, err := folder.Opener{}.Open(e.ctx, f)
+	if err != nil {
+		return err
+	}
+	objs, err := source.Objects(e.ctx)
+	if err != nil {
+		return err
+	}
+	wh := warehouse.NewPostgres(e.pool)
+	best := func(fn func() error) (time.Duration, error) {
+		var fastest time.Duration
+		for range 3 {
+			if err := e.reset(); err != nil {
+				return 0, err
+			}
+			t := time.Now()
+			if err := fn(); err != nil {
+				return 0, err
+			}
+			if d := time.Since(t); fastest == 0 || d < fastest {
+				fastest = d
+			}
+		}
+		return fastest, nil
+	}
+	ours, err := best(func() error {
+		_, err := wh.Load(e.ctx, warehouse.Slice{TenantID: "tenant-bench", SourceScope: f.Scope(), BatchID: 1, Generation: 1}, source, objs, nil)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	psql, err := best(func() error {
+		out, err := exec.CommandContext(e.ctx, "psql", e.dbURL, "-v", "ON_ERROR_STOP=1", "-c",
+			`\copy curated.fleet_records (tenant_id, source_scope, batch_id, object_key, line_number, record) FROM '`+copyFile+`' CSV`).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("psql: %v: %s", err, out)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	e.add("load phase, 200,000 CSV rows", rows/ours.Seconds(), ptr(rows/psql.Seconds()), "rows/s", 0.8, false,
+		"best of 3; ours reads and converts the CSV objects; baseline: psql \\copy of the same records already in the table's shape")
+	return nil
+}
+
+// workerProc is a worker process started by the harness.
+type workerProc struct {
+	cmd  *exec.Cmd
+	logs *os.File
+}
+
+func (e *env) startWorkers(n int, extra ...string) ([]*workerProc, error) {
+	var procs []*workerProc
+	for i := range n {
+		logs, err := os.Create(filepath.Join(e.dir, fmt.Sprintf("worker-%d-%d.log", time.Now().UnixNano(), i)))
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(e.workerBin, append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", fmt.Sprintf("bench-w%d", i), "--log-level", "warn"}, extra...)...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+e.dbURL)
+		cmd.Stdout, cmd.Stderr = logs, logs
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		procs = append(procs, &workerProc{cmd: cmd, logs: logs})
+	}
+	// Wait until every River client registered its queue and answers.
+	time.Sleep(1500 * time.Millisecond)
+	return procs, nil
+}
+
+func stopWorkers(procs []*workerProc) {
+	for _, p := range procs {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range procs {
+		done := make(chan struct{})
+		go func() { _ = p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-done
+		}
+		p.logs.Close()
+	}
+}
+
+// benchIdle: statements per second and memory of a worker with nothing to do.
+func benchIdle(e *env) error {
+	if err := e.reset(); err != nil {
+		return err
+	}
+	procs, err := e.startWorkers(1)
+	if err != nil {
+		return err
+	}
+	defer stopWorkers(procs)
+	time.Sleep(2 * time.Second)
+	if err := e.exec(`SELECT pg_stat_statements_reset()`); err != nil {
+		return err
+	}
+	const window = 20 * time.Second
+	time.Sleep(window)
+	var calls float64
+	if err := e.pool.QueryRow(e.ctx, `
+		SELECT COALESCE(sum(calls), 0) FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND query NOT LIKE '%pg_stat_statements%'`).Scan(&calls); err != nil {
+		return err
+	}
+	idleRSS, err := rss(procs[0].cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	e.add("worker idle cost", calls/window.Seconds(), nil, "statements/s", 0, false,
+		fmt.Sprintf("pg_stat_statements over %s with default intervals (fetch poll 1 s, sweep 5 s, gauges 15 s, River maintenance)", window))
+	e.add("worker resident memory, idle", float64(idleRSS)/(1<<20), nil, "MiB", 0, false, "VmRSS")
+	return nil
+}
+
+// benchEndToEnd: batches per second and enqueue→Succeeded latency with a
+// trivial folder and 1–4 worker processes, against River's own no-op job
+// throughput with the same number of workers and concurrency.
+func benchEndToEnd(e *env) error {
+	const batches = 200
+	folderDir := filepath.Join(e.dir, "trivial")
+	for i := range batches * 4 {
+		d := filepath.Join(folderDir, fmt.Sprint(i))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(d, "a.csv"), []byte("k,v\n1,x\n"), 0o644); err != nil {
+			return err
+		}
+	}
+	enq, err := e.enqueuer(e.pool)
+	if err != nil {
+		return err
+	}
+	var peakRSS int64
+	for workers := 1; workers <= 4; workers++ {
+		if err := e.reset(); err != nil {
+			return err
+		}
+		procs, err := e.startWorkers(workers)
+		if err != nil {
+			return err
+		}
+		stopSampling := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-stopSampling:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				for _, p := range procs {
+					if r, err := rss(p.cmd.Process.Pid); err == nil && r > peakRSS {
+						peakRSS = r
+					}
+				}
+			}
+		}()
+		for i := range batches {
+			if _, err := enq.Import(e.ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+				Folder: "file://" + filepath.Join(folderDir, fmt.Sprint((workers-1)*batches+i))}); err != nil {
+				return err
+			}
+		}
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			var done int
+			if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded'`).Scan(&done); err != nil {
+				return err
+			}
+			if done == batches {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%d of %d batches succeeded in 3 minutes", done, batches)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		close(stopSampling)
+		stopWorkers(procs)
+		var span float64
+		var lat []time.Duration
+		rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches`)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var d time.Duration
+			if err := rows.Scan(&d); err != nil {
+				return err
+			}
+			lat = append(lat, d)
+		}
+		rows.Close()
+		if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(completed_at) - min(started_at)) FROM ingestion_batches`).Scan(&span); err != nil {
+			return err
+		}
+		ours := float64(batches) / span
+		noop, err := e.riverNoop(workers, batches)
+		if err != nil {
+			return err
+		}
+		e.add(fmt.Sprintf("end to end, %d worker process(es)", workers), ours, ptr(noop), "batches/s", 0.5, false,
+			fmt.Sprintf("enqueue→Succeeded p50 %s, p99 %s; baseline: River no-op jobs, %d client(s) × 4 workers, same run", percentile(lat, 50).Round(time.Millisecond), percentile(lat, 99).Round(time.Millisecond), workers))
+		e.charts = append(e.charts, chart{group: "end-to-end", x: float64(workers), p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99)})
+	}
+	e.add("worker resident memory, under load", float64(peakRSS)/(1<<20), nil, "MiB", 0, false, "peak VmRSS sampled every 100 ms during the end-to-end runs")
+	return nil
+}
+
+type noopArgs struct{}
+
+func (noopArgs) Kind() string { return "bench_noop" }
+
+// riverNoop measures River's own throughput for no-op jobs with clients ×
+// 4 workers, each client on its own pool, as the worker processes are.
+func (e *env) riverNoop(clients, n int) (float64, error) {
+	workers := river.NewWorkers()
+	river.AddWorker(workers, river.WorkFunc(func(context.Context, *river.Job[noopArgs]) error { return nil }))
+	var started []*river.Client[pgx.Tx]
+	var pools []*pgxpool.Pool
+	defer func() {
+		for _, c := range started {
+			_ = c.Stop(context.Background())
+		}
+		for _, p := range pools {
+			p.Close()
+		}
+	}()
+	for i := range clients {
+		pool, err := pgxpool.New(e.ctx, e.dbURL)
+		if err != nil {
+			return 0, err
+		}
+		pools = append(pools, pool)
+		c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+			ID: fmt.Sprintf("noop-%d", i), Queues: map[string]river.QueueConfig{"bench_noop": {MaxWorkers: 4}}, Workers: workers,
+			Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			return 0, err
+		}
+		if err := c.Start(e.ctx); err != nil {
+			return 0, err
+		}
+		started = append(started, c)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	params := make([]river.InsertManyParams, n)
+	for i := range params {
+		params[i] = river.InsertManyParams{Args: noopArgs{}, InsertOpts: &river.InsertOpts{Queue: "bench_noop"}}
+	}
+	if _, err := started[0].InsertMany(e.ctx, params); err != nil {
+		return 0, err
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var done int
+		if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM river_job WHERE kind = 'bench_noop' AND state = 'completed'`).Scan(&done); err != nil {
+			return 0, err
+		}
+		if done == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("River completed %d of %d no-op jobs in 2 minutes", done, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var span float64
+	if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(finalized_at) - min(created_at)) FROM river_job WHERE kind = 'bench_noop'`).Scan(&span); err != nil {
+		return 0, err
+	}
+	return float64(n) / span, nil
+}
+
+// benchTakeover: SIGKILL the worker holding a lease; the time until another
+// worker has taken the batch over, over several trials.
+func benchTakeover(e *env, trials int) error {
+	const ttl = 3 * time.Second
+	flags := []string{"--lease-ttl", "3s", "--lease-renew-every", "1s", "--sweep-interval", "1s", "--poll-interval", "200ms"}
+	if err := e.reset(); err != nil {
+		return err
+	}
+	enq, err := e.enqueuer(e.pool)
+	if err != nil {
+		return err
+	}
+	victim, err := e.startWorkers(1, flags...)
+	if err != nil {
+		return err
+	}
+	survivor, err := e.startWorkers(1, append(flags, "--name", "bench-survivor")...)
+	if err != nil {
+		return err
+	}
+	defer func() { stopWorkers(victim); stopWorkers(survivor) }()
+	var delays []time.Duration
+	for trial := range trials {
+		dir := filepath.Join(e.dir, "takeover", fmt.Sprint(trial))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "a.csv"), []byte("k\n1\n"), 0o644); err != nil {
+			return err
+		}
+		// Hold a lock that keeps the load waiting, so the holder is caught mid-load.
+		blocker, err := e.pool.Begin(e.ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := blocker.Exec(e.ctx, `LOCK TABLE curated.fleet_records IN ACCESS EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		res, err := enq.Import(e.ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "db", CompanyID: "c", Folder: "file://" + dir})
+		if err != nil {
+			return err
+		}
+		var holder string
+		var gen int64
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			if err := e.pool.QueryRow(e.ctx, `SELECT COALESCE(execution_lease_id, ''), execution_lease_generation FROM ingestion_batches WHERE id = $1`, res.BatchID).Scan(&holder, &gen); err != nil {
+				return err
+			}
+			if holder != "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("trial %d: nobody took the lease", trial)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		// Kill whichever worker holds it.
+		target := victim
+		if strings.HasPrefix(holder, "bench-survivor") {
+			target, survivor, victim = survivor, victim, survivor
+		}
+		_ = target[0].cmd.Process.Kill()
+		killed := time.Now()
+		_ = target[0].cmd.Wait()
+		for deadline := time.Now().Add(ttl + 30*time.Second); ; {
+			var g int64
+			if err := e.pool.QueryRow(e.ctx, `SELECT execution_lease_generation FROM ingestion_batches WHERE id = $1`, res.BatchID).Scan(&g); err != nil {
+				return err
+			}
+			if g > gen {
+				delays = append(delays, time.Since(killed))
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("trial %d: no takeover within %s", trial, ttl+30*time.Second)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := blocker.Rollback(e.ctx); err != nil {
+			return err
+		}
+		var st batch.Status
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			if err := e.pool.QueryRow(e.ctx, `SELECT status FROM ingestion_batches WHERE id = $1`, res.BatchID).Scan(&st); err != nil {
+				return err
+			}
+			if st == batch.StatusSucceeded {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("trial %d: batch ended %s", trial, st)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		// Replace the killed worker, as a Deployment would.
+		restarted, err := e.startWorkers(1, flags...)
+		if err != nil {
+			return err
+		}
+		victim = restarted
+	}
+	p50, p99 := percentile(delays, 50), percentile(delays, 99)
+	e.addTarget(fmt.Sprintf("takeover latency p99 over %d SIGKILL trials", trials), p99.Seconds(), "s",
+		fmt.Sprintf("<= TTL + 5 s = %s", ttl+5*time.Second), p99 <= ttl+5*time.Second,
+		fmt.Sprintf("lease TTL %s: p50 %.2f s (%.2f × TTL), p99 %.2f s (%.2f × TTL), max %.2f s", ttl, p50.Seconds(), p50.Seconds()/ttl.Seconds(), p99.Seconds(), p99.Seconds()/ttl.Seconds(), percentile(delays, 100).Seconds()))
+	return nil
+}
