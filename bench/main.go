@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,11 +29,20 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for latest.json, latest.md and the charts")
 	seconds := flag.Duration("phase", 4*time.Second, "duration of each timed phase")
 	trials := flag.Int("takeover-trials", 10, "SIGKILL takeover trials")
+	only := flag.String("only", "", "run only the scenarios whose name contains this (for profiling); results are still written")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the harness process (the in-process clients) to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil && pprof.StartCPUProfile(f) == nil {
+			defer pprof.StopCPUProfile()
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	if err := run(ctx, *out, *seconds, *trials); err != nil {
+	if err := run(ctx, *out, *seconds, *trials, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -49,7 +60,7 @@ type env struct {
 	charts    []chart
 }
 
-func run(ctx context.Context, out string, phase time.Duration, trials int) error {
+func run(ctx context.Context, out string, phase time.Duration, trials int, only string) error {
 	start := time.Now()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	dir, err := os.MkdirTemp("", "fleet-bench-")
@@ -112,6 +123,9 @@ func run(ctx context.Context, out string, phase time.Duration, trials int) error
 		{"end to end", benchEndToEnd},
 		{"takeover latency", func(e *env) error { return benchTakeover(e, trials) }},
 	} {
+		if only != "" && !strings.Contains(s.name, only) {
+			continue
+		}
 		log.Info("scenario", "name", s.name)
 		if err := s.fn(e); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)

@@ -34,7 +34,7 @@ func (e *env) enqueuer(pool *pgxpool.Pool) (*jobs.Enqueuer, error) {
 const enqueueBaseline = `\set n random(1, 2000000000)
 BEGIN;
 INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
-  VALUES ('company-1', 'tenant-bench', 'tenant_db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', 'Running', '{"version":1,"phase":"reserved"}', 'fleet_s3:s3://pgbench/' || :client_id || '-' || :n || '-' || random());
+  VALUES ('company-1', 'tenant-bench', 'tenant_db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', 'Running', '{"version": 1, "phase": "reserved"}', 'fleet_s3' || chr(58) || 's3://pgbench/' || :client_id::text || '-' || :n::text || '-' || random()::text);
 INSERT INTO river_job (args, kind, max_attempts, queue) VALUES ('{"batch_id": 1}', 'bench_baseline', 25, 'bench_baseline');
 COMMIT;
 `
@@ -50,6 +50,10 @@ func benchEnqueue(e *env) error {
 		if err != nil {
 			return err
 		}
+		profile := os.Getenv("BENCH_STATEMENTS") != ""
+		if profile {
+			_ = e.exec(`SELECT pg_stat_statements_reset()`)
+		}
 		n, lat, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
 			res, err := enq.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
 				Folder: fmt.Sprintf("s3://bench-bucket/enqueue/%d/%d/%d", clients, c, i)})
@@ -62,6 +66,9 @@ func benchEnqueue(e *env) error {
 			return err
 		}
 		ours := float64(n) / e.phase.Seconds()
+		if profile {
+			e.dumpStatements(fmt.Sprintf("enqueue, %d clients", clients))
+		}
 		if err := e.reset(); err != nil {
 			return err
 		}
@@ -100,7 +107,7 @@ func benchConflict(e *env) error {
 	if reservations != 1 {
 		return fmt.Errorf("%d reservations for one folder", reservations)
 	}
-	base, err := e.pgbench(`SELECT id FROM ingestion_batches WHERE tenant_id = 'tenant-bench' AND source_scope = 'fleet_s3:s3://bench-bucket/hot/folder' AND status = 'Running';`, 32, e.phase)
+	base, err := e.pgbench(`SELECT id FROM ingestion_batches WHERE tenant_id = 'tenant-bench' AND source_scope = 'fleet_s3' || chr(58) || 's3://bench-bucket/hot/folder' AND status = 'Running';`, 32, e.phase)
 	if err != nil {
 		return err
 	}
@@ -170,7 +177,7 @@ func benchLeases(e *env) error {
 			return err
 		}
 		renew := float64(n) / e.phase.Seconds()
-		base, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d - :client_id;`, firstID+prepared-1), clients, e.phase)
+		base, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d - :client_id::bigint;`, firstID+prepared-1), clients, e.phase)
 		if err != nil {
 			return err
 		}
@@ -264,24 +271,29 @@ func benchLoad(e *env) error {
 
 // workerProc is a worker process started by the harness.
 type workerProc struct {
+	name string
 	cmd  *exec.Cmd
 	logs *os.File
 }
 
+var workerSeq int
+
 func (e *env) startWorkers(n int, extra ...string) ([]*workerProc, error) {
 	var procs []*workerProc
-	for i := range n {
-		logs, err := os.Create(filepath.Join(e.dir, fmt.Sprintf("worker-%d-%d.log", time.Now().UnixNano(), i)))
+	for range n {
+		workerSeq++
+		name := fmt.Sprintf("bench-w%d", workerSeq)
+		logs, err := os.Create(filepath.Join(e.dir, name+".log"))
 		if err != nil {
 			return nil, err
 		}
-		cmd := exec.Command(e.workerBin, append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", fmt.Sprintf("bench-w%d", i), "--log-level", "warn"}, extra...)...)
+		cmd := exec.Command(e.workerBin, append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", name, "--log-level", "warn"}, extra...)...)
 		cmd.Env = append(os.Environ(), "DATABASE_URL="+e.dbURL)
 		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
-		procs = append(procs, &workerProc{cmd: cmd, logs: logs})
+		procs = append(procs, &workerProc{name: name, cmd: cmd, logs: logs})
 	}
 	// Wait until every River client registered its queue and answers.
 	time.Sleep(1500 * time.Millisecond)
@@ -511,15 +523,11 @@ func benchTakeover(e *env, trials int) error {
 	if err != nil {
 		return err
 	}
-	victim, err := e.startWorkers(1, flags...)
+	alive, err := e.startWorkers(2, flags...)
 	if err != nil {
 		return err
 	}
-	survivor, err := e.startWorkers(1, append(flags, "--name", "bench-survivor")...)
-	if err != nil {
-		return err
-	}
-	defer func() { stopWorkers(victim); stopWorkers(survivor) }()
+	defer func() { stopWorkers(alive) }()
 	var delays []time.Duration
 	for trial := range trials {
 		dir := filepath.Join(e.dir, "takeover", fmt.Sprint(trial))
@@ -551,18 +559,27 @@ func benchTakeover(e *env, trials int) error {
 				break
 			}
 			if time.Now().After(deadline) {
+				_ = blocker.Rollback(e.ctx)
 				return fmt.Errorf("trial %d: nobody took the lease", trial)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 		// Kill whichever worker holds it.
-		target := victim
-		if strings.HasPrefix(holder, "bench-survivor") {
-			target, survivor, victim = survivor, victim, survivor
+		var target *workerProc
+		for i, p := range alive {
+			if strings.HasPrefix(holder, p.name+"/") {
+				target = p
+				alive = append(alive[:i:i], alive[i+1:]...)
+				break
+			}
 		}
-		_ = target[0].cmd.Process.Kill()
+		if target == nil {
+			return fmt.Errorf("trial %d: holder %s is none of the workers", trial, holder)
+		}
+		_ = target.cmd.Process.Kill()
 		killed := time.Now()
-		_ = target[0].cmd.Wait()
+		_ = target.cmd.Wait()
+		target.logs.Close()
 		for deadline := time.Now().Add(ttl + 30*time.Second); ; {
 			var g int64
 			if err := e.pool.QueryRow(e.ctx, `SELECT execution_lease_generation FROM ingestion_batches WHERE id = $1`, res.BatchID).Scan(&g); err != nil {
@@ -573,6 +590,7 @@ func benchTakeover(e *env, trials int) error {
 				break
 			}
 			if time.Now().After(deadline) {
+				_ = blocker.Rollback(e.ctx)
 				return fmt.Errorf("trial %d: no takeover within %s", trial, ttl+30*time.Second)
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -598,11 +616,32 @@ func benchTakeover(e *env, trials int) error {
 		if err != nil {
 			return err
 		}
-		victim = restarted
+		alive = append(alive, restarted...)
 	}
 	p50, p99 := percentile(delays, 50), percentile(delays, 99)
 	e.addTarget(fmt.Sprintf("takeover latency p99 over %d SIGKILL trials", trials), p99.Seconds(), "s",
 		fmt.Sprintf("<= TTL + 5 s = %s", ttl+5*time.Second), p99 <= ttl+5*time.Second,
 		fmt.Sprintf("lease TTL %s: p50 %.2f s (%.2f × TTL), p99 %.2f s (%.2f × TTL), max %.2f s", ttl, p50.Seconds(), p50.Seconds()/ttl.Seconds(), p99.Seconds(), p99.Seconds()/ttl.Seconds(), percentile(delays, 100).Seconds()))
 	return nil
+}
+
+// dumpStatements logs the statements that took the most server time, for
+// profiling (BENCH_STATEMENTS=1).
+func (e *env) dumpStatements(label string) {
+	rows, err := e.pool.Query(e.ctx, `
+		SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), left(regexp_replace(query, '\s+', ' ', 'g'), 90)
+		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY total_exec_time DESC LIMIT 8`)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var calls int64
+		var total, mean float64
+		var q string
+		if rows.Scan(&calls, &total, &mean, &q) == nil {
+			e.log.Info("statement", "phase", label, "calls", calls, "total_ms", total, "mean_ms", mean, "query", q)
+		}
+	}
 }

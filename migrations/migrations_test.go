@@ -82,7 +82,7 @@ func TestUpgradeFromBaselineKeepsExistingBatches(t *testing.T) {
 	require.Empty(t, again.River)
 	v, err := migrations.Version(ctx, stdlib.OpenDBFromPool(pool))
 	require.NoError(t, err)
-	require.Equal(t, int64(2), v)
+	require.Equal(t, int64(3), v)
 
 	// No operational table other than River's and goose's was added.
 	var tables []string
@@ -112,7 +112,7 @@ func TestConcurrentApplyIsSafe(t *testing.T) {
 	}
 	v, err := migrations.Version(ctx, stdlib.OpenDBFromPool(pool))
 	require.NoError(t, err)
-	require.Equal(t, int64(2), v)
+	require.Equal(t, int64(3), v)
 }
 
 func TestHashIsStable(t *testing.T) {

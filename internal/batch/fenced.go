@@ -94,20 +94,17 @@ func (s *Store) MarkFailed(ctx context.Context, f Fence, d Details, phase Phase,
 	return s.fenced(ctx, f, StatusFailed, d)
 }
 
-// MarkFailedEnqueue marks a just-reserved batch Failed with phase
-// failed_enqueue, releasing its scope. It is meant for the transaction that
-// reserved the batch, when the job insert failed; it writes only while the
-// batch is Running in phase reserved with no lease, and returns ErrNotFound
-// otherwise.
-func (s *Store) MarkFailedEnqueue(ctx context.Context, id int64, message string) (Batch, error) {
-	b, err := s.Get(ctx, id)
-	if err != nil {
+// RecordFailedEnqueue records a reservation whose job could not be
+// enqueued: a batch that is Failed from the start, with phase failed_enqueue
+// and the error, holding no scope. Callers reserve and insert the job in one
+// transaction; when the insert fails that transaction rolls back (releasing
+// the reservation) and this records what happened, so the caller can be told
+// which batch failed.
+func (s *Store) RecordFailedEnqueue(ctx context.Context, r Reservation, message string) (Batch, error) {
+	if err := r.Validate(); err != nil {
 		return Batch{}, err
 	}
-	d, err := ParseDetails(b.Details)
-	if err != nil {
-		return Batch{}, err
-	}
+	d := r.Details
 	d.Phase = PhaseFailedEnqueue
 	d.LastError = &ErrorRecord{Phase: PhaseFailedEnqueue, Message: message, At: time.Now().UTC()}
 	raw, err := d.Marshal()
@@ -115,11 +112,12 @@ func (s *Store) MarkFailedEnqueue(ctx context.Context, id int64, message string)
 		return Batch{}, err
 	}
 	return scanBatch(s.db.QueryRow(ctx, `
-		UPDATE ingestion_batches
-		SET status = 'Failed', completed_at = now(),
-		    details = $2::jsonb || jsonb_build_object('updatedAt', now()),
-		    updated_at = now()
-		WHERE id = $1 AND status = 'Running' AND execution_lease_id IS NULL
-		  AND details->>'phase' = 'reserved'
-		RETURNING `+columns, id, string(raw)))
+		INSERT INTO ingestion_batches
+			(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			 business_date, pipeline_stage, status, details, source_scope, completed_at)
+		VALUES ($1, $2, $3, $4, $5, NULL, $6, 'Failed',
+		        $7::jsonb || jsonb_build_object('updatedAt', now()), $8, now())
+		RETURNING `+columns,
+		r.CompanyID, r.TenantID, r.TenantDatabase, r.IngestionMode, r.SourceType,
+		r.PipelineStage, string(raw), r.SourceScope))
 }

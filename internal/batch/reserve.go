@@ -25,6 +25,9 @@ type Reservation struct {
 	PipelineStage  string
 	SourceScope    string
 	Details        Details
+	// SkipIfSucceeded makes Reserve answer AlreadySucceeded, reserving
+	// nothing, when the newest batch of the tenant and scope succeeded.
+	SkipIfSucceeded bool
 }
 
 // Validate checks every field before anything touches the database. It
@@ -58,6 +61,9 @@ const (
 	Reserved ReserveOutcome = iota + 1
 	// Conflict means another Running batch already holds the scope.
 	Conflict
+	// AlreadySucceeded means SkipIfSucceeded was set and the newest batch of
+	// the scope succeeded; nothing was reserved.
+	AlreadySucceeded
 )
 
 func (o ReserveOutcome) String() string {
@@ -66,6 +72,8 @@ func (o ReserveOutcome) String() string {
 		return "reserved"
 	case Conflict:
 		return "conflict"
+	case AlreadySucceeded:
+		return "already_succeeded"
 	}
 	return "unknown"
 }
@@ -77,6 +85,8 @@ type ReserveResult struct {
 	Batch Batch
 	// RunningBatchID is the batch holding the scope when Outcome is Conflict.
 	RunningBatchID int64
+	// SucceededBatchID is the newest batch when Outcome is AlreadySucceeded.
+	SucceededBatchID int64
 }
 
 // maxReserveAttempts bounds the retry when the conflicting batch finishes
@@ -84,7 +94,9 @@ type ReserveResult struct {
 const maxReserveAttempts = 5
 
 // Reserve atomically inserts a Running batch holding (tenant, scope), or
-// reports Conflict with the id of the Running batch that already holds it.
+// reports Conflict with the id of the Running batch that already holds it
+// (or AlreadySucceeded, see Reservation.SkipIfSucceeded). One statement
+// decides, so the common path is a single round trip.
 // PostgreSQL's unique partial index decides between concurrent callers; a
 // concurrent reservation still in flight is waited for. Validation failures
 // return a *ValidationError and write nothing; other errors are
@@ -99,21 +111,38 @@ func (s *Store) Reserve(ctx context.Context, r Reservation) (ReserveResult, erro
 	}
 	for range maxReserveAttempts {
 		b, err := scanBatch(s.db.QueryRow(ctx, `
-			INSERT INTO ingestion_batches
-				(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
-				 business_date, pipeline_stage, status, details, source_scope)
-			VALUES ($1, $2, $3, $4, $5, NULL, $6, 'Running',
-			        $7::jsonb || jsonb_build_object('updatedAt', now()), $8)
-			ON CONFLICT (tenant_id, source_scope) WHERE status = 'Running' AND source_scope IS NOT NULL
-			DO NOTHING
-			RETURNING `+columns,
+			WITH latest AS (
+				SELECT status FROM ingestion_batches
+				WHERE tenant_id = $2 AND source_scope = $8 AND source_scope IS NOT NULL
+				ORDER BY id DESC LIMIT 1
+			), ins AS (
+				INSERT INTO ingestion_batches
+					(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+					 business_date, pipeline_stage, status, details, source_scope)
+				SELECT $1, $2, $3, $4, $5, NULL, $6, 'Running',
+				       $7::jsonb || jsonb_build_object('updatedAt', now()), $8
+				WHERE NOT ($9::bool AND EXISTS (SELECT 1 FROM latest WHERE status = 'Succeeded'))
+				ON CONFLICT (tenant_id, source_scope) WHERE status = 'Running' AND source_scope IS NOT NULL
+				DO NOTHING
+				RETURNING `+columns+`
+			)
+			SELECT `+columns+` FROM ins`,
 			r.CompanyID, r.TenantID, r.TenantDatabase, r.IngestionMode, r.SourceType,
-			r.PipelineStage, string(details), r.SourceScope))
+			r.PipelineStage, string(details), r.SourceScope, r.SkipIfSucceeded))
 		if err == nil {
 			return ReserveResult{Outcome: Reserved, Batch: b}, nil
 		}
 		if !errors.Is(err, ErrNotFound) {
 			return ReserveResult{}, fmt.Errorf("reserving scope: %w", err)
+		}
+		if r.SkipIfSucceeded {
+			latest, err := s.Latest(ctx, r.TenantID, r.SourceScope)
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				return ReserveResult{}, err
+			}
+			if err == nil && latest.Status == StatusSucceeded {
+				return ReserveResult{Outcome: AlreadySucceeded, SucceededBatchID: latest.ID}, nil
+			}
 		}
 		id, found, err := s.runningBatchID(ctx, r.TenantID, r.SourceScope)
 		if err != nil {

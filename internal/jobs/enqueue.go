@@ -107,42 +107,41 @@ func (e *Enqueuer) Import(ctx context.Context, req ImportRequest) (Result, error
 	if err := r.Validate(); err != nil {
 		return Result{}, inputError(err)
 	}
-	var res Result
+	r.SkipIfSucceeded = !req.Reimport
+	var (
+		res       Result
+		insertErr error
+	)
 	err = pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
-		store := batch.NewStore(e.Pool).WithTx(tx)
-		if !req.Reimport {
-			latest, err := store.Latest(ctx, r.TenantID, r.SourceScope)
-			switch {
-			case err == nil && latest.Status == batch.StatusSucceeded:
-				res = Result{Outcome: OutcomeAlreadySucceeded, BatchID: latest.ID, SourceScope: f.Scope()}
-				return nil
-			case err != nil && !errors.Is(err, batch.ErrNotFound):
-				return err
-			}
-		}
-		reserved, err := store.Reserve(ctx, r)
+		reserved, err := batch.NewStore(e.Pool).WithTx(tx).Reserve(ctx, r)
 		if err != nil {
 			return err
 		}
-		if reserved.Outcome == batch.Conflict {
+		switch reserved.Outcome {
+		case batch.Conflict:
 			res = Result{Outcome: OutcomeConflict, RunningBatchID: reserved.RunningBatchID, SourceScope: f.Scope()}
 			return nil
-		}
-		b := reserved.Batch
-		jobID, insertErr := e.insertJob(ctx, tx, IngestArgs{BatchID: b.ID}, nil)
-		if insertErr == nil {
-			res = Result{Outcome: OutcomeEnqueued, BatchID: b.ID, JobID: jobID, SourceScope: f.Scope()}
+		case batch.AlreadySucceeded:
+			res = Result{Outcome: OutcomeAlreadySucceeded, BatchID: reserved.SucceededBatchID, SourceScope: f.Scope()}
 			return nil
 		}
-		// The reservation stands but has no job: record it Failed so the
-		// scope is released, in the same transaction.
-		if _, err := batch.NewStore(e.Pool).WithTx(tx).MarkFailedEnqueue(ctx, b.ID, insertErr.Error()); err != nil {
-			return fmt.Errorf("recording failed enqueue of batch %d after %v: %w", b.ID, insertErr, err)
+		job, err := e.River.InsertTx(ctx, tx, IngestArgs{BatchID: reserved.Batch.ID}, nil)
+		if err != nil {
+			insertErr = err
+			return errRollback // the reservation goes with it
 		}
-		res = Result{Outcome: OutcomeEnqueueFailed, BatchID: b.ID, SourceScope: f.Scope(), Error: insertErr.Error()}
+		res = Result{Outcome: OutcomeEnqueued, BatchID: reserved.Batch.ID, JobID: job.Job.ID, SourceScope: f.Scope()}
 		return nil
 	})
-	if err != nil {
+	if errors.Is(err, errRollback) {
+		// Nothing of the transaction remains and the scope is free; record
+		// the failed enqueue as a Failed batch so the caller can be told.
+		failed, err := batch.NewStore(e.Pool).RecordFailedEnqueue(ctx, r, insertErr.Error())
+		if err != nil {
+			return Result{}, fmt.Errorf("job insert failed (%v), and recording the failure failed: %w", insertErr, err)
+		}
+		res = Result{Outcome: OutcomeEnqueueFailed, BatchID: failed.ID, SourceScope: f.Scope(), Error: insertErr.Error()}
+	} else if err != nil {
 		return Result{}, err
 	}
 	e.observeReservation(res.Outcome)
@@ -151,20 +150,8 @@ func (e *Enqueuer) Import(ctx context.Context, req ImportRequest) (Result, error
 	return res, nil
 }
 
-// insertJob inserts args inside a savepoint of tx, so a failed insert leaves
-// tx usable.
-func (e *Enqueuer) insertJob(ctx context.Context, tx pgx.Tx, args IngestArgs, opts *river.InsertOpts) (int64, error) {
-	var id int64
-	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
-		res, err := e.River.InsertTx(ctx, sp, args, opts)
-		if err != nil {
-			return err
-		}
-		id = res.Job.ID
-		return nil
-	})
-	return id, err
-}
+// errRollback rolls a transaction back on purpose.
+var errRollback = errors.New("rolled back")
 
 // ResumeRequest asks to resume a batch whose publication failed.
 type ResumeRequest struct {
@@ -190,7 +177,6 @@ func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error
 		return Result{}, inputError(err)
 	}
 	var res Result
-	errInsert := errors.New("job insert failed")
 	err = pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 		rr, err := batch.NewStore(e.Pool).WithTx(tx).Resume(ctx, batch.ResumeRequest{
 			BatchID: req.BatchID, TenantID: req.TenantID, SourceType: batch.SourceTypeFleetS3,
@@ -208,16 +194,16 @@ func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error
 		case batch.ResumeNotFound:
 			res.BatchID = 0
 		case batch.Resumed:
-			jobID, err := e.insertJob(ctx, tx, IngestArgs{BatchID: req.BatchID}, nil)
+			job, err := e.River.InsertTx(ctx, tx, IngestArgs{BatchID: req.BatchID}, nil)
 			if err != nil {
 				res = Result{Outcome: OutcomeEnqueueFailed, BatchID: req.BatchID, SourceScope: f.Scope(), Error: err.Error()}
-				return errInsert // roll the resume back: the batch stays resumable
+				return errRollback // the resume goes with it: the batch stays resumable
 			}
-			res.JobID = jobID
+			res.JobID = job.Job.ID
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, errInsert) {
+	if err != nil && !errors.Is(err, errRollback) {
 		return Result{}, err
 	}
 	if e.Metrics != nil {
