@@ -500,7 +500,7 @@ func (e *env) riverNoop(clients, n int) (float64, error) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("River completed %d of %d no-op jobs in 2 minutes", done, n)
+			return 0, fmt.Errorf("river completed %d of %d no-op jobs in 2 minutes", done, n)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
