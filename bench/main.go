@@ -77,7 +77,7 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only 
 	}
 
 	log.Info("starting a PostgreSQL cluster of its own (fsync on, pg_stat_statements)")
-	cluster, err := chaos.StartCluster(ctx, filepath.Join(dir, "pg"), "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all")
+	cluster, err := chaos.StartCluster(ctx, filepath.Join(dir, "pg"), "shared_preload_libraries=pg_stat_statements")
 	if err != nil {
 		return err
 	}
