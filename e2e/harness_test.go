@@ -139,13 +139,13 @@ var workerSeq atomic.Int64
 // fastLease are worker flags that make lease expiry and takeover quick.
 var fastLease = []string{"--lease-ttl", "3s", "--lease-renew-every", "1s", "--sweep-interval", "1s", "--poll-interval", "200ms", "--stats-interval", "1s"}
 
-// startWorker starts a worker process and waits until it is ready.
-func startWorker(t *testing.T, dbURL string, extra ...string) *workerProc {
+// startProcess starts one of the binaries as a process under test, killed
+// (and its logs shown if the test failed) when the test ends, and waits for
+// the log line that carries its listening address.
+func startProcess(t *testing.T, name, binary string, args, env []string, addrLine string) *workerProc {
 	t.Helper()
-	name := fmt.Sprintf("w%d", workerSeq.Add(1))
-	args := append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", name}, extra...)
-	cmd := exec.Command(filepath.Join(binDir, "worker"), args...)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+	cmd := exec.Command(filepath.Join(binDir, binary), args...)
+	cmd.Env = append(os.Environ(), env...)
 	p := &workerProc{t: t, name: name, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
 	require.NoError(t, cmd.Start())
@@ -162,13 +162,22 @@ func startWorker(t *testing.T, dbURL string, extra ...string) *workerProc {
 			<-p.done
 		}
 		if t.Failed() {
-			t.Logf("worker %s logs:\n%s", name, p.logs.String())
+			t.Logf("%s logs:\n%s", name, p.logs.String())
 		}
 	})
-	line := p.waitLog(`"msg":"metrics listener started"`, 30*time.Second)
+	line := p.waitLog(addrLine, 30*time.Second)
 	var entry struct{ Addr string }
 	require.NoError(t, json.Unmarshal([]byte(line), &entry))
 	p.addr = entry.Addr
+	return p
+}
+
+// startWorker starts a worker process and waits until it is ready.
+func startWorker(t *testing.T, dbURL string, extra ...string) *workerProc {
+	t.Helper()
+	name := fmt.Sprintf("w%d", workerSeq.Add(1))
+	p := startProcess(t, name, "worker", append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", name}, extra...),
+		[]string{"DATABASE_URL=" + dbURL}, `"msg":"metrics listener started"`)
 	p.waitLog(`"msg":"worker started"`, 30*time.Second)
 	return p
 }

@@ -22,30 +22,9 @@ import (
 // startServe starts "enqueue serve" and returns its base URL.
 func startServe(t *testing.T, dbURL string, env []string, args ...string) (*workerProc, string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "enqueue"), append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
-	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL), env...)
-	p := &workerProc{t: t, name: "serve", cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.logs, p.logs
-	require.NoError(t, cmd.Start())
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("serve logs:\n%s", p.logs.String())
-		}
-	})
-	line := p.waitLog(`"msg":"listening for upload notifications"`, 30*time.Second)
-	var entry struct{ Addr string }
-	require.NoError(t, json.Unmarshal([]byte(line), &entry))
-	return p, "http://" + entry.Addr
+	p := startProcess(t, "serve", "enqueue", append([]string{"serve", "--listen", "127.0.0.1:0"}, args...),
+		append([]string{"DATABASE_URL=" + dbURL}, env...), `"msg":"listening for upload notifications"`)
+	return p, "http://" + p.addr
 }
 
 func postJSON(t *testing.T, url, token string, body any) (int, map[string]any) {

@@ -148,15 +148,22 @@ func (i *importCmd) Run(c *enqueueCLI, e *env) error {
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
 	defer cancel()
-	res, err := enq.Import(ctx, req)
-	if err != nil {
-		return invalid(e, err)
+	return report(e)(enq.Import(ctx, req))
+}
+
+// report returns a function that prints an outcome as the command's one
+// JSON line and turns it into the command's exit code.
+func report(e *env) func(jobs.Result, error) error {
+	return func(res jobs.Result, err error) error {
+		if err != nil {
+			return invalid(e, err)
+		}
+		printJSON(e.stdout, res)
+		if code := exitCode(res.Outcome); code != cli.ExitOK {
+			return exitError{code, nil}
+		}
+		return nil
 	}
-	printJSON(e.stdout, res)
-	if code := exitCode(res.Outcome); code != cli.ExitOK {
-		return exitError{code, nil}
-	}
-	return nil
 }
 
 type resumeCmd struct {
@@ -193,13 +200,5 @@ func (r *resumeCmd) Run(c *enqueueCLI, e *env) error {
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
 	defer cancel()
-	res, err := enq.Resume(ctx, req)
-	if err != nil {
-		return invalid(e, err)
-	}
-	printJSON(e.stdout, res)
-	if code := exitCode(res.Outcome); code != cli.ExitOK {
-		return exitError{code, nil}
-	}
-	return nil
+	return report(e)(enq.Resume(ctx, req))
 }
