@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"time"
 
 	"github.com/alecthomas/kong"
@@ -29,23 +28,6 @@ type enqueueCLI struct {
 	Serve  serveCmd  `cmd:"" help:"Serve the HTTP listener for upload notifications (POST /v1/imports, POST /v1/events/s3)."`
 }
 
-// env is what every command runs with.
-type env struct {
-	ctx    context.Context
-	stdout io.Writer
-	stderr io.Writer
-	logger *slog.Logger
-}
-
-// exitError carries a specific exit code out of a command, with the JSON
-// line already printed.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e exitError) Error() string { return e.err.Error() }
-
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c enqueueCLI
 	kctx, code, ok := cli.Parse(&c, args, stdout, stderr, "enqueue",
@@ -53,19 +35,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	e := &env{ctx: ctx, stdout: stdout, stderr: stderr, logger: c.Logger(stderr)}
+	e := &cli.Env{Ctx: ctx, Stdout: stdout, Stderr: stderr, Logger: c.Logger(stderr)}
 	err := kctx.Run(&c.Globals, &c, e)
 	if err == nil {
 		return cli.ExitOK
 	}
-	var coded exitError
+	var coded cli.ExitError
 	if errors.As(err, &coded) {
-		if coded.err != nil {
-			e.logger.Debug("exit", "code", coded.code, "error", coded.err.Error())
+		if coded.Err != nil {
+			e.Logger.Debug("exit", "code", coded.Code, "error", coded.Err.Error())
 		}
-		return coded.code
+		return coded.Code
 	}
-	e.logger.Error(err.Error())
+	e.Logger.Error(err.Error())
 	printJSON(stdout, map[string]string{"outcome": "error", "error": err.Error()})
 	return cli.ExitInfra
 }
@@ -76,24 +58,24 @@ func printJSON(w io.Writer, v any) {
 }
 
 // connect opens the operational pool, mapping a missing URL to invalid input.
-func connect(c *enqueueCLI, e *env) (*pgxpool.Pool, error) {
-	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
+func connect(c *enqueueCLI, e *cli.Env) (*pgxpool.Pool, error) {
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
 	pool, err := cli.Connect(ctx, c.DatabaseURL, c.Timeout, nil)
 	if errors.Is(err, cli.ErrNoDatabaseURL) {
-		printJSON(e.stdout, map[string]string{"outcome": "invalid_input", "field": "database_url", "error": err.Error()})
-		return nil, exitError{cli.ExitInvalidInput, err}
+		printJSON(e.Stdout, map[string]string{"outcome": "invalid_input", "field": "database_url", "error": err.Error()})
+		return nil, cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	return pool, err
 }
 
 // invalid reports an *jobs.InputError as the invalid_input outcome.
-func invalid(e *env, err error) error {
+func invalid(e *cli.Env, err error) error {
 	var in *jobs.InputError
 	if errors.As(err, &in) {
-		printJSON(e.stdout, map[string]string{"outcome": "invalid_input", "field": in.Field, "error": in.Reason})
-		e.logger.Error("invalid input", "field", in.Field, "error", in.Reason)
-		return exitError{cli.ExitInvalidInput, err}
+		printJSON(e.Stdout, map[string]string{"outcome": "invalid_input", "field": in.Field, "error": in.Reason})
+		e.Logger.Error("invalid input", "field", in.Field, "error", in.Reason)
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	return err
 }
@@ -112,12 +94,12 @@ func exitCode(outcome string) int {
 	}
 }
 
-func newEnqueuer(c *enqueueCLI, e *env, pool *pgxpool.Pool, whPool *pgxpool.Pool, window time.Duration) (*jobs.Enqueuer, error) {
-	client, err := jobs.NewInsertClient(pool, e.logger)
+func newEnqueuer(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, whPool *pgxpool.Pool, window time.Duration) (*jobs.Enqueuer, error) {
+	client, err := jobs.NewInsertClient(pool, e.Logger)
 	if err != nil {
 		return nil, err
 	}
-	enq := &jobs.Enqueuer{Pool: pool, River: client, PublicationWindow: window, Metrics: metrics.New(), Logger: e.logger}
+	enq := &jobs.Enqueuer{Pool: pool, River: client, PublicationWindow: window, Metrics: metrics.New(), Logger: e.Logger}
 	if whPool != nil {
 		enq.Verifier = warehouse.Verifier(warehouse.NewPostgres(whPool))
 	}
@@ -132,7 +114,7 @@ type importCmd struct {
 	Reimport       bool   `name:"reimport" help:"Start a new batch even if the folder's latest batch succeeded (otherwise: already_succeeded)."`
 }
 
-func (i *importCmd) Run(c *enqueueCLI, e *env) error {
+func (i *importCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder, Reimport: i.Reimport}
 	if err := jobs.ValidateImport(req); err != nil {
 		return invalid(e, err)
@@ -146,21 +128,21 @@ func (i *importCmd) Run(c *enqueueCLI, e *env) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
 	return report(e)(enq.Import(ctx, req))
 }
 
 // report returns a function that prints an outcome as the command's one
 // JSON line and turns it into the command's exit code.
-func report(e *env) func(jobs.Result, error) error {
+func report(e *cli.Env) func(jobs.Result, error) error {
 	return func(res jobs.Result, err error) error {
 		if err != nil {
 			return invalid(e, err)
 		}
-		printJSON(e.stdout, res)
+		printJSON(e.Stdout, res)
 		if code := exitCode(res.Outcome); code != cli.ExitOK {
-			return exitError{code, nil}
+			return cli.ExitError{Code: code, Err: nil}
 		}
 		return nil
 	}
@@ -174,7 +156,7 @@ type resumeCmd struct {
 	PublicationWindow time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"A batch committed longer ago than this is publication_expired."`
 }
 
-func (r *resumeCmd) Run(c *enqueueCLI, e *env) error {
+func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	req := jobs.ResumeRequest{BatchID: r.BatchID, TenantID: r.TenantID, Folder: r.Folder}
 	if err := jobs.ValidateResume(req); err != nil {
 		return invalid(e, err)
@@ -189,7 +171,7 @@ func (r *resumeCmd) Run(c *enqueueCLI, e *env) error {
 	defer pool.Close()
 	whPool := pool
 	if r.WarehouseURL != "" && r.WarehouseURL != c.DatabaseURL {
-		if whPool, err = cli.Connect(e.ctx, r.WarehouseURL, c.Timeout, nil); err != nil {
+		if whPool, err = cli.Connect(e.Ctx, r.WarehouseURL, c.Timeout, nil); err != nil {
 			return fmt.Errorf("warehouse: %w", err)
 		}
 		defer whPool.Close()
@@ -198,7 +180,7 @@ func (r *resumeCmd) Run(c *enqueueCLI, e *env) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
 	return report(e)(enq.Resume(ctx, req))
 }

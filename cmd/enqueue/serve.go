@@ -39,33 +39,33 @@ func readSecret(path string) (string, error) {
 	return s, nil
 }
 
-func (s *serveCmd) Run(c *enqueueCLI, e *env) error {
+func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	token := s.AuthToken
 	if s.AuthTokenFile != "" {
 		t, err := readSecret(s.AuthTokenFile)
 		if err != nil {
-			return exitError{cli.ExitInvalidInput, fmt.Errorf("--auth-token-file: %w", err)}
+			return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--auth-token-file: %w", err)}
 		}
 		token = t
 	}
 	if token == "" && !s.InsecureNoAuth {
 		err := errors.New("refusing to serve without authentication: set --auth-token-file or ENQUEUE_AUTH_TOKEN, or pass --insecure-no-auth")
-		e.logger.Error(err.Error())
-		return exitError{cli.ExitInvalidInput, err}
+		e.Logger.Error(err.Error())
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	var secret []byte
 	if s.HMACSecretFile != "" {
 		sec, err := readSecret(s.HMACSecretFile)
 		if err != nil {
-			return exitError{cli.ExitInvalidInput, fmt.Errorf("--hmac-secret-file: %w", err)}
+			return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--hmac-secret-file: %w", err)}
 		}
 		secret = []byte(sec)
 	}
 	if c.DatabaseURL == "" {
-		return exitError{cli.ExitInvalidInput, cli.ErrNoDatabaseURL}
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: cli.ErrNoDatabaseURL}
 	}
 	// The database must answer at start; later outages answer 503.
-	pool, err := cli.Connect(e.ctx, c.DatabaseURL, c.Timeout, nil)
+	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, nil)
 	if err != nil {
 		return err
 	}
@@ -77,14 +77,14 @@ func (s *serveCmd) Run(c *enqueueCLI, e *env) error {
 	srv, err := uploads.New(uploads.Config{
 		Enqueuer: enq, Pool: pool, AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, HMACSecret: secret,
 		Marker: s.Marker, Mapping: uploads.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
-		MaxBodyBytes: s.MaxBodyBytes, Metrics: enq.Metrics, Logger: e.logger,
+		MaxBodyBytes: s.MaxBodyBytes, Metrics: enq.Metrics, Logger: e.Logger,
 	})
 	if err != nil {
-		return exitError{cli.ExitInvalidInput, err}
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	ln, err := net.Listen("tcp", s.Listen)
 	if err != nil {
-		return exitError{cli.ExitInvalidInput, fmt.Errorf("--listen: %w", err)}
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}
 	httpSrv := &http.Server{
 		Handler:           srv.Handler(),
@@ -97,20 +97,20 @@ func (s *serveCmd) Run(c *enqueueCLI, e *env) error {
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(ln) }()
 	srv.SetReady(true)
-	e.logger.Info("listening for upload notifications", "addr", ln.Addr().String(), "auth", token != "", "hmac", len(secret) > 0)
+	e.Logger.Info("listening for upload notifications", "addr", ln.Addr().String(), "auth", token != "", "hmac", len(secret) > 0)
 
 	select {
-	case <-e.ctx.Done():
+	case <-e.Ctx.Done():
 	case err := <-served:
 		return err
 	}
 	srv.SetReady(false)
-	e.logger.Info("shutting down: finishing in-flight requests", "grace", s.ShutdownGrace)
+	e.Logger.Info("shutting down: finishing in-flight requests", "grace", s.ShutdownGrace)
 	ctx, cancel := context.WithTimeout(context.Background(), s.ShutdownGrace)
 	defer cancel()
 	if err := httpSrv.Shutdown(ctx); err != nil {
-		e.logger.Warn("grace period over with requests in flight", "error", err)
+		e.Logger.Warn("grace period over with requests in flight", "error", err)
 	}
-	e.logger.Info("stopped")
+	e.Logger.Info("stopped")
 	return nil
 }

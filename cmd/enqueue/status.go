@@ -80,7 +80,7 @@ func view(b batch.Batch, now time.Time) batchView {
 	return v
 }
 
-func (s *statusCmd) Run(c *enqueueCLI, e *env) error {
+func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if s.BatchID <= 0 {
 		return invalid(e, &jobs.InputError{Field: "batch_id", Reason: "must be a positive batch id"})
 	}
@@ -94,7 +94,7 @@ func (s *statusCmd) Run(c *enqueueCLI, e *env) error {
 		return err
 	}
 	defer pool.Close()
-	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
 	store := batch.NewStore(pool)
 	b, err := store.Get(ctx, s.BatchID)
@@ -102,8 +102,8 @@ func (s *statusCmd) Run(c *enqueueCLI, e *env) error {
 		err = batch.ErrNotFound // never reveal another tenant's batch
 	}
 	if errors.Is(err, batch.ErrNotFound) {
-		printJSON(e.stdout, map[string]any{"outcome": jobs.OutcomeNotFound, "batch_id": s.BatchID})
-		return exitError{cli.ExitNotResumable, err}
+		printJSON(e.Stdout, map[string]any{"outcome": jobs.OutcomeNotFound, "batch_id": s.BatchID})
+		return cli.ExitError{Code: cli.ExitNotResumable, Err: err}
 	}
 	if err != nil {
 		return err
@@ -114,14 +114,14 @@ func (s *statusCmd) Run(c *enqueueCLI, e *env) error {
 	}
 	v := view(b, now)
 	if s.JSON {
-		printJSON(e.stdout, v)
+		printJSON(e.Stdout, v)
 		return nil
 	}
-	printTable(e.stdout, []batchView{v})
+	printTable(e.Stdout, []batchView{v})
 	return nil
 }
 
-func (l *listCmd) Run(c *enqueueCLI, e *env) error {
+func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if l.TenantID != "" {
 		if err := batch.ValidateTenantID(l.TenantID); err != nil {
 			return invalid(e, &jobs.InputError{Field: "tenant_id", Reason: err.Error()})
@@ -135,7 +135,7 @@ func (l *listCmd) Run(c *enqueueCLI, e *env) error {
 		return err
 	}
 	defer pool.Close()
-	ctx, cancel := context.WithTimeout(e.ctx, c.Timeout)
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
 	batches, now, err := batch.NewStore(pool).List(ctx, batch.ListFilter{
 		Status: batch.Status(l.Status), TenantID: l.TenantID, Stuck: l.Stuck, Limit: l.Limit,
@@ -149,11 +149,11 @@ func (l *listCmd) Run(c *enqueueCLI, e *env) error {
 	}
 	if l.JSON {
 		for _, v := range views {
-			printJSON(e.stdout, v)
+			printJSON(e.Stdout, v)
 		}
 		return nil
 	}
-	printTable(e.stdout, views)
+	printTable(e.Stdout, views)
 	return nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"time"
 
 	"github.com/alecthomas/kong"
@@ -21,14 +20,6 @@ type workerCLI struct {
 	Migrate migrateCmd `cmd:"" help:"Apply the project's, River's and the local warehouse's migrations (idempotent) and print what was applied."`
 }
 
-// env is what every command runs with.
-type env struct {
-	ctx    context.Context
-	stdout io.Writer
-	stderr io.Writer
-	logger *slog.Logger
-}
-
 // run is the whole program, testable in-process: it parses args, runs the
 // command and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -38,26 +29,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	e := &env{ctx: ctx, stdout: stdout, stderr: stderr, logger: c.Logger(stderr)}
+	e := &cli.Env{Ctx: ctx, Stdout: stdout, Stderr: stderr, Logger: c.Logger(stderr)}
 	if err := kctx.Run(&c.Globals, e); err != nil {
-		var coded exitError
+		var coded cli.ExitError
 		if errors.As(err, &coded) {
-			e.logger.Error(coded.err.Error())
-			return coded.code
+			e.Logger.Error(coded.Error())
+			return coded.Code
 		}
-		e.logger.Error(err.Error())
+		e.Logger.Error(err.Error())
 		return cli.ExitInfra
 	}
 	return cli.ExitOK
 }
-
-// exitError carries a specific exit code out of a command.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e exitError) Error() string { return e.err.Error() }
 
 type migrateCmd struct {
 	WarehouseURL  string        `name:"warehouse-url" env:"WAREHOUSE_URL" help:"PostgreSQL connection string of the local warehouse (schema curated). Defaults to the operational database. Not used for Redshift, whose schema is managed there."`
@@ -65,26 +48,26 @@ type migrateCmd struct {
 	Timeout       time.Duration `default:"5m" help:"Give up after this long."`
 }
 
-func (m *migrateCmd) Run(g *cli.Globals, e *env) error {
-	ctx, cancel := context.WithTimeout(e.ctx, m.Timeout)
+func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
+	ctx, cancel := context.WithTimeout(e.Ctx, m.Timeout)
 	defer cancel()
 	pool, err := g.Connect(ctx, 10*time.Second)
 	if errors.Is(err, cli.ErrNoDatabaseURL) {
-		return exitError{cli.ExitInvalidInput, err}
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	report, err := migrations.Apply(ctx, pool, e.logger)
+	report, err := migrations.Apply(ctx, pool, e.Logger)
 	if err != nil {
 		return err
 	}
 	for _, a := range report.Project {
-		fmt.Fprintf(e.stdout, "applied project migration %d %s (%s)\n", a.Version, a.Source, a.Duration.Round(time.Millisecond))
+		fmt.Fprintf(e.Stdout, "applied project migration %d %s (%s)\n", a.Version, a.Source, a.Duration.Round(time.Millisecond))
 	}
 	for _, v := range report.River {
-		fmt.Fprintf(e.stdout, "applied River migration %d %s (%s)\n", v.Version, v.Name, v.Duration.Round(time.Millisecond))
+		fmt.Fprintf(e.Stdout, "applied River migration %d %s (%s)\n", v.Version, v.Name, v.Duration.Round(time.Millisecond))
 	}
 	if !m.SkipWarehouse {
 		whPool := pool
@@ -99,11 +82,11 @@ func (m *migrateCmd) Run(g *cli.Globals, e *env) error {
 		}
 	}
 	for _, a := range report.Warehouse {
-		fmt.Fprintf(e.stdout, "applied warehouse migration %d %s (%s)\n", a.Version, a.Source, a.Duration.Round(time.Millisecond))
+		fmt.Fprintf(e.Stdout, "applied warehouse migration %d %s (%s)\n", a.Version, a.Source, a.Duration.Round(time.Millisecond))
 	}
 	if len(report.Project)+len(report.River)+len(report.Warehouse) == 0 {
-		fmt.Fprintln(e.stdout, "database schema is current: nothing to apply")
+		fmt.Fprintln(e.Stdout, "database schema is current: nothing to apply")
 	}
-	e.logger.Info("migrations applied", "project", len(report.Project), "river", len(report.River), "warehouse", len(report.Warehouse))
+	e.Logger.Info("migrations applied", "project", len(report.Project), "river", len(report.River), "warehouse", len(report.Warehouse))
 	return nil
 }

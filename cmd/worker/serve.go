@@ -55,18 +55,18 @@ func (r *runCmd) validate() error {
 	return nil
 }
 
-func (r *runCmd) Run(g *cli.Globals, e *env) error {
+func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	if err := r.validate(); err != nil {
-		return exitError{cli.ExitInvalidInput, err}
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	if g.DatabaseURL == "" {
-		return exitError{cli.ExitInvalidInput, cli.ErrNoDatabaseURL}
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: cli.ErrNoDatabaseURL}
 	}
 	if r.Name == "" {
 		r.Name, _ = os.Hostname()
 	}
-	log := e.logger.With("worker", r.Name)
-	ctx := e.ctx
+	log := e.Logger.With("worker", r.Name)
+	ctx := e.Ctx
 
 	sized := func(n int32) func(*pgxpool.Config) {
 		return func(c *pgxpool.Config) { c.MaxConns = n }
@@ -107,7 +107,7 @@ func (r *runCmd) Run(g *cli.Globals, e *env) error {
 		Logger:       log,
 	})
 	if err != nil {
-		return exitError{cli.ExitInvalidInput, err}
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	client, err := jobs.NewWorkerClient(pool, worker, jobs.ClientConfig{
 		Concurrency: r.Concurrency, RescueStuckJobsAfter: r.RescueStuckJobsAfter,
@@ -120,7 +120,7 @@ func (r *runCmd) Run(g *cli.Globals, e *env) error {
 	var ready atomic.Bool
 	ln, err := net.Listen("tcp", r.MetricsAddr)
 	if err != nil {
-		return exitError{cli.ExitInvalidInput, fmt.Errorf("--metrics-addr: %w", err)}
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--metrics-addr: %w", err)}
 	}
 	srv := &http.Server{Handler: healthMux(m, pool, &ready), ReadHeaderTimeout: 5 * time.Second}
 	go func() {

@@ -160,3 +160,27 @@ func Parse(grammar any, args []string, stdout, stderr io.Writer, name, descripti
 	}
 	return kctx, ExitOK, true
 }
+
+// Env is what every command of the binaries runs with.
+type Env struct {
+	Ctx    context.Context
+	Stdout io.Writer
+	Stderr io.Writer
+	Logger *slog.Logger
+}
+
+// ExitError carries a specific exit code out of a command. Err, if any, has
+// been reported already (as a JSON line or a log entry).
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e ExitError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("exit %d", e.Code)
+	}
+	return e.Err.Error()
+}
+
+func (e ExitError) Unwrap() error { return e.Err }
