@@ -40,6 +40,13 @@
 //     cannot overwrite its successor: the successor's acquisition bumped the
 //     generation.
 //
+// Audit trail: the same statements record every term in the batch details
+// (details.leases: holder, generation, acquisition time, last expiry,
+// renewals, release time), and the fenced write records each accepted write
+// with its generation (details.writes). Writes from Go never replace these
+// trails. The chaos suite's invariant checker reads them to prove that no two
+// terms overlapped and that no stale-generation write was accepted.
+//
 // Concurrent acquirers are serialised by the row lock; under READ COMMITTED
 // the losers re-evaluate the conditions against the winner's committed row
 // and see a live lease.
