@@ -47,7 +47,7 @@
 // trails. The chaos suite's invariant checker reads them to prove that no two
 // terms overlapped and that no stale-generation write was accepted.
 //
-// Concurrent acquirers are serialised by the row lock; under READ COMMITTED
-// the losers re-evaluate the conditions against the winner's committed row
-// and see a live lease.
+// Concurrent acquirers are serialised by the row lock the UPDATE takes;
+// under READ COMMITTED the losers re-evaluate the conditions against the
+// winner's committed row and see a live lease.
 package lease

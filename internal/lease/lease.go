@@ -101,12 +101,17 @@ var ErrInvalidTTL = errors.New("lease ttl must be positive")
 // (see batch.Details.Leases).
 var leasesAppend = batch.AuditAppend("b.details->'leases'")
 
+// acquireSQL decides the acquisition in the UPDATE's own conditions: under
+// READ COMMITTED a concurrent acquirer blocks on the row and then re-checks
+// them against the winner's committed version, so exactly one wins. prev
+// reads the previous holder from the statement's snapshot, without a row
+// lock, only to report a takeover; in the rare race with a release committed
+// during the statement it may name a holder that had just released.
 var acquireSQL = `
 	WITH prev AS (
 		SELECT id, execution_lease_id, execution_lease_expires_at
 		FROM ingestion_batches
 		WHERE id = $1
-		FOR UPDATE
 	)
 	UPDATE ingestion_batches b
 	SET execution_lease_id = $2::text,
@@ -192,8 +197,9 @@ func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, b
 		UPDATE ingestion_batches
 		SET execution_lease_expires_at = now() + $4 * interval '1 microsecond',
 		    details = CASE WHEN (details->'leases'->-1->>'generation')::bigint = $3::bigint
-		        THEN jsonb_set(jsonb_set(details, '{leases,-1,expiresAt}', to_jsonb(now() + $4 * interval '1 microsecond')),
-		                       '{leases,-1,renewals}', to_jsonb(COALESCE((details->'leases'->-1->>'renewals')::bigint, 0) + 1))
+		        THEN jsonb_set(details, '{leases,-1}', (details->'leases'->-1) || jsonb_build_object(
+		                 'expiresAt', now() + $4 * interval '1 microsecond',
+		                 'renewals', COALESCE((details->'leases'->-1->>'renewals')::bigint, 0) + 1))
 		        ELSE details END
 		WHERE id = $1
 		  AND execution_lease_id = $2
