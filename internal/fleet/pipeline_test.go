@@ -72,6 +72,30 @@ func (e *env) reserve(tenant, folderURL string) batch.Batch {
 	return res.Batch
 }
 
+// diedInLoading stages a batch as a delivery that recorded "loading" under
+// a short lease and then died; it returns that lease.
+func (e *env) diedInLoading(id int64, holder string) lease.Lease {
+	e.t.Helper()
+	a, err := e.leases.Acquire(context.Background(), id, holder, 50*time.Millisecond)
+	require.NoError(e.t, err)
+	require.Equal(e.t, lease.Acquired, a.Outcome)
+	_, d := e.details(id)
+	d.Phase = batch.PhaseLoading
+	_, err = e.store.WriteDetails(context.Background(), a.Lease.Fence(), d)
+	require.NoError(e.t, err)
+	return a.Lease
+}
+
+// waitExpired waits until the database clock is past the lease's expiry.
+func (e *env) waitExpired(l lease.Lease) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		var expired bool
+		require.NoError(e.t, e.pool.QueryRow(context.Background(), `SELECT now() >= $1`, l.ExpiresAt).Scan(&expired))
+		return expired
+	}, 5*time.Second, 5*time.Millisecond)
+}
+
 var deliverySeq atomic.Int64
 
 // deliver runs one delivery of the batch: acquire the lease, execute, release.
@@ -238,17 +262,7 @@ func TestPhasesAreIdempotent(t *testing.T) {
 		url := e.folder(sampleFiles)
 		b := e.reserve("tenant-b", url)
 		// A previous delivery recorded "loading" and died before committing.
-		a, err := e.leases.Acquire(ctx, b.ID, "dead-delivery", 50*time.Millisecond)
-		require.NoError(t, err)
-		_, d := e.details(b.ID)
-		d.Phase = batch.PhaseLoading
-		_, err = e.store.WriteDetails(ctx, a.Lease.Fence(), d)
-		require.NoError(t, err)
-		require.Eventually(t, func() bool {
-			a2, err := e.leases.Acquire(ctx, b.ID, "probe", time.Nanosecond)
-			require.NoError(t, err)
-			return a2.Outcome == lease.Acquired
-		}, 5*time.Second, 10*time.Millisecond)
+		e.waitExpired(e.diedInLoading(b.ID, "dead-delivery"))
 
 		res := e.deliver(b.ID, e.pipeline)
 		require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
@@ -305,32 +319,23 @@ func TestCrashBetweenWarehouseCommitAndRecordingIt(t *testing.T) {
 
 	// The crashed delivery committed the slice (generation 1) but never
 	// recorded redshiftCommitted; its details still say "loading".
-	a, err := e.leases.Acquire(ctx, b.ID, "crashed", 50*time.Millisecond)
-	require.NoError(t, err)
-	_, d := e.details(b.ID)
-	d.Phase = batch.PhaseLoading
-	_, err = e.store.WriteDetails(ctx, a.Lease.Fence(), d)
-	require.NoError(t, err)
+	crashed := e.diedInLoading(b.ID, "crashed")
 	f, _ := folder.Canonicalize(url)
 	src, err := folder.Opener{}.Open(ctx, f)
 	require.NoError(t, err)
 	objs, err := src.Objects(ctx)
 	require.NoError(t, err)
-	_, err = e.wh.Load(ctx, warehouse.Slice{TenantID: "tenant-a", SourceScope: b.Scope(), BatchID: b.ID, Generation: a.Lease.Generation}, src, objs, nil)
+	_, err = e.wh.Load(ctx, warehouse.Slice{TenantID: "tenant-a", SourceScope: b.Scope(), BatchID: b.ID, Generation: crashed.Generation}, src, objs, nil)
 	require.NoError(t, err)
 
 	// The folder changes afterwards: if the next delivery loaded again, the
 	// slice would have a sixth record.
 	e.write(url, "late.csv", "vehicle,km\nV9,90\n")
-	require.Eventually(t, func() bool {
-		var expired bool
-		require.NoError(t, e.pool.QueryRow(ctx, `SELECT now() >= $1`, a.Lease.ExpiresAt).Scan(&expired))
-		return expired
-	}, 5*time.Second, 5*time.Millisecond)
+	e.waitExpired(crashed)
 
 	res := e.deliver(b.ID, e.pipeline)
 	require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
-	_, d = e.details(b.ID)
+	_, d := e.details(b.ID)
 	require.True(t, d.RedshiftCommitted)
 	require.Equal(t, int64(5), d.RecordCount)
 	total, _, _ := e.sliceRecords("tenant-a", b.Scope())
@@ -537,11 +542,7 @@ func TestLostLeaseWritesNothing(t *testing.T) {
 
 	stale, err := e.leases.Acquire(ctx, b.ID, "paused", 30*time.Millisecond)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		var expired bool
-		require.NoError(t, e.pool.QueryRow(ctx, `SELECT now() >= $1`, stale.Lease.ExpiresAt).Scan(&expired))
-		return expired
-	}, 5*time.Second, 5*time.Millisecond)
+	e.waitExpired(stale.Lease)
 
 	// The paused delivery wakes up and runs with its expired lease; its
 	// lease check before the warehouse commit refuses.
