@@ -42,11 +42,7 @@ func phased(t *testing.T, pool *pgxpool.Pool, tenant string, phase batch.Phase, 
 	if phase == batch.PhaseReserved {
 		return b
 	}
-	ttl := time.Minute
-	if keepLease > 0 {
-		ttl = keepLease
-	}
-	a, err := lease.NewStore(pool).Acquire(ctx, b.ID, "worker-1/job-7/attempt-1/ab12", ttl)
+	a, err := lease.NewStore(pool).Acquire(ctx, b.ID, "worker-1/job-7/attempt-1/ab12", time.Minute)
 	require.NoError(t, err)
 	d, err := batch.ParseDetails(b.Details)
 	require.NoError(t, err)
@@ -64,6 +60,15 @@ func phased(t *testing.T, pool *pgxpool.Pool, tenant string, phase batch.Phase, 
 		b, err = store.MarkFailed(ctx, a.Lease.Fence(), d, phase, "boom: "+string(phase))
 	}
 	require.NoError(t, err)
+	if keepLease > 0 && status == batch.StatusRunning {
+		// Shorten the term only after the write, so a loaded machine cannot
+		// let it run out first.
+		_, ok, err := lease.NewStore(pool).Renew(ctx, a.Lease, keepLease)
+		require.NoError(t, err)
+		require.True(t, ok)
+		b, err = store.Get(ctx, b.ID)
+		require.NoError(t, err)
+	}
 	return b
 }
 

@@ -119,8 +119,10 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 	if window <= 0 {
 		window = batch.DefaultPublicationWindow
 	}
-	st, err := p.Warehouse.Publish(ctx, slice, window)
+	st, err := p.Warehouse.Publish(ctx, slice, window, run.VerifyLease)
 	switch {
+	case errors.Is(err, batch.ErrStaleLease):
+		return err
 	case errors.Is(err, warehouse.ErrSliceSuperseded):
 		return pipeline.Fail(batch.PhaseSuperseded, err)
 	case errors.Is(err, warehouse.ErrPublicationExpired):

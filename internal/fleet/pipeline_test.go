@@ -72,18 +72,24 @@ func (e *env) reserve(tenant, folderURL string) batch.Batch {
 	return res.Batch
 }
 
-// diedInLoading stages a batch as a delivery that recorded "loading" under
-// a short lease and then died; it returns that lease.
+// diedInLoading stages a batch as a delivery that recorded "loading" and
+// then died: it writes under a lease long enough for any machine load, then
+// renews the term to expire at once (as if it had simply run out) and
+// returns that term.
 func (e *env) diedInLoading(id int64, holder string) lease.Lease {
 	e.t.Helper()
-	a, err := e.leases.Acquire(context.Background(), id, holder, 50*time.Millisecond)
+	ctx := context.Background()
+	a, err := e.leases.Acquire(ctx, id, holder, time.Minute)
 	require.NoError(e.t, err)
 	require.Equal(e.t, lease.Acquired, a.Outcome)
 	_, d := e.details(id)
 	d.Phase = batch.PhaseLoading
-	_, err = e.store.WriteDetails(context.Background(), a.Lease.Fence(), d)
+	_, err = e.store.WriteDetails(ctx, a.Lease.Fence(), d)
 	require.NoError(e.t, err)
-	return a.Lease
+	l, ok, err := e.leases.Renew(ctx, a.Lease, time.Microsecond)
+	require.NoError(e.t, err)
+	require.True(e.t, ok)
+	return l
 }
 
 // waitExpired waits until the database clock is past the lease's expiry.
@@ -251,7 +257,7 @@ func TestPhasesAreIdempotent(t *testing.T) {
 		require.Equal(t, 5, total, "exactly one copy of each record")
 		require.Equal(t, 5, distinct)
 		for range 3 {
-			_, err := e.wh.Publish(ctx, s, time.Hour)
+			_, err := e.wh.Publish(ctx, s, time.Hour, nil)
 			require.NoError(t, err)
 		}
 		n, _ := e.publications(b.Scope())
@@ -281,7 +287,7 @@ func TestPhasesAreIdempotent(t *testing.T) {
 		require.Equal(t, pipeline.Retry, res.Outcome)
 		_, d := e.details(b.ID)
 		require.Equal(t, batch.PhasePublishing, d.Phase)
-		_, err := e.wh.Publish(ctx, warehouse.Slice{TenantID: "tenant-c", SourceScope: b.Scope(), BatchID: b.ID}, time.Hour)
+		_, err := e.wh.Publish(ctx, warehouse.Slice{TenantID: "tenant-c", SourceScope: b.Scope(), BatchID: b.ID}, time.Hour, nil)
 		require.NoError(t, err)
 
 		res = e.deliver(b.ID, e.pipeline)
@@ -306,7 +312,7 @@ func (c *crashAfter) Stamp(ctx context.Context, tenantID, scope string) (warehou
 	return c.inner.Warehouse.Stamp(ctx, tenantID, scope)
 }
 
-func (c *crashAfter) Publish(context.Context, warehouse.Slice, time.Duration) (warehouse.Stamp, error) {
+func (c *crashAfter) Publish(context.Context, warehouse.Slice, time.Duration, func(context.Context) error) (warehouse.Stamp, error) {
 	return warehouse.Stamp{}, context.DeadlineExceeded // transient: the delivery stops, batch stays Running
 }
 
@@ -496,7 +502,7 @@ func TestSliceOfNewerBatchIsNeverOverwritten(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.wh.Load(ctx, warehouse.Slice{TenantID: "tenant-a", SourceScope: old.Scope(), BatchID: old.ID, Generation: 9}, src, objs, nil)
 	require.ErrorIs(t, err, warehouse.ErrSliceSuperseded)
-	_, err = e.wh.Publish(ctx, warehouse.Slice{TenantID: "tenant-a", SourceScope: old.Scope(), BatchID: old.ID}, time.Hour)
+	_, err = e.wh.Publish(ctx, warehouse.Slice{TenantID: "tenant-a", SourceScope: old.Scope(), BatchID: old.ID}, time.Hour, nil)
 	require.ErrorIs(t, err, warehouse.ErrSliceSuperseded)
 	_, _, batches := e.sliceRecords("tenant-a", old.Scope())
 	require.Equal(t, []int64{newer.ID}, batches)

@@ -161,7 +161,7 @@ func (p *Postgres) Stamp(ctx context.Context, tenantID, sourceScope string) (Sta
 }
 
 // Publish implements Warehouse.
-func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration) (Stamp, error) {
+func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration, beforeCommit func(context.Context) error) (Stamp, error) {
 	var st Stamp
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope); err != nil {
@@ -199,7 +199,13 @@ func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration) (
 				SELECT 1 FROM curated.fleet_publications
 				WHERE tenant_id = $1 AND source_scope = $2 AND batch_id = $3)`,
 			s.TenantID, s.SourceScope, s.BatchID, st.RecordCount, st.PublishedAt)
-		return err
+		if err != nil {
+			return err
+		}
+		if beforeCommit != nil {
+			return beforeCommit(ctx)
+		}
+		return nil
 	})
 	if err != nil {
 		return Stamp{}, err

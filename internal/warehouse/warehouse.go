@@ -82,8 +82,10 @@ type Warehouse interface {
 	// returns the same stamp. It returns ErrSliceSuperseded when the slice is
 	// stamped with another batch, ErrSliceMissing when there is none, and
 	// ErrPublicationExpired when an unpublished slice was committed more than
-	// window ago by the warehouse clock.
-	Publish(ctx context.Context, s Slice, window time.Duration) (Stamp, error)
+	// window ago by the warehouse clock. beforeCommit, if not nil, runs just
+	// before the commit (pass a lease check, so a delivery that lost its
+	// lease cannot publish); its error aborts the publication.
+	Publish(ctx context.Context, s Slice, window time.Duration, beforeCommit func(context.Context) error) (Stamp, error)
 }
 
 // Verifier adapts a Warehouse to the batch store's resume proof.

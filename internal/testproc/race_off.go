@@ -1,5 +1,5 @@
 //go:build !race
 
-package fleet_test
+package testproc
 
 const raceEnabled = false
