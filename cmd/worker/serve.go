@@ -16,6 +16,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/fleet"
+	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
@@ -37,6 +38,8 @@ type runCmd struct {
 	StatsInterval        time.Duration `name:"stats-interval" env:"STATS_INTERVAL" default:"15s" help:"How often database-derived gauges are refreshed."`
 	PollInterval         time.Duration `name:"poll-interval" env:"POLL_INTERVAL" default:"1s" help:"River's fetch poll interval (LISTEN/NOTIFY usually wakes workers sooner)."`
 	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
+	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
+	MaxColumns           int           `name:"max-columns" env:"MAX_COLUMNS" default:"4096" help:"Most columns of a CSV record; a folder with more fails failed_pre_commit."`
 }
 
 func (r *runCmd) validate() error {
@@ -49,6 +52,8 @@ func (r *runCmd) validate() error {
 		return errors.New("--concurrency must be between 1 and 256")
 	case r.ShutdownGrace < 0:
 		return errors.New("--shutdown-grace must not be negative")
+	case r.MaxRecordBytes < 1024 || r.MaxColumns < 1:
+		return errors.New("--max-record-bytes must be at least 1024 and --max-columns at least 1")
 	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.RescueStuckJobsAfter <= 0:
 		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval and --rescue-stuck-jobs-after must be positive")
 	}
@@ -98,7 +103,10 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		Store:  batch.NewStore(pool),
 		Leases: lease.NewStore(hbPool),
 		Pipelines: pipeline.Registry{
-			batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m},
+			batch.SourceTypeFleetS3: &fleet.Pipeline{
+				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns}},
+				Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
+			},
 		},
 		LeaseTTL:     r.LeaseTTL,
 		RenewEvery:   r.LeaseRenewEvery,
