@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/uploads"
 )
 
@@ -24,6 +23,7 @@ type serveCmd struct {
 	PathPattern    string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
 	Buckets        []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any)."`
 	MaxBodyBytes   int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
+	MaxConns       int           `name:"max-conns" env:"MAX_CONNS" default:"256" help:"Most open connections; beyond it the longest-idle one is closed."`
 	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
 }
 
@@ -82,22 +82,17 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
-	ln, err := net.Listen("tcp", s.Listen)
+	if s.MaxConns < 1 {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--max-conns must be at least 1")}
+	}
+	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: srv.Handler(), MaxConns: s.MaxConns, Logger: e.Logger})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}
-	httpSrv := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       15 * time.Second,
-		WriteTimeout:      45 * time.Second,
-		IdleTimeout:       60 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-	}
 	served := make(chan error, 1)
-	go func() { served <- httpSrv.Serve(ln) }()
+	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
-	e.Logger.Info("listening for upload notifications", "addr", ln.Addr().String(), "auth", token != "", "hmac", len(secret) > 0)
+	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", token != "", "hmac", len(secret) > 0)
 
 	select {
 	case <-e.Ctx.Done():
