@@ -243,16 +243,16 @@ func TestSNSSignedNotifications(t *testing.T) {
 			b, _ := json.Marshal(m)
 			return b
 		}(), "bad signature"},
-		"topic not accepted":       {sns.message(t, snsNotification, otherTopic, event("x3"), "2", nil), "is not accepted"},
-		"unknown version":          {sns.message(t, snsNotification, testTopic, event("x4"), "", func(m *snsMessage) { m.SignatureVersion, m.Signature = "3", "AAAA" }), "unsupported SignatureVersion"},
-		"too old":                  {sns.message(t, snsNotification, testTopic, event("x5"), "2", func(m *snsMessage) { m.Timestamp = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339) }), "expired"},
-		"certificate over http":    {sns.message(t, snsNotification, testTopic, event("x6"), "2", func(m *snsMessage) { m.SigningCertURL = strings.Replace(testCertURL, "https", "http", 1) }), "not https on an Amazon SNS host"},
-		"certificate elsewhere":    {sns.message(t, snsNotification, testTopic, event("x7"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com.evil.example/x.pem" }), "not https on an Amazon SNS host"},
-		"certificate lookalike":    {sns.message(t, snsNotification, testTopic, event("x8"), "2", func(m *snsMessage) { m.SigningCertURL = "https://evil.example/sns.us-east-1.amazonaws.com/x.pem" }), "not https on an Amazon SNS host"},
-		"certificate with a port":  {sns.message(t, snsNotification, testTopic, event("x9"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com:8443/x.pem" }), "not https on an Amazon SNS host"},
-		"certificate not trusted":  {sns.message(t, snsNotification, testTopic, event("xa"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.ap-south-1.amazonaws.com/x.pem" }), "certificate"},
-		"certificate not a .pem":   {sns.message(t, snsNotification, testTopic, event("xb"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/?Action=Publish" }), "not a certificate URL"},
-		"no signature, no token":   {sns.message(t, snsNotification, testTopic, event("xc"), "", nil), "missing credentials"},
+		"topic not accepted":      {sns.message(t, snsNotification, otherTopic, event("x3"), "2", nil), "is not accepted"},
+		"unknown version":         {sns.message(t, snsNotification, testTopic, event("x4"), "", func(m *snsMessage) { m.SignatureVersion, m.Signature = "3", "AAAA" }), "unsupported SignatureVersion"},
+		"too old":                 {sns.message(t, snsNotification, testTopic, event("x5"), "2", func(m *snsMessage) { m.Timestamp = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339) }), "expired"},
+		"certificate over http":   {sns.message(t, snsNotification, testTopic, event("x6"), "2", func(m *snsMessage) { m.SigningCertURL = strings.Replace(testCertURL, "https", "http", 1) }), "not https on an Amazon SNS host"},
+		"certificate elsewhere":   {sns.message(t, snsNotification, testTopic, event("x7"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com.evil.example/x.pem" }), "not https on an Amazon SNS host"},
+		"certificate lookalike":   {sns.message(t, snsNotification, testTopic, event("x8"), "2", func(m *snsMessage) { m.SigningCertURL = "https://evil.example/sns.us-east-1.amazonaws.com/x.pem" }), "not https on an Amazon SNS host"},
+		"certificate with a port": {sns.message(t, snsNotification, testTopic, event("x9"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com:8443/x.pem" }), "not https on an Amazon SNS host"},
+		"certificate not trusted": {sns.message(t, snsNotification, testTopic, event("xa"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.ap-south-1.amazonaws.com/x.pem" }), "certificate"},
+		"certificate not a .pem":  {sns.message(t, snsNotification, testTopic, event("xb"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/?Action=Publish" }), "not a certificate URL"},
+		"no signature, no token":  {sns.message(t, snsNotification, testTopic, event("xc"), "", nil), "missing credentials"},
 	} {
 		status, out := post(tc.body)
 		require.Equal(t, http.StatusUnauthorized, status, "%s: %v", name, out)
