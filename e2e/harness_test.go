@@ -139,12 +139,17 @@ var workerSeq atomic.Int64
 // fastLease are worker flags that make lease expiry and takeover quick.
 var fastLease = []string{"--lease-ttl", "3s", "--lease-renew-every", "1s", "--sweep-interval", "1s", "--poll-interval", "200ms", "--stats-interval", "1s"}
 
-// startProcess starts one of the binaries as a process under test, killed
+// startProcess starts one of the binaries (or, given an absolute path, a
+// command that execs one, such as prlimit) as a process under test, killed
 // (and its logs shown if the test failed) when the test ends, and waits for
 // the log line that carries its listening address.
 func startProcess(t *testing.T, name, binary string, args, env []string, addrLine string) *workerProc {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, binary), args...)
+	path := binary
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(binDir, binary)
+	}
+	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), env...)
 	p := &workerProc{t: t, name: name, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs

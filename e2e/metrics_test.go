@@ -24,7 +24,7 @@ func TestMetricsMoveAsDocumented(t *testing.T) {
 	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
-	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=tok"})
+	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=tok"}, "--dev-allow-local-folders")
 	holder := startWorker(t, dbURL, append([]string{"--concurrency", "1"}, fastLease...)...)
 
 	release := blockLoads(t, pool)

@@ -2,21 +2,27 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/uploads"
 )
 
 var roleSeq atomic.Int64
@@ -39,24 +45,43 @@ func loginAs(t *testing.T, admin *pgxpool.Pool, dbURL, group string) string {
 	return u.String()
 }
 
+// rolesMu serialises applying roles.sql: its roles are cluster-wide, and
+// two databases creating them at once would race on CREATE ROLE.
+var rolesMu sync.Mutex
+
 func applyRoles(t *testing.T, admin *pgxpool.Pool) {
 	t.Helper()
 	sql, err := os.ReadFile("../deploy/postgres/roles.sql")
 	require.NoError(t, err)
+	rolesMu.Lock()
+	defer rolesMu.Unlock()
 	_, err = admin.Exec(context.Background(), string(sql))
 	require.NoError(t, err)
 }
 
-func requirePermissionDenied(t *testing.T, pool *pgxpool.Pool, sql string) {
+// requireDenied runs sql and expects SQLSTATE 42501 (insufficient
+// privilege, which is also the code of a row-level security violation),
+// with the message containing want.
+func requireDenied(t *testing.T, pool *pgxpool.Pool, want, sql string, args ...any) {
 	t.Helper()
-	_, err := pool.Exec(context.Background(), sql)
+	_, err := pool.Exec(context.Background(), sql, args...)
 	var pgErr *pgconn.PgError
 	require.True(t, errors.As(err, &pgErr), "%s: %v", sql, err)
 	require.Equal(t, "42501", pgErr.Code, "%s: %v", sql, err)
+	require.Contains(t, pgErr.Message, want, sql)
 }
 
-// TestLeastPrivilegeRoles runs the binaries as the roles of
-// deploy/postgres/roles.sql and checks what those roles may not do.
+func requirePermissionDenied(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	requireDenied(t, pool, "", sql)
+}
+
+// TestLeastPrivilegeRoles runs both binaries as the roles of
+// deploy/postgres/roles.sql, end to end (CLI import and resume, enqueue
+// serve with a signed request and its replay, the worker), and checks each
+// thing those roles may not do: no DDL, no re-tenanting or re-scoping of a
+// batch, no success declared by enqueue, no temporary objects, no session
+// for a role that is not theirs.
 func TestLeastPrivilegeRoles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -88,22 +113,43 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	out, code = runEnqueue(t, enqueueURL, "status", "--batch-id", itoa(id2), "--json")
 	require.Equal(t, 0, code, out)
 
+	// enqueue serve as the enqueue role: an import the worker completes,
+	// and a signed notification accepted once across two replicas.
+	secretFile := filepath.Join(t.TempDir(), "hmac")
+	require.NoError(t, os.WriteFile(secretFile, []byte("roles-secret"), 0o600))
+	serveArgs := []string{"--hmac-secret-file", secretFile, "--dev-allow-local-folders"}
+	_, baseA := startServe(t, enqueueURL, []string{"ENQUEUE_AUTH_TOKEN=tok"}, serveArgs...)
+	_, baseB := startServe(t, enqueueURL, []string{"ENQUEUE_AUTH_TOKEN=tok"}, serveArgs...)
+	third := writeFolder(t, sample)
+	status, body := postJSON(t, baseA+"/v1/imports", "tok", map[string]any{"tenant_id": "tenant-b", "tenant_database": "db", "company_id": "c", "folder": third})
+	require.Equal(t, http.StatusAccepted, status, body)
+	waitStatus(t, admin, int64(body["batch_id"].(float64)), batch.StatusSucceeded, 30*time.Second)
+	event := s3EventBody("fleet-uploads", "tenants/tenant-c/db/c/roles/_SUCCESS")
+	sig, ts := uploads.Sign([]byte("roles-secret"), event, time.Now())
+	status, _ = postSigned(t, baseA, event, sig, ts)
+	require.Equal(t, http.StatusAccepted, status)
+	status, _ = postSigned(t, baseB, event, sig, ts)
+	require.Equal(t, http.StatusUnauthorized, status, "the replay is refused by the other replica")
+
 	// What the roles may not do.
 	w := pgtest.Pool(t, workerURL)
 	e := pgtest.Pool(t, enqueueURL)
 	for _, sql := range []string{
 		`CREATE TABLE sneaky (i int)`,
 		`CREATE TABLE curated.sneaky (i int)`,
+		`CREATE TEMP TABLE sneaky (i int)`,
 		`ALTER TABLE ingestion_batches ADD COLUMN x int`,
 		`INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status) VALUES ('c','t','d','Api','BrinkPos','s','Running')`,
 		`DELETE FROM ingestion_batches`,
 		`TRUNCATE curated.fleet_records`,
 		`DROP TABLE river_job`,
+		`DELETE FROM ingest_seen_signatures`,
 	} {
 		requirePermissionDenied(t, w, sql)
 	}
 	for _, sql := range []string{
 		`CREATE TABLE sneaky (i int)`,
+		`CREATE TEMP TABLE sneaky (i int)`,
 		`DELETE FROM ingestion_batches`,
 		`DELETE FROM river_job`,
 		`INSERT INTO curated.fleet_records (tenant_id, source_scope, batch_id, object_key, line_number, record) VALUES ('t','s',1,'k',1,'{}')`,
@@ -112,6 +158,46 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	} {
 		requirePermissionDenied(t, e, sql)
 	}
+	// Neither role can change what a batch is for, whatever its status.
+	for _, role := range []*pgxpool.Pool{w, e} {
+		for _, set := range []string{
+			`tenant_id = 'evil'`, `source_scope = 'fleet_s3:s3://evil/x'`, `company_id = 'evil'`,
+			`tenant_database = 'evil'`, `source_type = 'KdsCdc'`, `ingestion_mode = 'Api'`, `pipeline_stage = 'x'`,
+			`business_date = current_date`, `is_current = true`, `started_at = now()`, `created_at = now()`,
+		} {
+			requireDenied(t, role, "permission denied", `UPDATE ingestion_batches SET `+set+` WHERE id = $1`, id)
+		}
+	}
+	// Enqueue can only ever set Running or Failed: never declare success,
+	// by update or by insert.
+	requireDenied(t, e, "row-level security", `UPDATE ingestion_batches SET status = 'Succeeded' WHERE id = $1`, id2)
+	requireDenied(t, e, "row-level security", `UPDATE ingestion_batches SET status = 'Succeeded', details = details WHERE status = 'Running'`)
+	requireDenied(t, e, "row-level security", `
+		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, business_date, pipeline_stage, status, details, source_scope)
+		VALUES ('c', 't', 'd', 'FileUpload', 'FleetS3', NULL, 'fleet_s3_direct_to_curated', 'Succeeded', '{}', 'fleet_s3:s3://b/x')`)
+	requireDenied(t, e, "permission denied", `
+		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, execution_lease_id, execution_lease_expires_at)
+		VALUES ('c', 't', 'd', 'FileUpload', 'FleetS3', 'x', 'Running', 'mine', now() + interval '1 day')`)
+	var succeeded int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded'`).Scan(&succeeded))
+	require.Equal(t, 3, succeeded, "only the worker's three batches succeeded")
+
+	// Another role on the same server cannot open a session here.
+	stranger := fmt.Sprintf("e2e_stranger_%d_%d", os.Getpid(), roleSeq.Add(1))
+	_, err = admin.Exec(ctx, `CREATE ROLE `+stranger+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+stranger) })
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(stranger)
+	conn, err := pgx.Connect(ctx, u.String())
+	if err == nil {
+		conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "a stranger connects: %v", err)
+	require.Equal(t, "42501", pgErr.Code)
+
 	// "worker migrate" as the worker role cannot create anything.
 	fresh := pgtest.NewDatabaseURLAt(t, 1)
 	freshAdmin := pgtest.Pool(t, fresh)
@@ -120,6 +206,21 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	cmdOut, code := runWorkerCommand(t, loginAs(t, freshAdmin, fresh, "fleet_worker"), "migrate")
 	require.Equal(t, 1, code, cmdOut)
 	require.True(t, strings.Contains(cmdOut, "permission denied"), cmdOut)
+}
+
+// postSigned posts an S3 event signed with the HMAC headers, no token.
+func postSigned(t *testing.T, base string, body []byte, sig, ts string) (int, map[string]any) {
+	t.Helper()
+	req, err := newRequest(base+"/v1/events/s3", string(body))
+	require.NoError(t, err)
+	req.Header.Set(uploads.SignatureHeader, sig)
+	req.Header.Set(uploads.TimestampHeader, ts)
+	resp, err := httpClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
 }
 
 // TestTenantIsolation: a resume or status request naming another tenant's
@@ -230,7 +331,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	withPassword := u.String()
 
 	w := startWorker(t, withPassword, append([]string{"--log-level", "debug"}, fastLease...)...)
-	serve, base := startServe(t, withPassword, []string{"ENQUEUE_AUTH_TOKEN=" + token, "LOG_LEVEL=debug"})
+	serve, base := startServe(t, withPassword, []string{"ENQUEUE_AUTH_TOKEN=" + token, "LOG_LEVEL=debug"}, "--dev-allow-local-folders")
 	folderURL := writeFolder(t, sample)
 	status, body := postJSON(t, base+"/v1/imports", token, map[string]any{"tenant_id": "t", "tenant_database": "db", "company_id": "c", "folder": folderURL})
 	require.Equal(t, 202, status, body)

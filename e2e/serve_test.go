@@ -54,7 +54,7 @@ func TestHTTPAndCommandLineShareOutcomes(t *testing.T) {
 	pool := pgtest.Pool(t, dbURL)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(tokenFile, []byte("s3cr3t-token\n"), 0o600))
-	serve, base := startServe(t, dbURL, nil, "--auth-token-file", tokenFile)
+	serve, base := startServe(t, dbURL, nil, "--auth-token-file", tokenFile, "--dev-allow-local-folders")
 
 	req := func(tenant, folder string) map[string]any {
 		return map[string]any{"tenant_id": tenant, "tenant_database": "tenant_db", "company_id": "company-1", "folder": folder}
@@ -150,7 +150,7 @@ func TestServeFinishesInFlightRequestsOnSIGTERM(t *testing.T) {
 	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
-	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=tok"})
+	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=tok"}, "--dev-allow-local-folders")
 
 	// Block River's job insert so the request waits inside its transaction.
 	blocker, err := pool.Begin(ctx)

@@ -177,3 +177,49 @@ func TestStatusAndList(t *testing.T) {
 	_, code = runCLI(t, dbURL, "list", "--limit", "0")
 	require.Equal(t, cli.ExitInvalidInput, code)
 }
+
+// hostile is what an S3 key or an error message may carry: OSC 0 (retitle
+// the terminal), CSI 2J (clear it), a C1 CSI, a bidirectional override, a
+// tab and invalid UTF-8.
+const hostile = "tenants/t/up/\x1b]0;pwned\x07part-\x1b[2J\u009b31m\u202egnp.csv\tx\xff: line 2: bad"
+
+// TestTableOutputIsInert: object names and errors reach the table escaped
+// and the JSON output stays JSON that decodes to the very same text, with
+// no byte a terminal would act on.
+func TestTableOutputIsInert(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	b := phased(t, pool, "tenant-x", batch.PhaseReserved, batch.StatusRunning, 0)
+	a, err := lease.NewStore(pool).Acquire(ctx, b.ID, "worker-2/job-1/attempt-1/cd34", time.Minute)
+	require.NoError(t, err)
+	d, err := batch.ParseDetails(b.Details)
+	require.NoError(t, err)
+	_, err = batch.NewStore(pool).MarkFailed(ctx, a.Lease.Fence(), d, batch.PhaseFailedPreCommit, "malformed record: "+hostile)
+	require.NoError(t, err)
+
+	requireInert := func(out string) {
+		t.Helper()
+		for _, bad := range []string{"\x1b", "\x07", "\u009b", "\u202e", "\t", "\xff"} {
+			require.NotContains(t, out, bad)
+		}
+	}
+	for _, args := range [][]string{{"status", "--batch-id", fmt.Sprint(b.ID)}, {"list"}} {
+		out, code := runCLI(t, dbURL, args...)
+		require.Equal(t, cli.ExitOK, code, out)
+		requireInert(out)
+		require.Contains(t, out, `\x1b]0;pwned\a`, "the escape shows as text")
+		require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 2, "one header, one row: nothing breaks the table")
+
+		out, code = runCLI(t, dbURL, append(args, "--json")...)
+		require.Equal(t, cli.ExitOK, code, out)
+		requireInert(out)
+		var v batchView
+		require.NoError(t, json.Unmarshal([]byte(out), &v), "JSON stays JSON")
+		require.Equal(t, "malformed record: "+strings.ToValidUTF8(hostile, "\uFFFD"), v.LastError, "and means the same text")
+	}
+
+	require.Equal(t, "plain text, même accentué", inert("plain text, même accentué"), "printable text is left alone")
+	require.Equal(t, `"a\x1b[2Jb"`, inert("a\x1b[2Jb"))
+}

@@ -52,9 +52,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return cli.ExitInfra
 }
 
+// printJSON prints v as one line of JSON, inert on a terminal (inertJSON).
 func printJSON(w io.Writer, v any) {
 	b, _ := json.Marshal(v)
-	fmt.Fprintf(w, "%s\n", b)
+	fmt.Fprintf(w, "%s\n", inertJSON(b))
 }
 
 // connect opens the operational pool, mapping a missing URL to invalid input.

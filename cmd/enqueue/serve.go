@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/uploads"
 )
 
@@ -24,6 +23,10 @@ type serveCmd struct {
 	PathPattern    string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
 	Buckets        []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any)."`
 	MaxBodyBytes   int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
+	MaxConns       int           `name:"max-conns" env:"MAX_CONNS" default:"256" help:"Most open connections; beyond it the longest-idle one is closed."`
+	SNSTopicARNs   []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
+	SNSAutoConfirm bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
+	DevLocal       bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
 	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
 }
 
@@ -74,30 +77,42 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return err
 	}
+	var sns *uploads.SNSConfig
+	if len(s.SNSTopicARNs) > 0 {
+		sns = &uploads.SNSConfig{TopicARNs: s.SNSTopicARNs, AutoConfirm: s.SNSAutoConfirm}
+	} else if s.SNSAutoConfirm {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--sns-auto-confirm needs --sns-topic-arn")}
+	}
 	srv, err := uploads.New(uploads.Config{
-		Enqueuer: enq, Pool: pool, AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, HMACSecret: secret,
-		Marker: s.Marker, Mapping: uploads.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
+		Enqueuer: enq, Pool: pool, AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, HMACSecret: secret, SNS: sns,
+		AllowLocalFolders: s.DevLocal,
+		Marker:            s.Marker, Mapping: uploads.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
 		MaxBodyBytes: s.MaxBodyBytes, Metrics: enq.Metrics, Logger: e.Logger,
 	})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
-	ln, err := net.Listen("tcp", s.Listen)
+	if len(s.Buckets) == 0 {
+		e.Logger.Warn("no --bucket given: folders of any bucket are accepted")
+	}
+	if s.DevLocal {
+		e.Logger.Warn("--dev-allow-local-folders: file:// and mem:// folders are accepted over HTTP; never in production")
+	}
+	pruneCtx, stopPruning := context.WithCancel(context.WithoutCancel(e.Ctx))
+	defer stopPruning()
+	go srv.PruneReplays(pruneCtx, time.Minute)
+	if s.MaxConns < 1 {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--max-conns must be at least 1")}
+	}
+	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: srv.Handler(), MaxConns: s.MaxConns, Logger: e.Logger})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}
-	httpSrv := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       15 * time.Second,
-		WriteTimeout:      45 * time.Second,
-		IdleTimeout:       60 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-	}
 	served := make(chan error, 1)
-	go func() { served <- httpSrv.Serve(ln) }()
+	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
-	e.Logger.Info("listening for upload notifications", "addr", ln.Addr().String(), "auth", token != "", "hmac", len(secret) > 0)
+	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", token != "", "hmac", len(secret) > 0,
+		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets)
 
 	select {
 	case <-e.Ctx.Done():

@@ -5,9 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
@@ -157,29 +161,85 @@ func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	return nil
 }
 
+// printTable prints views as a table for people. Every text cell goes
+// through inert: object names, error messages and lease holders come from
+// outside (an S3 key can hold any byte) and must not drive the operator's
+// terminal.
 func printTable(w io.Writer, views []batchView) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "BATCH\tTENANT\tSTATUS\tPHASE\tCOMMITTED\tLEASE HOLDER\tLEASE EXPIRES IN\tGEN\tAGE\tSCOPE\tLAST ERROR")
 	for _, v := range views {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%t\t%s\t%s\t%d\t%s\t%s\t%s\n",
-			v.BatchID, v.TenantID, v.Status, dash(v.Phase), v.RedshiftCommitted, dash(v.LeaseHolder), dash(v.LeaseExpiresIn),
-			v.LeaseGeneration, (time.Duration(v.AgeSeconds * float64(time.Second))).Round(time.Second), dash(v.SourceScope),
-			dash(oneLine(v.LastError+v.DetailsError, 60)))
+			v.BatchID, cell(v.TenantID), cell(v.Status), cell(v.Phase), v.RedshiftCommitted, cell(v.LeaseHolder), cell(v.LeaseExpiresIn),
+			v.LeaseGeneration, (time.Duration(v.AgeSeconds * float64(time.Second))).Round(time.Second), cell(v.SourceScope),
+			oneLine(v.LastError+v.DetailsError, 60))
 	}
 	tw.Flush()
 }
 
-func dash(s string) string {
+// cell is one inert table cell; "-" when empty.
+func cell(s string) string {
 	if s == "" {
 		return "-"
+	}
+	return inert(s)
+}
+
+// oneLine is an inert cell of at most n characters, its whitespace runs
+// collapsed.
+func oneLine(s string, n int) string {
+	s = cell(strings.Join(strings.Fields(s), " "))
+	if utf8.RuneCountInString(s) > n {
+		r := []rune(s)
+		return string(r[:n-1]) + "…"
 	}
 	return s
 }
 
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n-1] + "…"
+// inert returns s unchanged when every character of it is printable, and
+// otherwise s Go-quoted (%q): ESC becomes \x1b, BEL \a, a C1 control or
+// a bidirectional override \u…, invalid UTF-8 \x…. A hostile value then
+// shows as text instead of retitling, clearing or rewriting the terminal
+// (ESC]0;…BEL, ESC[2J), and cannot hide or reorder what follows it; a
+// quoted value is visibly different from a plain one.
+func inert(s string) string {
+	for i, r := range s {
+		if !unicode.IsPrint(r) || (r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD")) {
+			return strconv.Quote(s)
+		}
 	}
 	return s
+}
+
+// inertJSON escapes, inside the JSON strings of b, the characters that
+// encoding/json leaves raw but a terminal may act on (DEL, C1 controls such
+// as U+009B CSI, bidirectional and other invisible formatting characters):
+// the result is the same JSON value, and inert on a terminal.
+func inertJSON(b []byte) []byte {
+	clean := true
+	for _, r := range string(b) {
+		if !unicode.IsPrint(r) && r != '\n' {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return b
+	}
+	out := make([]byte, 0, len(b)+16)
+	for _, r := range string(b) {
+		if unicode.IsPrint(r) || r == '\n' {
+			out = utf8.AppendRune(out, r)
+			continue
+		}
+		// Outside strings, valid JSON holds only printable characters and
+		// whitespace, which encoding/json does not emit; so r is inside a
+		// string, where \uXXXX (a surrogate pair above the BMP) means r.
+		if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		} else {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+	}
+	return out
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"sync/atomic"
@@ -16,6 +15,8 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/fleet"
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
@@ -25,6 +26,7 @@ import (
 
 type runCmd struct {
 	MetricsAddr          string        `name:"metrics-addr" env:"METRICS_ADDR" default:":9090" help:"Address of the HTTP listener serving /metrics, /healthz and /readyz."`
+	MetricsMaxConns      int           `name:"metrics-max-conns" env:"METRICS_MAX_CONNS" default:"64" help:"Most open connections to the metrics listener; beyond it the longest-idle one is closed."`
 	LeaseTTL             time.Duration `name:"lease-ttl" env:"LEASE_TTL" default:"30s" help:"Execution lease duration, on the database clock."`
 	LeaseRenewEvery      time.Duration `name:"lease-renew-every" env:"LEASE_RENEW_EVERY" default:"10s" help:"Heartbeat period; must be shorter than --lease-ttl."`
 	Concurrency          int           `name:"concurrency" env:"CONCURRENCY" default:"4" help:"Batches this process works at once."`
@@ -37,6 +39,8 @@ type runCmd struct {
 	StatsInterval        time.Duration `name:"stats-interval" env:"STATS_INTERVAL" default:"15s" help:"How often database-derived gauges are refreshed."`
 	PollInterval         time.Duration `name:"poll-interval" env:"POLL_INTERVAL" default:"1s" help:"River's fetch poll interval (LISTEN/NOTIFY usually wakes workers sooner)."`
 	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
+	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
+	MaxColumns           int           `name:"max-columns" env:"MAX_COLUMNS" default:"4096" help:"Most columns of a CSV record; a folder with more fails failed_pre_commit."`
 }
 
 func (r *runCmd) validate() error {
@@ -49,6 +53,10 @@ func (r *runCmd) validate() error {
 		return errors.New("--concurrency must be between 1 and 256")
 	case r.ShutdownGrace < 0:
 		return errors.New("--shutdown-grace must not be negative")
+	case r.MetricsMaxConns < 1:
+		return errors.New("--metrics-max-conns must be at least 1")
+	case r.MaxRecordBytes < 1024 || r.MaxColumns < 1:
+		return errors.New("--max-record-bytes must be at least 1024 and --max-columns at least 1")
 	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.RescueStuckJobsAfter <= 0:
 		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval and --rescue-stuck-jobs-after must be positive")
 	}
@@ -98,7 +106,10 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		Store:  batch.NewStore(pool),
 		Leases: lease.NewStore(hbPool),
 		Pipelines: pipeline.Registry{
-			batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m},
+			batch.SourceTypeFleetS3: &fleet.Pipeline{
+				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns}},
+				Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
+			},
 		},
 		LeaseTTL:     r.LeaseTTL,
 		RenewEvery:   r.LeaseRenewEvery,
@@ -118,17 +129,18 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	}
 
 	var ready atomic.Bool
-	ln, err := net.Listen("tcp", r.MetricsAddr)
+	srv, err := httpserver.Listen(httpserver.Config{
+		Addr: r.MetricsAddr, Handler: healthMux(m, pool, &ready), MaxConns: r.MetricsMaxConns, Logger: log,
+	})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--metrics-addr: %w", err)}
 	}
-	srv := &http.Server{Handler: healthMux(m, pool, &ready), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(); err != nil {
 			log.Error("metrics listener failed", "error", err)
 		}
 	}()
-	log.Info("metrics listener started", "addr", ln.Addr().String())
+	log.Info("metrics listener started", "addr", srv.Addr().String(), "max_conns", r.MetricsMaxConns)
 
 	// River's lifetime is managed with Stop, not with the signal context.
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {

@@ -103,7 +103,9 @@ func envSecret(c corev1.Container, name string) (string, string) {
 	return "", ""
 }
 
-func requireHardened(t *testing.T, what string, pod corev1.PodSpec) {
+// requireHardened checks a pod's security context and that its database
+// URL comes from the component's own Secret.
+func requireHardened(t *testing.T, what, secret string, pod corev1.PodSpec) {
 	t.Helper()
 	require.NotNil(t, pod.SecurityContext, what)
 	require.True(t, *pod.SecurityContext.RunAsNonRoot, what)
@@ -116,7 +118,7 @@ func requireHardened(t *testing.T, what string, pod corev1.PodSpec) {
 		require.True(t, *sc.RunAsNonRoot, what)
 		require.Contains(t, sc.Capabilities.Drop, corev1.Capability("ALL"), what)
 		name, key := envSecret(c, "DATABASE_URL")
-		require.Equal(t, "fleet-ingest-database", name, "%s: the database URL comes from the existing Secret", what)
+		require.Equal(t, secret, name, "%s: the database URL comes from the component's own Secret", what)
 		require.Equal(t, "url", key, what)
 		for _, e := range c.Env {
 			require.NotContains(t, strings.ToLower(e.Value), "postgres://", "%s: no connection string inline", what)
@@ -131,7 +133,7 @@ func TestChartDefaults(t *testing.T) {
 	worker := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"])
 	pod := worker.Spec.Template.Spec
 	require.Nil(t, worker.Spec.Replicas, "replicas belong to the HPA when autoscaling")
-	requireHardened(t, "worker", pod)
+	requireHardened(t, "worker", "fleet-ingest-worker", pod)
 	c := pod.Containers[0]
 	require.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
 	require.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
@@ -159,16 +161,13 @@ func TestChartDefaults(t *testing.T) {
 	require.Equal(t, "pre-install,pre-upgrade", docs["Job/prod-fleet-ingest-migrate"].Metadata.Annotations["helm.sh/hook"])
 	require.Equal(t, []string{"migrate"}, job.Spec.Template.Spec.Containers[0].Args)
 	require.Equal(t, corev1.RestartPolicyNever, job.Spec.Template.Spec.RestartPolicy)
-	requireHardened(t, "migrate job", job.Spec.Template.Spec)
+	requireHardened(t, "migrate job", "fleet-ingest-migrate", job.Spec.Template.Spec)
 
 	enq := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"])
-	requireHardened(t, "enqueue", enq.Spec.Template.Spec)
+	requireHardened(t, "enqueue", "fleet-ingest-enqueue", enq.Spec.Template.Spec)
 	ec := enq.Spec.Template.Spec.Containers[0]
 	require.Equal(t, []string{"/enqueue"}, ec.Command)
 	require.Equal(t, "serve", ec.Args[0])
-	name, key := envSecret(ec, "ENQUEUE_AUTH_TOKEN")
-	require.Equal(t, "fleet-ingest-enqueue", name)
-	require.Equal(t, "token", key)
 	require.Equal(t, "/readyz", ec.ReadinessProbe.HTTPGet.Path)
 	require.Contains(t, docs, "Service/prod-fleet-ingest-enqueue")
 
@@ -246,8 +245,10 @@ func TestChartRefusesUnsafeTimings(t *testing.T) {
 	require.ErrorContains(t, err, "must be longer than worker.shutdownGraceSeconds")
 	_, err = render(t, map[string]any{"worker": map[string]any{"leaseTTLSeconds": 10, "leaseRenewEverySeconds": 10}})
 	require.ErrorContains(t, err, "leaseRenewEverySeconds must be shorter")
-	_, err = render(t, map[string]any{"database": map[string]any{"existingSecret": ""}})
-	require.ErrorContains(t, err, "database.existingSecret is required")
+	_, err = render(t, map[string]any{"secrets": map[string]any{"worker": map[string]any{"existingSecret": ""}}})
+	require.ErrorContains(t, err, "existingSecret is required")
+	_, err = render(t, map[string]any{"enqueue": map[string]any{"sns": map[string]any{"autoConfirm": true}}})
+	require.ErrorContains(t, err, "autoConfirm needs enqueue.sns.topicArns")
 }
 
 func TestChartLints(t *testing.T) {

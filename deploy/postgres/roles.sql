@@ -1,25 +1,49 @@
 -- Least-privilege roles for the Fleet ingestion coordinator.
 --
--- Run as a superuser (or a role with CREATEROLE) in the operational
--- database, after "worker migrate" has created the tables (the migrating
--- role owns them and is the only one with DDL rights):
+-- Run as a superuser (or a role with CREATEROLE that owns the database) in
+-- the operational database, after "worker migrate" has created the tables
+-- (the migrating role owns them and is the only one with DDL rights):
 --
 --   psql "$ADMIN_URL" -v ON_ERROR_STOP=1 -f deploy/postgres/roles.sql
 --   CREATE ROLE fleet_worker_login LOGIN PASSWORD '…' IN ROLE fleet_worker;
 --   CREATE ROLE fleet_enqueue_login LOGIN PASSWORD '…' IN ROLE fleet_enqueue;
 --
--- fleet_worker   runs jobs: reads and updates batches (never inserts or
---                deletes them), works River's tables, loads and publishes
---                the local warehouse schema. No DDL.
--- fleet_enqueue  reserves and resumes batches and inserts River jobs; reads
---                the warehouse stamp to prove resumes. No DDL, no deletes,
---                no warehouse writes.
+-- fleet_worker   runs jobs: reads batches and moves them through their
+--                lifecycle (status, details, lease columns; never who or
+--                what a batch is for), works River's tables, loads and
+--                publishes the local warehouse schema. No DDL, no inserts
+--                or deletes of batches.
+-- fleet_enqueue  reserves, resumes (and, for operators, cancels or
+--                retries) batches and inserts River jobs; records the
+--                signatures enqueue serve accepted; reads the warehouse
+--                stamp to prove resumes. It can only ever set a batch
+--                Running or Failed: success is the worker's to declare.
+--                No DDL, no deletes of batches, no warehouse writes.
+--
+-- What holds, and how:
+--
+--   * Nobody but the table owner can change what a batch is for: UPDATE is
+--     granted column by column, and tenant_id, tenant_database, company_id,
+--     source_scope, source_type (and the other identity columns) are in no
+--     runtime role's list. Such an UPDATE fails with SQLSTATE 42501.
+--   * Row-level security on ingestion_batches: fleet_enqueue may insert or
+--     update a row only into status Running or Failed (a row Succeeded by
+--     it violates the policy: 42501). RLS is default-deny for every other
+--     role but the owner and superusers: a new runtime role needs a policy
+--     here.
+--   * Only these roles and the owner may connect: CONNECT and TEMPORARY
+--     are revoked from PUBLIC on this database (PostgreSQL grants both to
+--     every role by default), so another application's login on the same
+--     server cannot even open a session here, and no runtime role can
+--     create temporary objects.
 --
 -- Worker pods should share one login role: a load terminates stale loads of
 -- the same slice with pg_terminate_backend, which PostgreSQL allows between
 -- sessions of the same role.
 --
--- Idempotent; re-run after migrations that add tables.
+-- Idempotent; re-run after migrations that add tables or columns. To extend
+-- it, add grants to the role's section below (a new column a role updates
+-- goes into that role's UPDATE list; a new table into its table grants).
 
 BEGIN;
 SELECT pg_advisory_xact_lock(7061101);
@@ -35,17 +59,42 @@ BEGIN
 END
 $$;
 
--- Only the owner creates objects.
+-- ---------------------------------------------------------------------------
+-- Database and schemas: only the owner creates objects; only the runtime
+-- roles and the owner of the tables connect.
+-- ---------------------------------------------------------------------------
+DO $$
+DECLARE owner text;
+BEGIN
+    EXECUTE format('REVOKE CONNECT, TEMPORARY ON DATABASE %I FROM PUBLIC', current_database());
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO fleet_worker, fleet_enqueue', current_database());
+    -- The migrating role keeps its access even when it does not own the
+    -- database itself.
+    SELECT tableowner INTO owner FROM pg_tables WHERE schemaname = 'public' AND tablename = 'ingestion_batches';
+    EXECUTE format('GRANT CONNECT, TEMPORARY ON DATABASE %I TO %I', current_database(), owner);
+END
+$$;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 GRANT USAGE ON SCHEMA public TO fleet_worker, fleet_enqueue;
 
--- Operational table.
-GRANT SELECT, UPDATE ON ingestion_batches TO fleet_worker;
-GRANT SELECT, INSERT, UPDATE ON ingestion_batches TO fleet_enqueue;
-GRANT USAGE, SELECT ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue;
+-- Start from nothing on the operational table, so a re-run also removes
+-- grants an earlier version of this file made.
+REVOKE ALL ON ingestion_batches FROM fleet_worker, fleet_enqueue;
+ALTER TABLE ingestion_batches ENABLE ROW LEVEL SECURITY;
 
--- River: workers fetch, complete, snooze, rescue, clean and elect a leader;
--- enqueue only inserts (and reads for unique inserts).
+-- ---------------------------------------------------------------------------
+-- fleet_worker
+-- ---------------------------------------------------------------------------
+GRANT SELECT ON ingestion_batches TO fleet_worker;
+-- Lifecycle columns only: fenced state writes, lease acquire/renew/release.
+GRANT UPDATE (status, details, completed_at, updated_at,
+              execution_lease_id, execution_lease_expires_at, execution_lease_generation)
+    ON ingestion_batches TO fleet_worker;
+DROP POLICY IF EXISTS fleet_worker_batches ON ingestion_batches;
+CREATE POLICY fleet_worker_batches ON ingestion_batches TO fleet_worker
+    USING (true) WITH CHECK (true);
+
+-- River: workers fetch, complete, snooze, rescue, clean and elect a leader.
 DO $$
 DECLARE t text;
 BEGIN
@@ -57,11 +106,44 @@ BEGIN
     END LOOP;
 END
 $$;
--- River inserts with INSERT … ON CONFLICT DO UPDATE, which needs UPDATE.
+
+-- ---------------------------------------------------------------------------
+-- fleet_enqueue
+-- ---------------------------------------------------------------------------
+GRANT SELECT ON ingestion_batches TO fleet_enqueue;
+-- Reservations (Running) and recorded enqueue failures (Failed): the
+-- identity of a batch is written once, here, and never updated.
+GRANT INSERT (company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+              business_date, pipeline_stage, status, details, source_scope, completed_at)
+    ON ingestion_batches TO fleet_enqueue;
+GRANT USAGE, SELECT ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue;
+-- Resumes (Failed → Running) and operator transitions (→ Failed).
+GRANT UPDATE (status, details, completed_at, updated_at,
+              execution_lease_id, execution_lease_expires_at)
+    ON ingestion_batches TO fleet_enqueue;
+DROP POLICY IF EXISTS fleet_enqueue_read ON ingestion_batches;
+CREATE POLICY fleet_enqueue_read ON ingestion_batches FOR SELECT TO fleet_enqueue
+    USING (true);
+DROP POLICY IF EXISTS fleet_enqueue_insert ON ingestion_batches;
+CREATE POLICY fleet_enqueue_insert ON ingestion_batches FOR INSERT TO fleet_enqueue
+    WITH CHECK (status IN ('Running', 'Failed'));
+DROP POLICY IF EXISTS fleet_enqueue_update ON ingestion_batches;
+CREATE POLICY fleet_enqueue_update ON ingestion_batches FOR UPDATE TO fleet_enqueue
+    USING (true) WITH CHECK (status IN ('Running', 'Failed'));
+
+-- River: enqueue only inserts (INSERT … ON CONFLICT DO UPDATE for unique
+-- jobs needs UPDATE, and SELECT).
 GRANT SELECT, INSERT, UPDATE ON river_job TO fleet_enqueue;
 GRANT SELECT ON river_migration TO fleet_enqueue;
 
--- Local warehouse (schema curated).
+-- Replay records of enqueue serve's signed requests (migration 00010):
+-- claim, release after a failed request, prune expired ones.
+GRANT SELECT, INSERT, UPDATE, DELETE ON ingest_seen_signatures TO fleet_enqueue;
+
+-- ---------------------------------------------------------------------------
+-- Local warehouse (schema curated): the worker loads and publishes; enqueue
+-- reads the stamp to prove resumes.
+-- ---------------------------------------------------------------------------
 DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_namespace WHERE nspname = 'curated') THEN

@@ -29,20 +29,52 @@ type Record struct {
 // errors are never transient.
 var ErrMalformed = errors.New("malformed record")
 
-// MaxLineBytes bounds one NDJSON line or CSV row.
-const MaxLineBytes = 16 << 20
+// Defaults of Limits.
+const (
+	// MaxRecordBytesDefault bounds one NDJSON line or CSV record, line
+	// terminator included.
+	MaxRecordBytesDefault = 16 << 20
+	// MaxColumnsDefault bounds the columns of a CSV object.
+	MaxColumnsDefault = 4096
+)
+
+// Limits bound what one record may cost to read, so that a hostile or
+// broken object fails its batch (failed_pre_commit, naming the object and
+// line) instead of exhausting the worker's memory: encoding/csv and
+// bufio.Scanner hold a whole record in memory, several times over.
+type Limits struct {
+	// MaxRecordBytes bounds one NDJSON line or one CSV record (which may
+	// span lines inside quotes), line terminator included. Defaults to
+	// MaxRecordBytesDefault (16 MiB).
+	MaxRecordBytes int
+	// MaxColumns bounds the fields of one CSV record, the header included.
+	// Defaults to MaxColumnsDefault.
+	MaxColumns int
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxRecordBytes <= 0 {
+		l.MaxRecordBytes = MaxRecordBytesDefault
+	}
+	if l.MaxColumns <= 0 {
+		l.MaxColumns = MaxColumnsDefault
+	}
+	return l
+}
 
 // RecordReader streams the records of a list of objects, one object open at a
 // time, so memory does not grow with the folder's size.
 type RecordReader struct {
 	ctx     context.Context
 	src     *Source
+	limits  Limits
 	objects []Object
 	next    int
 
 	cur    io.ReadCloser
 	key    string
 	csv    *csv.Reader
+	guard  *csvGuard
 	header [][]byte // JSON-encoded header names, with trailing ':'
 	lines  *bufio.Scanner
 	line   int64
@@ -55,7 +87,7 @@ type RecordReader struct {
 
 // Records returns a reader over the records of objects, in order.
 func (s *Source) Records(ctx context.Context, objects []Object) *RecordReader {
-	return &RecordReader{ctx: ctx, src: s, objects: objects}
+	return &RecordReader{ctx: ctx, src: s, limits: s.limits.withDefaults(), objects: objects}
 }
 
 // Next advances to the next record. It returns false at the end or on error;
@@ -110,10 +142,12 @@ func (r *RecordReader) open(o Object) error {
 		return fmt.Errorf("opening %s: %w", r.src.FullKey(o), err)
 	}
 	r.cur, r.key, r.line = rc, r.src.FullKey(o), 0
-	br := bufio.NewReaderSize(rc, 256<<10)
 	switch o.Format {
 	case FormatCSV:
-		r.csv = csv.NewReader(br)
+		// The guard sees the bytes before encoding/csv buffers them, so an
+		// oversized record is refused after at most MaxRecordBytes of it.
+		r.guard = &csvGuard{r: rc, maxBytes: int64(r.limits.MaxRecordBytes), maxFields: r.limits.MaxColumns, line: 1}
+		r.csv = csv.NewReader(bufio.NewReaderSize(r.guard, 256<<10))
 		r.csv.ReuseRecord = true
 		header, err := r.csv.Read()
 		if err == io.EOF {
@@ -142,8 +176,8 @@ func (r *RecordReader) open(o Object) error {
 			r.header = append(r.header, append(enc, ':'))
 		}
 	case FormatNDJSON:
-		r.lines = bufio.NewScanner(br)
-		r.lines.Buffer(make([]byte, 0, 64<<10), MaxLineBytes)
+		r.lines = bufio.NewScanner(bufio.NewReaderSize(rc, 256<<10))
+		r.lines.Buffer(make([]byte, 0, min(64<<10, r.limits.MaxRecordBytes)), r.limits.MaxRecordBytes)
 	}
 	return nil
 }
@@ -160,7 +194,7 @@ func (r *RecordReader) closeCurrent() error {
 		return nil
 	}
 	err := r.cur.Close()
-	r.cur, r.csv, r.lines = nil, nil, nil
+	r.cur, r.csv, r.guard, r.lines = nil, nil, nil, nil
 	if err != nil {
 		return fmt.Errorf("closing %s: %w", r.key, err)
 	}
@@ -168,6 +202,10 @@ func (r *RecordReader) closeCurrent() error {
 }
 
 func (r *RecordReader) csvError(err error) error {
+	var tooBig *recordTooLargeError
+	if errors.As(err, &tooBig) {
+		return fmt.Errorf("%w: %s: line %d: %s", ErrMalformed, r.key, tooBig.line, tooBig.what)
+	}
 	var perr *csv.ParseError
 	if errors.As(err, &perr) {
 		return fmt.Errorf("%w: %s: line %d: %v", ErrMalformed, r.key, perr.StartLine, perr.Err)
@@ -212,15 +250,15 @@ func (r *RecordReader) read() (bool, error) {
 		if b[0] != '{' || !jsonValid(b) {
 			return false, fmt.Errorf("%w: %s: line %d: not a JSON object", ErrMalformed, r.key, r.line)
 		}
-		if bytes.Contains(b, []byte(`\u0000`)) {
-			return false, fmt.Errorf("%w: %s: line %d: NUL characters cannot be stored", ErrMalformed, r.key, r.line)
+		if why := unstorableEscape(b); why != "" {
+			return false, fmt.Errorf("%w: %s: line %d: %s", ErrMalformed, r.key, r.line, why)
 		}
 		r.rec = Record{ObjectKey: r.key, Line: r.line, JSON: b}
 		return true, nil
 	}
 	if err := r.lines.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			return false, fmt.Errorf("%w: %s: line %d longer than %d bytes", ErrMalformed, r.key, r.line+1, MaxLineBytes)
+			return false, fmt.Errorf("%w: %s: line %d longer than %d bytes", ErrMalformed, r.key, r.line+1, r.limits.MaxRecordBytes)
 		}
 		return false, fmt.Errorf("reading %s: %w", r.key, err)
 	}
@@ -272,3 +310,122 @@ func appendJSONString(buf []byte, s string) ([]byte, error) {
 
 // jsonValid reports whether b is one valid JSON value.
 func jsonValid(b []byte) bool { return json.Valid(b) }
+
+// unstorableEscape returns why the valid JSON text b cannot be stored as
+// PostgreSQL jsonb, or "" when it can. JSON itself allows every \uXXXX
+// escape, but jsonb refuses \u0000 (it cannot hold NUL: "unsupported
+// Unicode escape sequence") and UTF-16 surrogate escapes that are not a
+// high-low pair. Only real escapes count: the six characters \u0000 written
+// as the JSON string "\\u0000" decode to a backslash and "u0000", which are
+// stored as they are. A raw NUL byte never reaches here: JSON refuses raw
+// control characters in strings.
+func unstorableEscape(b []byte) string {
+	for {
+		i := bytes.IndexByte(b, '\\')
+		if i < 0 {
+			return ""
+		}
+		// b is valid JSON, so a backslash starts an escape inside a string
+		// and \u is followed by four hex digits.
+		if b[i+1] != 'u' {
+			b = b[i+2:]
+			continue
+		}
+		r := hex4(b[i+2 : i+6])
+		b = b[i+6:]
+		switch {
+		case r == 0:
+			return `NUL characters (\u0000) cannot be stored`
+		case r >= 0xD800 && r < 0xDC00:
+			if len(b) >= 6 && b[0] == '\\' && b[1] == 'u' {
+				if lo := hex4(b[2:6]); lo >= 0xDC00 && lo < 0xE000 {
+					b = b[6:]
+					continue
+				}
+			}
+			return "unpaired UTF-16 surrogate escape cannot be stored"
+		case r >= 0xDC00 && r < 0xE000:
+			return "unpaired UTF-16 surrogate escape cannot be stored"
+		}
+	}
+}
+
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b[:4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c-'a') + 10
+		case c >= 'A' && c <= 'F':
+			r |= rune(c-'A') + 10
+		}
+	}
+	return r
+}
+
+// recordTooLargeError is a CSV record over a Limits bound.
+type recordTooLargeError struct {
+	line int64
+	what string
+}
+
+func (e *recordTooLargeError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.what) }
+
+// csvGuard passes a CSV object through to encoding/csv and fails the read,
+// before csv has buffered more than maxBytes of it, at the first record
+// longer than maxBytes or with more than maxFields fields. It follows
+// quoting as RFC 4180 does: every quote toggles quoting (a doubled quote
+// toggles twice), and a newline outside quotes ends a record. A quote inside
+// an unquoted field is a csv parse error, which csv reports first: the guard
+// runs ahead of csv by at most its read buffer.
+type csvGuard struct {
+	r         io.Reader
+	maxBytes  int64
+	maxFields int
+
+	line     int64 // the line being read, from 1
+	recLine  int64 // the line where the current record starts
+	recBytes int64
+	fields   int
+	quoted   bool
+	err      error
+}
+
+func (g *csvGuard) Read(p []byte) (int, error) {
+	if g.err != nil {
+		return 0, g.err
+	}
+	n, err := g.r.Read(p)
+	for i, c := range p[:n] {
+		if g.recBytes == 0 {
+			g.recLine, g.fields = g.line, 1
+		}
+		g.recBytes++
+		switch c {
+		case '"':
+			g.quoted = !g.quoted
+		case ',':
+			if !g.quoted {
+				g.fields++
+			}
+		case '\n':
+			g.line++
+		}
+		switch {
+		case g.recBytes > g.maxBytes:
+			g.err = &recordTooLargeError{line: g.recLine, what: fmt.Sprintf("record longer than %d bytes", g.maxBytes)}
+		case g.fields > g.maxFields:
+			g.err = &recordTooLargeError{line: g.recLine, what: fmt.Sprintf("more than %d columns", g.maxFields)}
+		}
+		if g.err != nil {
+			return i, g.err
+		}
+		if c == '\n' && !g.quoted {
+			g.recBytes = 0
+		}
+	}
+	return n, err
+}

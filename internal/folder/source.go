@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/fileblob"
@@ -70,12 +73,15 @@ var (
 // Opener opens the buckets behind folders: s3:// through the AWS SDK's
 // default credential chain and region (AWS_REGION), file:// on the local
 // file system, and mem:// as process-wide named in-memory buckets that tests
-// and the demo can fill with MemBucket.
-type Opener struct{}
+// and the demo can fill with MemBucket. Its Limits bound the records read
+// from what it opens.
+type Opener struct {
+	Limits Limits
+}
 
 // Open returns a Source reading f.
-func (Opener) Open(ctx context.Context, f Folder) (*Source, error) {
-	s := &Source{Folder: f, keyPrefix: f.Prefix + "/"}
+func (o Opener) Open(ctx context.Context, f Folder) (*Source, error) {
+	s := &Source{Folder: f, keyPrefix: f.Prefix + "/", limits: o.Limits}
 	var err error
 	switch f.Scheme {
 	case SchemeS3:
@@ -118,6 +124,7 @@ type Source struct {
 	bucket    *blob.Bucket
 	keyPrefix string // the folder's prefix within bucket, "" or ending in "/"
 	shared    bool   // bucket belongs to the mem registry: never closed
+	limits    Limits
 }
 
 // Close releases the bucket.
@@ -133,6 +140,13 @@ func (s *Source) Close() error {
 // wrapping ErrUnsupportedObject for an object that is neither data nor a
 // marker, and the storage error when the folder cannot be listed.
 func (s *Source) Objects(ctx context.Context) ([]Object, error) {
+	if s.Folder.Scheme == SchemeFile {
+		// fileblob's listing skips directories it cannot read, which would
+		// make an unreadable folder look empty (or smaller than it is).
+		if err := readableTree("/" + s.Folder.Prefix); err != nil {
+			return nil, fmt.Errorf("listing %s: %w", s.Folder, err)
+		}
+	}
 	var objects []Object
 	it := s.bucket.List(&blob.ListOptions{Prefix: s.keyPrefix})
 	for {
@@ -168,12 +182,23 @@ func (s *Source) FullKey(o Object) string {
 	return o.Key
 }
 
+// readableTree walks the directory tree under root and returns the first
+// directory it cannot read.
+func readableTree(root string) error {
+	return filepath.WalkDir(root, func(_ string, _ fs.DirEntry, err error) error { return err })
+}
+
 // IsNotFound reports whether a storage error means the object or bucket
 // does not exist.
 func IsNotFound(err error) bool { return gcerrors.Code(err) == gcerrors.NotFound }
 
-// IsTransient reports whether a storage error may succeed if retried.
+// IsTransient reports whether a storage error may succeed if retried:
+// throttling, timeouts, server errors, and a process or system out of file
+// descriptors.
 func IsTransient(err error) bool {
+	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+		return true
+	}
 	switch gcerrors.Code(err) {
 	case gcerrors.DeadlineExceeded, gcerrors.ResourceExhausted, gcerrors.Internal:
 		return true

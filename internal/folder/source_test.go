@@ -129,7 +129,7 @@ func TestRecordsRefuseBadData(t *testing.T) {
 func TestRecordsAreStreamed(t *testing.T) {
 	t.Parallel()
 	// A long NDJSON line over the bound is refused rather than buffered.
-	writeMem(t, "long-line", map[string]string{"f/a.ndjson": `{"a":"` + strings.Repeat("x", MaxLineBytes) + `"}`})
+	writeMem(t, "long-line", map[string]string{"f/a.ndjson": `{"a":"` + strings.Repeat("x", MaxRecordBytesDefault) + `"}`})
 	_, err := readAll(t, "mem://long-line/f")
 	require.ErrorIs(t, err, ErrMalformed)
 	require.ErrorContains(t, err, "longer than")

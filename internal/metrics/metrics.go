@@ -29,6 +29,9 @@ var (
 	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error"}
 )
 
+// SNSConfirmationOutcomes label ingest_sns_subscription_confirmations_total.
+var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "invalid"}
+
 // Metrics are the coordinator's Prometheus metrics.
 type Metrics struct {
 	Registry *prometheus.Registry
@@ -50,6 +53,7 @@ type Metrics struct {
 	QueueDepth          *prometheus.GaugeVec
 	DatabaseStatsErrors prometheus.Counter
 	HTTPRequests        *prometheus.CounterVec
+	SNSConfirmations    *prometheus.CounterVec
 }
 
 // New creates the metrics on a fresh registry, with the Go and process
@@ -115,6 +119,12 @@ func New() *Metrics {
 		Name: "ingest_http_requests_total", Help: "Upload notification requests by route and outcome.",
 	}, []string{"route", "outcome"})
 
+	m.SNSConfirmations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_sns_subscription_confirmations_total",
+		Help: "Amazon SNS subscription confirmations received by outcome (confirmed, unconfirmed: left to an operator, failed, invalid: bad signature).",
+	}, []string{"outcome"})
+	f(m.SNSConfirmations)
+
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,
 		m.RunningBatches, m.StuckBatches, m.OldestRunningAge, m.QueueDepth, m.DatabaseStatsErrors, m.HTTPRequests} {
@@ -130,6 +140,7 @@ func New() *Metrics {
 	initLabels(m.LeaseRenewals, RenewalOutcomes)
 	initLabels(m.Deliveries, DeliveryOutcomes)
 	initLabels(m.SweepRedeliveries, SweepOutcomes)
+	initLabels(m.SNSConfirmations, SNSConfirmationOutcomes)
 	for _, o := range BatchOutcomes {
 		m.BatchDuration.WithLabelValues(o)
 	}

@@ -49,8 +49,15 @@ func NonRaceTestBinary(t testing.TB) string {
 const peakMarker = "testproc-peak-rss-bytes:"
 
 // SelfPeakRSS returns this process's peak resident set size (VmHWM).
-func SelfPeakRSS() (int64, error) {
-	b, err := os.ReadFile("/proc/self/status")
+func SelfPeakRSS() (int64, error) { return peakRSS("/proc/self/status") }
+
+// ProcessPeakRSS returns the peak resident set size (VmHWM) of a running
+// process, such as a binary under test started by this one: the figure is
+// the process's own since its exec, unlike wait4's ru_maxrss.
+func ProcessPeakRSS(pid int) (int64, error) { return peakRSS(fmt.Sprintf("/proc/%d/status", pid)) }
+
+func peakRSS(statusFile string) (int64, error) {
+	b, err := os.ReadFile(statusFile)
 	if err != nil {
 		return 0, err
 	}
@@ -64,7 +71,7 @@ func SelfPeakRSS() (int64, error) {
 			return kb << 10, nil
 		}
 	}
-	return 0, fmt.Errorf("no VmHWM in /proc/self/status")
+	return 0, fmt.Errorf("no VmHWM in %s", statusFile)
 }
 
 // ReportPeakRSS prints this process's peak RSS on stdout for PeakRSS; a

@@ -4,6 +4,21 @@
 // Both go through jobs.Enqueuer.Import, the same code path as the enqueue
 // command line, and answer with the same JSON outcomes.
 //
+// Trust boundary. The bearer token is shared by every caller, so it proves
+// only that a caller may ask for imports, not which tenant it speaks for:
+//
+//   - an HTTP import is an S3 import of the folder's own tenant. Only
+//     s3:// folders are accepted (file:// and mem:// only with
+//     Config.AllowLocalFolders, for development); the bucket must be in
+//     Mapping.Buckets when that is set; the tenant, database and company
+//     come from the folder's path (Mapping.Pattern), and a body naming
+//     others is refused 422 with the field. Refusals write nothing.
+//   - /v1/events/s3 also accepts, instead of the token, an HMAC signature
+//     (X-Fleet-Timestamp, X-Fleet-Signature) or an Amazon SNS message
+//     signature from an accepted topic (SNSConfig). A signature is valid
+//     for a bounded time and accepted once across every replica and restart
+//     (ReplayStore, in PostgreSQL).
+//
 // Status codes: 202 enqueued, 200 already_succeeded or ignored, 409
 // conflict, 422 invalid input or unmapped folder, 400 malformed body, 401
 // unauthenticated, 413 body too large, 415 wrong content type, 500 enqueue
@@ -12,10 +27,6 @@ package uploads
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,9 +34,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,7 +60,8 @@ const (
 // Config configures the listener.
 type Config struct {
 	Enqueuer *jobs.Enqueuer
-	// Pool is pinged by /readyz.
+	// Pool is pinged by /readyz and holds the replay records of signed
+	// requests. Required when HMACSecret or SNS is set.
 	Pool *pgxpool.Pool
 	// AuthToken is the bearer token every /v1 request must carry. Required
 	// unless InsecureNoAuth.
@@ -60,9 +70,16 @@ type Config struct {
 	// HMACSecret, if set, also authenticates /v1/events/s3 requests signed
 	// with SignatureHeader and TimestampHeader.
 	HMACSecret []byte
-	// SignatureMaxAge bounds the age of a signature, which is accepted once.
-	// Defaults to 5 minutes.
+	// SignatureMaxAge bounds the age of an HMAC signature, which is
+	// accepted once. Defaults to 5 minutes.
 	SignatureMaxAge time.Duration
+	// SNS, if set, also authenticates /v1/events/s3 requests by their
+	// Amazon SNS message signature.
+	SNS *SNSConfig
+	// AllowLocalFolders admits file:// and mem:// folders in POST
+	// /v1/imports, imported as the body's tenant. Development only: it lets
+	// any holder of the token load any directory the process can read.
+	AllowLocalFolders bool
 	// Marker is the object whose creation completes a folder. Defaults to
 	// "_SUCCESS".
 	Marker  string
@@ -79,7 +96,8 @@ type Config struct {
 type Server struct {
 	cfg    Config
 	ready  atomic.Bool
-	replay *replayCache
+	replay *ReplayStore
+	sns    *snsVerifier
 }
 
 // New validates cfg and returns a server, not yet ready (see SetReady).
@@ -89,6 +107,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("uploads: Enqueuer is required")
 	case cfg.AuthToken == "" && !cfg.InsecureNoAuth:
 		return nil, errors.New("uploads: an auth token is required (or explicitly allow no auth)")
+	case (len(cfg.HMACSecret) > 0 || cfg.SNS != nil) && cfg.Pool == nil:
+		return nil, errors.New("uploads: signed requests need the database (Pool) for replay protection")
 	}
 	if err := cfg.Mapping.Validate(); err != nil {
 		return nil, err
@@ -114,11 +134,48 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, replay: &replayCache{seen: map[string]time.Time{}}}, nil
+	s := &Server{cfg: cfg}
+	if cfg.Pool != nil {
+		s.replay = NewReplayStore(cfg.Pool)
+	}
+	if cfg.SNS != nil {
+		v, err := newSNSVerifier(*cfg.SNS)
+		if err != nil {
+			return nil, err
+		}
+		s.sns = v
+	}
+	return s, nil
 }
 
 // SetReady says whether /readyz may answer ready (false while shutting down).
 func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+
+// PruneReplays deletes expired replay records every interval until ctx
+// ends. Every replica may run it.
+func (s *Server) PruneReplays(ctx context.Context, every time.Duration) {
+	if s.replay == nil {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+		n, err := s.replay.Prune(qctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.cfg.Logger.Warn("pruning replay records failed", "error", err)
+		case n > 0:
+			s.cfg.Logger.Debug("pruned replay records", "count", n)
+		}
+	}
+}
 
 // Handler returns the HTTP handler of every route.
 func (s *Server) Handler() http.Handler {
@@ -194,80 +251,6 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, route string, 
 	return body, true
 }
 
-func (s *Server) bearerOK(r *http.Request) bool {
-	if s.cfg.InsecureNoAuth && s.cfg.AuthToken == "" {
-		return true
-	}
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && s.cfg.AuthToken != "" && subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.AuthToken)) == 1
-}
-
-// signatureOK verifies an HMAC signature over timestamp "." body, within the
-// allowed age, and accepts each signature once.
-func (s *Server) signatureOK(r *http.Request, body []byte) (bool, string) {
-	sig, ts := r.Header.Get(SignatureHeader), r.Header.Get(TimestampHeader)
-	if len(s.cfg.HMACSecret) == 0 || sig == "" || ts == "" {
-		return false, "missing credentials"
-	}
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return false, "bad timestamp"
-	}
-	age := time.Since(time.Unix(sec, 0))
-	if age > s.cfg.SignatureMaxAge || age < -time.Minute {
-		return false, "signature expired"
-	}
-	mac := hmac.New(sha256.New, s.cfg.HMACSecret)
-	mac.Write([]byte(ts + "."))
-	mac.Write(body)
-	want := "sha256=" + hex.EncodeToString(mac.Sum(nil))
-	if !hmac.Equal([]byte(sig), []byte(want)) {
-		return false, "bad signature"
-	}
-	if !s.replay.first(sig, time.Unix(sec, 0).Add(s.cfg.SignatureMaxAge+time.Minute)) {
-		return false, "signature already used"
-	}
-	return true, ""
-}
-
-// Sign returns the signature headers for body at t, for clients and tests.
-func Sign(secret, body []byte, t time.Time) (signature, timestamp string) {
-	ts := strconv.FormatInt(t.Unix(), 10)
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte(ts + "."))
-	mac.Write(body)
-	return "sha256=" + hex.EncodeToString(mac.Sum(nil)), ts
-}
-
-// replayCache remembers signatures until they expire.
-type replayCache struct {
-	mu   sync.Mutex
-	seen map[string]time.Time
-}
-
-const maxReplayEntries = 100_000
-
-func (c *replayCache) first(sig string, until time.Time) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := time.Now()
-	if exp, ok := c.seen[sig]; ok && exp.After(now) {
-		return false
-	}
-	if len(c.seen) >= maxReplayEntries {
-		for k, exp := range c.seen {
-			if !exp.After(now) {
-				delete(c.seen, k)
-			}
-		}
-		if len(c.seen) >= maxReplayEntries {
-			return false // refuse rather than forget: callers retry later
-		}
-	}
-	c.seen[sig] = until
-	return true
-}
-
 // statusOf maps an import outcome to its HTTP status.
 func statusOf(outcome string) int {
 	switch outcome {
@@ -312,15 +295,21 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var req jobs.ImportRequest
+	var in ImportBody
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || dec.More() {
-		msg := "body must be one JSON object {tenant_id, tenant_database, company_id, folder[, reimport]}"
+	if err := dec.Decode(&in); err != nil || dec.More() {
+		msg := "body must be one JSON object {folder[, tenant_id, tenant_database, company_id, reimport]}"
 		if err != nil {
 			msg += ": " + err.Error()
 		}
 		s.refuse(w, routeImports, http.StatusBadRequest, "invalid", "", msg)
+		return
+	}
+	req, refusal := s.cfg.Mapping.ResolveImport(in, s.cfg.AllowLocalFolders)
+	if refusal != nil {
+		s.cfg.Logger.Warn("import refused", "field", refusal.Field, "error", refusal.Reason)
+		s.reply(w, routeImports, http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: "invalid_input", Field: refusal.Field, Error: refusal.Reason})
 		return
 	}
 	status, outcome, res := s.importOne(r.Context(), req)
@@ -345,7 +334,7 @@ var severity = map[int]int{
 
 func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 	bearer := s.bearerOK(r)
-	if !bearer && len(s.cfg.HMACSecret) == 0 {
+	if !bearer && len(s.cfg.HMACSecret) == 0 && s.sns == nil {
 		s.refuse(w, routeEvents, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
 		return
 	}
@@ -354,37 +343,46 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	msg, isSNS := parseSNS(body)
+	if isSNS && msg.Type != snsNotification {
+		s.handleSNSControl(w, r, msg, bearer)
+		return
+	}
+	var claimed string
 	if !bearer {
-		if ok, why := s.signatureOK(r, body); !ok {
-			s.refuse(w, routeEvents, http.StatusUnauthorized, "unauthorized", "", "unauthenticated: "+why)
+		key, status, why := s.authenticateSigned(r, body, msg, isSNS)
+		if why != "" {
+			outcome := "unauthorized"
+			if status == http.StatusServiceUnavailable {
+				outcome = "unavailable"
+			}
+			s.refuse(w, routeEvents, status, outcome, "", why)
 			return
 		}
+		claimed = key
 	}
 	events, err := ParseS3Event(body)
 	if err != nil {
+		s.releaseClaim(claimed)
 		s.refuse(w, routeEvents, http.StatusBadRequest, "invalid", "", err.Error())
 		return
 	}
 	results := make([]eventResult, 0, len(events))
 	worst := http.StatusOK
-	for _, ev := range events {
-		res := eventResult{Bucket: ev.Bucket, Key: ev.Key, status: http.StatusOK}
-		dir, isMarker := folderOf(ev.Key, s.cfg.Marker)
-		switch {
-		case !ev.Created || !isMarker:
-			res.Outcome = "ignored"
-			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, "ignored").Inc()
-		default:
-			target, err := s.cfg.Mapping.Resolve(ev.Bucket, dir)
-			if err != nil {
-				res.Outcome, res.Reason, res.status = "unmapped", err.Error(), http.StatusUnprocessableEntity
-				s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, "unmapped").Inc()
-				s.cfg.Logger.Warn("upload notification for an unmapped folder", "bucket", ev.Bucket, "key", ev.Key, "reason", err.Error())
-				break
+	for _, p := range PlanEvents(events, s.cfg.Marker, s.cfg.Mapping) {
+		res := eventResult{Bucket: p.Bucket, Key: p.Key, status: p.Status}
+		if p.Outcome != "" {
+			res.Outcome, res.Field, res.Reason = p.Outcome, p.Field, p.Reason
+			metric := p.Outcome
+			if metric == "invalid_input" {
+				metric = "invalid"
 			}
-			status, outcome, body := s.importOne(r.Context(), jobs.ImportRequest{
-				TenantID: target.TenantID, TenantDatabase: target.TenantDatabase, CompanyID: target.CompanyID, Folder: target.Folder,
-			})
+			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, metric).Inc()
+			if p.Outcome != "ignored" {
+				s.cfg.Logger.Warn("upload notification refused", "bucket", p.Bucket, "key", p.Key, "outcome", p.Outcome, "field", p.Field, "reason", p.Reason)
+			}
+		} else {
+			status, outcome, body := s.importOne(r.Context(), p.Request)
 			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, outcome).Inc()
 			res.status = status
 			switch b := body.(type) {
@@ -399,7 +397,117 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 		}
 		results = append(results, res)
 	}
+	if worst >= http.StatusInternalServerError {
+		// The sender retries a 5xx with the same signature: let it through.
+		s.releaseClaim(claimed)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(worst)
 	_ = json.NewEncoder(w).Encode(map[string]any{"results": results})
+}
+
+// authenticateSigned authenticates a request without the bearer token by
+// its HMAC or SNS signature, and claims the signature so it is accepted
+// once. It returns the claimed replay key, or the status and reason of the
+// refusal.
+func (s *Server) authenticateSigned(r *http.Request, body []byte, msg snsMessage, isSNS bool) (key string, status int, why string) {
+	var maxAge time.Duration
+	switch {
+	case r.Header.Get(SignatureHeader) != "" || r.Header.Get(TimestampHeader) != "":
+		if key, why = s.hmacOK(r, body); why != "" {
+			return "", http.StatusUnauthorized, "unauthenticated: " + why
+		}
+		maxAge = s.cfg.SignatureMaxAge
+	case isSNS && s.sns != nil && msg.Signature != "":
+		if !s.sns.topicAccepted(msg.TopicArn) {
+			return "", http.StatusUnauthorized, fmt.Sprintf("unauthenticated: SNS topic %q is not accepted", msg.TopicArn)
+		}
+		if err := s.sns.verify(r.Context(), msg); err != nil {
+			return "", http.StatusUnauthorized, "unauthenticated: SNS " + err.Error()
+		}
+		key, maxAge = "sns:"+msg.Signature, s.sns.cfg.MaxAge
+	default:
+		return "", http.StatusUnauthorized, "unauthenticated: missing credentials"
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	defer cancel()
+	// Kept well past the signature's own validity, so clock skew between
+	// this process and the database cannot reopen the window.
+	first, err := s.replay.Claim(ctx, key, 2*maxAge+2*time.Minute)
+	switch {
+	case err != nil:
+		s.cfg.Logger.Error("recording a signature failed: database unavailable", "error", err)
+		return "", http.StatusServiceUnavailable, "database unavailable, retry later"
+	case !first:
+		return "", http.StatusUnauthorized, "unauthenticated: signature already used"
+	}
+	return key, 0, ""
+}
+
+func (s *Server) releaseClaim(key string) {
+	if key == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
+	defer cancel()
+	if err := s.replay.Release(ctx, key); err != nil {
+		s.cfg.Logger.Warn("releasing a signature after a failed request failed: the sender's retry will be refused", "error", err)
+	}
+}
+
+// handleSNSControl answers the SNS messages that carry no objects:
+// subscription and unsubscribe confirmations. A subscription confirmation
+// with a valid signature is logged with its topic and counted; it is
+// confirmed when AutoConfirm is set and the topic is accepted.
+func (s *Server) handleSNSControl(w http.ResponseWriter, r *http.Request, msg snsMessage, bearer bool) {
+	logger := s.cfg.Logger.With("sns_type", msg.Type, "topic_arn", msg.TopicArn, "message_id", msg.MessageID)
+	ignored := func(reason string) {
+		s.reply(w, routeEvents, http.StatusOK, "ignored", map[string]string{"outcome": "ignored", "reason": reason})
+	}
+	if msg.Type != snsSubscriptionConfirmation && msg.Type != snsUnsubscribeConfirmation {
+		s.refuse(w, routeEvents, http.StatusBadRequest, "invalid", "", fmt.Sprintf("unknown SNS message type %q", msg.Type))
+		return
+	}
+	var verr error
+	if s.sns == nil {
+		verr = errors.New("SNS authentication is not configured (--sns-topic-arn)")
+	} else {
+		verr = s.sns.verify(r.Context(), msg)
+	}
+	if verr != nil {
+		if msg.Type == snsSubscriptionConfirmation && s.sns != nil {
+			s.cfg.Metrics.SNSConfirmations.WithLabelValues("invalid").Inc()
+		}
+		if !bearer {
+			s.refuse(w, routeEvents, http.StatusUnauthorized, "unauthorized", "", "unauthenticated: SNS "+verr.Error())
+			return
+		}
+		logger.Warn("SNS message not verified, ignored", "error", verr.Error())
+		ignored("SNS message not verified: " + verr.Error())
+		return
+	}
+	if msg.Type == snsUnsubscribeConfirmation {
+		logger.Warn("SNS unsubscribe confirmation received")
+		ignored("unsubscribe confirmation")
+		return
+	}
+	accepted := s.sns.topicAccepted(msg.TopicArn)
+	if !s.sns.cfg.AutoConfirm || !accepted {
+		s.cfg.Metrics.SNSConfirmations.WithLabelValues("unconfirmed").Inc()
+		logger.Warn("SNS subscription confirmation received, not confirmed: confirm it in AWS if the topic is expected",
+			"topic_accepted", accepted, "auto_confirm", s.sns.cfg.AutoConfirm)
+		ignored("subscription not confirmed automatically")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), snsFetchTimeout)
+	defer cancel()
+	if err := s.sns.confirm(ctx, msg); err != nil {
+		s.cfg.Metrics.SNSConfirmations.WithLabelValues("failed").Inc()
+		logger.Error("confirming the SNS subscription failed", "error", err.Error())
+		s.reply(w, routeEvents, http.StatusBadGateway, "error", errorBody{Outcome: "error", Error: "confirming the subscription failed"})
+		return
+	}
+	s.cfg.Metrics.SNSConfirmations.WithLabelValues("confirmed").Inc()
+	logger.Info("SNS subscription confirmed")
+	s.reply(w, routeEvents, http.StatusOK, "ignored", map[string]string{"outcome": "confirmed", "topic_arn": msg.TopicArn})
 }

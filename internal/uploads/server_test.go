@@ -84,6 +84,12 @@ func importBody(tenant, folder string) []byte {
 	return b
 }
 
+// tenantFolder is an S3 folder of tenant (database tenant_db, company c1)
+// under the default path pattern.
+func tenantFolder(tenant, rest string) string {
+	return "s3://fleet-bucket/tenants/" + tenant + "/tenant_db/c1/" + rest
+}
+
 func count(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
@@ -97,12 +103,12 @@ func TestImportsStatusCodes(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	f := newServer(t, pool, nil)
 
-	status, out := f.post(t, "/v1/imports", "application/json", importBody("tenant-a", "s3://fleet-bucket/up/1"), auth)
+	status, out := f.post(t, "/v1/imports", "application/json", importBody("tenant-a", tenantFolder("tenant-a", "up/1")), auth)
 	require.Equal(t, http.StatusAccepted, status, out)
 	require.Equal(t, "enqueued", out["outcome"])
 	id := out["batch_id"]
 
-	status, out = f.post(t, "/v1/imports", "application/json; charset=utf-8", importBody("tenant-a", "s3://FLEET-bucket//up/1/"), auth)
+	status, out = f.post(t, "/v1/imports", "application/json; charset=utf-8", importBody("tenant-a", "s3://FLEET-bucket//tenants/tenant-a/tenant_db/c1/up/1/"), auth)
 	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "conflict", out["outcome"])
 	require.Equal(t, id, out["running_batch_id"])
@@ -112,7 +118,7 @@ func TestImportsStatusCodes(t *testing.T) {
 	require.Equal(t, http.StatusUnprocessableEntity, status)
 	require.Equal(t, "invalid_input", out["outcome"])
 	require.Equal(t, "folder", out["field"])
-	status, out = f.post(t, "/v1/imports", "application/json", importBody(strings.Repeat("x", 101), "s3://fleet-bucket/a"), auth)
+	status, out = f.post(t, "/v1/imports", "application/json", importBody(strings.Repeat("x", 101), tenantFolder(strings.Repeat("x", 101), "a")), auth)
 	require.Equal(t, http.StatusUnprocessableEntity, status)
 	require.Equal(t, "tenant_id", out["field"])
 
@@ -142,7 +148,7 @@ func TestImportsStatusCodes(t *testing.T) {
 		CREATE FUNCTION refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no jobs (injected)'; END $$;
 		CREATE TRIGGER refuse_jobs BEFORE INSERT ON river_job FOR EACH ROW EXECUTE FUNCTION refuse_jobs();`)
 	require.NoError(t, err)
-	status, out = f.post(t, "/v1/imports", "application/json", importBody("tenant-a", "s3://fleet-bucket/up/2"), auth)
+	status, out = f.post(t, "/v1/imports", "application/json", importBody("tenant-a", tenantFolder("tenant-a", "up/2")), auth)
 	require.Equal(t, http.StatusInternalServerError, status)
 	require.Equal(t, "enqueue_failed", out["outcome"])
 	b, err := batch.NewStore(pool).Get(ctx, int64(out["batch_id"].(float64)))
@@ -153,11 +159,11 @@ func TestImportsStatusCodes(t *testing.T) {
 
 	// Already succeeded: answered without a new batch unless asked.
 	require.NoError(t, batch.NewStore(pool).UpdateStatus(ctx, int64(id.(float64)), batch.StatusSucceeded))
-	status, out = f.post(t, "/v1/imports", "application/json", importBody("tenant-a", "s3://fleet-bucket/up/1"), auth)
+	status, out = f.post(t, "/v1/imports", "application/json", importBody("tenant-a", tenantFolder("tenant-a", "up/1")), auth)
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, "already_succeeded", out["outcome"])
 	require.Equal(t, id, out["batch_id"])
-	reimport, _ := json.Marshal(map[string]any{"tenant_id": "tenant-a", "tenant_database": "tenant_db", "company_id": "c1", "folder": "s3://fleet-bucket/up/1", "reimport": true})
+	reimport, _ := json.Marshal(map[string]any{"folder": tenantFolder("tenant-a", "up/1"), "reimport": true})
 	status, out = f.post(t, "/v1/imports", "application/json", reimport, auth)
 	require.Equal(t, http.StatusAccepted, status)
 	require.NotEqual(t, id, out["batch_id"])
@@ -169,7 +175,7 @@ func TestDatabaseUnavailableIs503(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(dead.Close)
 	f := newServer(t, dead, nil)
-	status, out := f.post(t, "/v1/imports", "application/json", importBody("tenant-a", "s3://fleet-bucket/up/1"), auth)
+	status, out := f.post(t, "/v1/imports", "application/json", importBody("tenant-a", tenantFolder("tenant-a", "up/1")), auth)
 	require.Equal(t, http.StatusServiceUnavailable, status)
 	require.Equal(t, "unavailable", out["outcome"])
 	resp, err := http.Get(f.srv.URL + "/readyz")

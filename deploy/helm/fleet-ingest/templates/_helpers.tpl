@@ -28,35 +28,73 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* The ServiceAccount of a component: (dict "root" . "component" "worker"). */}}
 {{- define "fleet-ingest.serviceAccountName" -}}
-{{- if .Values.serviceAccount.create -}}
-{{- default (include "fleet-ingest.fullname" .) .Values.serviceAccount.name -}}
+{{- if .root.Values.serviceAccount.create -}}
+{{- printf "%s-%s" (include "fleet-ingest.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- default "default" .Values.serviceAccount.name -}}
+default
 {{- end -}}
 {{- end -}}
 
-{{/* Environment shared by every container: database URLs from Secrets. */}}
+{{/*
+Environment of a component's container: its own database URL from its own
+Secret (dict "root" . "secret" .Values.secrets.worker), the warehouse URL
+and the pod name.
+*/}}
 {{- define "fleet-ingest.databaseEnv" -}}
+{{- $root := .root -}}
 - name: DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ required "database.existingSecret is required" .Values.database.existingSecret }}
-      key: {{ .Values.database.key }}
-{{- if .Values.warehouse.existingSecret }}
+      name: {{ required "secrets.<component>.existingSecret is required" .secret.existingSecret }}
+      key: {{ .secret.databaseURLKey }}
+{{- if $root.Values.warehouse.existingSecret }}
 - name: WAREHOUSE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.warehouse.existingSecret }}
-      key: {{ .Values.warehouse.key }}
+      name: {{ $root.Values.warehouse.existingSecret }}
+      key: {{ $root.Values.warehouse.key }}
 {{- end }}
 - name: POD_NAME
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
-{{- with .Values.env }}
+{{- with $root.Values.env }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/* Egress to DNS and PostgreSQL, shared by every component's NetworkPolicy. */}}
+{{- define "fleet-ingest.baseEgress" -}}
+- to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ .Values.networkPolicy.dns.namespace }}
+      podSelector:
+        matchLabels:
+          {{- toYaml .Values.networkPolicy.dns.podLabels | nindent 10 }}
+  ports:
+    - {protocol: UDP, port: 53}
+    - {protocol: TCP, port: 53}
+- ports:
+    - {protocol: TCP, port: {{ .Values.networkPolicy.postgres.port }}}
+  {{- with .Values.networkPolicy.postgres.cidrs }}
+  to:
+    {{- range . }}
+    - ipBlock: {cidr: {{ . | quote }}}
+    {{- end }}
+  {{- end }}
+{{- end -}}
+
+{{/* Egress over HTTPS to networkPolicy.https.cidrs. */}}
+{{- define "fleet-ingest.httpsEgress" -}}
+- to:
+    {{- range .Values.networkPolicy.https.cidrs }}
+    - ipBlock: {cidr: {{ . | quote }}}
+    {{- end }}
+  ports:
+    - {protocol: TCP, port: 443}
 {{- end -}}
 
 {{/* Validates the worker's timing values. */}}

@@ -1,0 +1,247 @@
+package helm_test
+
+import (
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// secretsOf lists every Secret a pod reads, from the environment and from
+// volumes.
+func secretsOf(pod corev1.PodSpec) []string {
+	var out []string
+	add := func(name string) {
+		if !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	for _, c := range pod.Containers {
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				add(e.ValueFrom.SecretKeyRef.Name)
+			}
+		}
+		for _, e := range c.EnvFrom {
+			if e.SecretRef != nil {
+				add(e.SecretRef.Name)
+			}
+		}
+	}
+	for _, v := range pod.Volumes {
+		if v.Secret != nil {
+			add(v.Secret.SecretName)
+		}
+	}
+	return out
+}
+
+type components struct {
+	worker, enqueue, migrate corev1.PodSpec
+}
+
+func pods(t *testing.T, docs map[string]manifest) components {
+	t.Helper()
+	return components{
+		worker:  decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"]).Spec.Template.Spec,
+		enqueue: decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"]).Spec.Template.Spec,
+		migrate: decode[batchv1.Job](t, docs["Job/prod-fleet-ingest-migrate"]).Spec.Template.Spec,
+	}
+}
+
+// TestChartGivesEachComponentItsOwnSecretAndServiceAccount: the migrate
+// Job alone reads the DDL-capable URL; each component runs as its own
+// ServiceAccount, without an API token; the IAM annotation is on the
+// worker's only.
+func TestChartGivesEachComponentItsOwnSecretAndServiceAccount(t *testing.T) {
+	t.Parallel()
+	const irsa = "eks.amazonaws.com/role-arn"
+	docs := mustRender(t, map[string]any{
+		"worker":  map[string]any{"serviceAccount": map[string]any{"annotations": map[string]any{irsa: "arn:aws:iam::1:role/fleet-worker"}}},
+		"secrets": map[string]any{"enqueue": map[string]any{"hmacSecretKey": "hmac"}},
+	})
+	p := pods(t, docs)
+	require.Equal(t, []string{"fleet-ingest-worker"}, secretsOf(p.worker))
+	require.Equal(t, []string{"fleet-ingest-enqueue"}, secretsOf(p.enqueue))
+	require.Equal(t, []string{"fleet-ingest-migrate"}, secretsOf(p.migrate), "only the migrate Job reads the DDL URL")
+
+	for name, pod := range map[string]corev1.PodSpec{"worker": p.worker, "enqueue": p.enqueue, "migrate": p.migrate} {
+		sa := "prod-fleet-ingest-" + name
+		require.Equal(t, sa, pod.ServiceAccountName, name)
+		require.False(t, *pod.AutomountServiceAccountToken, name)
+		account := decode[corev1.ServiceAccount](t, docs["ServiceAccount/"+sa])
+		require.False(t, *account.AutomountServiceAccountToken, name)
+		if name == "worker" {
+			require.Equal(t, "arn:aws:iam::1:role/fleet-worker", account.Annotations[irsa])
+		} else {
+			require.NotContains(t, account.Annotations, irsa, "%s carries no IAM role", name)
+		}
+	}
+
+	// The token (and the HMAC secret) are files, never environment.
+	c := p.enqueue.Containers[0]
+	for _, e := range c.Env {
+		require.NotContains(t, []string{"ENQUEUE_AUTH_TOKEN", "ENQUEUE_HMAC_SECRET"}, e.Name)
+	}
+	tokenFile, ok := argValue(c.Args, "--auth-token-file")
+	require.True(t, ok)
+	hmacFile, ok := argValue(c.Args, "--hmac-secret-file")
+	require.True(t, ok)
+	require.Len(t, c.VolumeMounts, 1)
+	mount := c.VolumeMounts[0]
+	require.True(t, mount.ReadOnly)
+	require.Equal(t, mount.MountPath+"/token", tokenFile)
+	require.Equal(t, mount.MountPath+"/hmac", hmacFile)
+	vol := p.enqueue.Volumes[0]
+	require.Equal(t, mount.Name, vol.Name)
+	require.Equal(t, []corev1.KeyToPath{{Key: "token", Path: "token"}, {Key: "hmac", Path: "hmac"}}, vol.Secret.Items,
+		"only the token and the HMAC secret are files; the database URL stays out of the volume")
+	for _, a := range c.Args {
+		require.NotContains(t, a, "--dev-allow-local-folders", "the chart never accepts local folders over HTTP")
+		require.NotContains(t, a, "--insecure-no-auth")
+	}
+}
+
+// TestChartMigrateHookOrderingOnFirstInstall: on a first install, Helm
+// creates pre-install hooks by ascending weight before any ordinary
+// resource; the Job's ServiceAccount and NetworkPolicy must be hooks of a
+// lower weight than the Job, and not deleted before it runs.
+func TestChartMigrateHookOrderingOnFirstInstall(t *testing.T) {
+	t.Parallel()
+	docs := mustRender(t, nil)
+	weight := func(key string) int {
+		t.Helper()
+		m := docs[key]
+		require.Equal(t, "pre-install,pre-upgrade", m.Metadata.Annotations["helm.sh/hook"], key)
+		w, err := strconv.Atoi(m.Metadata.Annotations["helm.sh/hook-weight"])
+		require.NoError(t, err, key)
+		return w
+	}
+	job := weight("Job/prod-fleet-ingest-migrate")
+	for _, dep := range []string{"ServiceAccount/prod-fleet-ingest-migrate", "NetworkPolicy/prod-fleet-ingest-migrate"} {
+		require.Less(t, weight(dep), job, "%s is created before the Job", dep)
+		require.Equal(t, "before-hook-creation", docs[dep].Metadata.Annotations["helm.sh/hook-delete-policy"],
+			"%s is not deleted when it is created (hook-succeeded would remove it before the Job runs)", dep)
+	}
+	// The worker and enqueue accounts are ordinary resources.
+	for _, sa := range []string{"ServiceAccount/prod-fleet-ingest-worker", "ServiceAccount/prod-fleet-ingest-enqueue"} {
+		require.Empty(t, docs[sa].Metadata.Annotations["helm.sh/hook"], sa)
+	}
+}
+
+type peerRule struct {
+	ports []string // "TCP/5432"
+	peers []networkingv1.NetworkPolicyPeer
+}
+
+func rulesOf[R networkingv1.NetworkPolicyIngressRule | networkingv1.NetworkPolicyEgressRule](rules []R) []peerRule {
+	var out []peerRule
+	for _, r := range rules {
+		var ports []networkingv1.NetworkPolicyPort
+		var peers []networkingv1.NetworkPolicyPeer
+		switch r := any(r).(type) {
+		case networkingv1.NetworkPolicyIngressRule:
+			ports, peers = r.Ports, r.From
+		case networkingv1.NetworkPolicyEgressRule:
+			ports, peers = r.Ports, r.To
+		}
+		pr := peerRule{peers: peers}
+		for _, p := range ports {
+			pr.ports = append(pr.ports, string(*p.Protocol)+"/"+p.Port.String())
+		}
+		out = append(out, pr)
+	}
+	return out
+}
+
+func allPorts(rules []peerRule) []string {
+	var out []string
+	for _, r := range rules {
+		out = append(out, r.ports...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestChartNetworkPolicies: each component may be reached only where it
+// must be, and may reach only DNS, PostgreSQL and (worker; enqueue with
+// SNS) HTTPS.
+func TestChartNetworkPolicies(t *testing.T) {
+	t.Parallel()
+	docs := mustRender(t, map[string]any{
+		"networkPolicy": map[string]any{
+			"monitoringNamespace": "observability",
+			"postgres":            map[string]any{"cidrs": []any{"10.20.0.0/16"}},
+		},
+	})
+	np := func(name string) networkingv1.NetworkPolicySpec {
+		t.Helper()
+		p := decode[networkingv1.NetworkPolicy](t, docs["NetworkPolicy/prod-fleet-ingest-"+name])
+		require.ElementsMatch(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, p.Spec.PolicyTypes, name)
+		require.Equal(t, name, p.Spec.PodSelector.MatchLabels["app.kubernetes.io/component"], name)
+		return p.Spec
+	}
+	requireBaseEgress := func(name string, egress []peerRule) {
+		t.Helper()
+		dns := egress[0]
+		require.Equal(t, []string{"UDP/53", "TCP/53"}, dns.ports, name)
+		require.Equal(t, "kube-system", dns.peers[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"], name)
+		require.Equal(t, "kube-dns", dns.peers[0].PodSelector.MatchLabels["k8s-app"], name)
+		pg := egress[1]
+		require.Equal(t, []string{"TCP/5432"}, pg.ports, name)
+		require.Equal(t, "10.20.0.0/16", pg.peers[0].IPBlock.CIDR, name)
+	}
+
+	worker := np("worker")
+	in := rulesOf(worker.Ingress)
+	require.Len(t, in, 1)
+	require.Equal(t, []string{"TCP/9090"}, in[0].ports, "only the metrics port")
+	require.Equal(t, "observability", in[0].peers[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"], "only from the monitoring namespace")
+	out := rulesOf(worker.Egress)
+	requireBaseEgress("worker", out)
+	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "UDP/53"}, allPorts(out), "S3, STS and the Redshift Data API over HTTPS")
+
+	enqueue := np("enqueue")
+	in = rulesOf(enqueue.Ingress)
+	require.Len(t, in, 1)
+	require.Equal(t, []string{"TCP/8080"}, in[0].ports, "only its port")
+	out = rulesOf(enqueue.Egress)
+	requireBaseEgress("enqueue", out)
+	require.Equal(t, []string{"TCP/53", "TCP/5432", "UDP/53"}, allPorts(out), "no HTTPS without SNS")
+
+	migrate := np("migrate")
+	require.Empty(t, migrate.Ingress, "nothing reaches the migrate Job")
+	out = rulesOf(migrate.Egress)
+	requireBaseEgress("migrate", out)
+	require.Equal(t, []string{"TCP/53", "TCP/5432", "UDP/53"}, allPorts(out))
+
+	// With SNS, enqueue may fetch signing certificates; restricted callers
+	// still leave room for Prometheus; direct Redshift for the worker.
+	docs = mustRender(t, map[string]any{
+		"enqueue": map[string]any{"sns": map[string]any{"topicArns": []any{"arn:aws:sns:us-east-1:123456789012:uploads"}}},
+		"networkPolicy": map[string]any{
+			"enqueueIngressFrom": []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.30.0.0/16"}}},
+			"redshift":           map[string]any{"enabled": true, "cidrs": []any{"10.40.0.0/16"}},
+		},
+	})
+	enqueue = decode[networkingv1.NetworkPolicy](t, docs["NetworkPolicy/prod-fleet-ingest-enqueue"]).Spec
+	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "UDP/53"}, allPorts(rulesOf(enqueue.Egress)))
+	in = rulesOf(enqueue.Ingress)
+	require.Equal(t, "10.30.0.0/16", in[0].peers[0].IPBlock.CIDR)
+	require.Equal(t, "monitoring", in[0].peers[1].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
+	worker = decode[networkingv1.NetworkPolicy](t, docs["NetworkPolicy/prod-fleet-ingest-worker"]).Spec
+	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "TCP/5439", "UDP/53"}, allPorts(rulesOf(worker.Egress)))
+	ec := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"]).Spec.Template.Spec.Containers[0]
+	arn, _ := argValue(ec.Args, "--sns-topic-arn")
+	require.Equal(t, "arn:aws:sns:us-east-1:123456789012:uploads", arn)
+
+	docs = mustRender(t, map[string]any{"networkPolicy": map[string]any{"enabled": false}})
+	for key := range docs {
+		require.NotContains(t, key, "NetworkPolicy/")
+	}
+}

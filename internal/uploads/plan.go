@@ -1,0 +1,115 @@
+package uploads
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/jobs"
+)
+
+// ImportBody is the body of POST /v1/imports. Over HTTP an import is an S3
+// import of the folder's own tenant: TenantID, TenantDatabase and CompanyID
+// come from the folder's path (Mapping), and may be omitted; when given
+// they must agree with it.
+type ImportBody struct {
+	TenantID       string `json:"tenant_id,omitempty"`
+	TenantDatabase string `json:"tenant_database,omitempty"`
+	CompanyID      string `json:"company_id,omitempty"`
+	Folder         string `json:"folder"`
+	Reimport       bool   `json:"reimport,omitempty"`
+}
+
+// errLocalFolder explains why a file:// or mem:// folder is refused.
+const errLocalFolder = "only s3:// folders are imported over HTTP (file:// and mem:// are for the command line, or for development with --dev-allow-local-folders)"
+
+// ResolveImport turns an HTTP import request into the import it may run, or
+// the refusal (the field at fault and why). The folder must be an s3://
+// folder of an accepted bucket matching the mapping's pattern, which names
+// the tenant, database and company; a body naming others is refused.
+// allowLocal admits file:// and mem:// folders with the body's tenant,
+// database and company, for development only. Nothing is written.
+func (m Mapping) ResolveImport(body ImportBody, allowLocal bool) (jobs.ImportRequest, *jobs.InputError) {
+	f, err := folder.Canonicalize(body.Folder)
+	if err != nil {
+		return jobs.ImportRequest{}, &jobs.InputError{Field: "folder", Reason: err.Error()}
+	}
+	req := jobs.ImportRequest{
+		TenantID: body.TenantID, TenantDatabase: body.TenantDatabase, CompanyID: body.CompanyID,
+		Folder: f.String(), Reimport: body.Reimport,
+	}
+	switch {
+	case f.Scheme == folder.SchemeS3:
+		target, err := m.Resolve(f.Bucket, f.Prefix)
+		if err != nil {
+			return jobs.ImportRequest{}, &jobs.InputError{Field: "folder", Reason: err.Error()}
+		}
+		for _, c := range []struct{ field, body, path string }{
+			{"tenant_id", body.TenantID, target.TenantID},
+			{"tenant_database", body.TenantDatabase, target.TenantDatabase},
+			{"company_id", body.CompanyID, target.CompanyID},
+		} {
+			if c.body != "" && c.body != c.path {
+				return jobs.ImportRequest{}, &jobs.InputError{Field: c.field,
+					Reason: fmt.Sprintf("the folder's path names %s %q, the request %q: a folder is imported only as its own tenant's", c.field, c.path, c.body)}
+			}
+		}
+		req.TenantID, req.TenantDatabase, req.CompanyID = target.TenantID, target.TenantDatabase, target.CompanyID
+	case !allowLocal:
+		return jobs.ImportRequest{}, &jobs.InputError{Field: "folder", Reason: errLocalFolder}
+	}
+	if err := jobs.ValidateImport(req); err != nil {
+		in, ok := err.(*jobs.InputError)
+		if !ok {
+			in = &jobs.InputError{Field: "folder", Reason: err.Error()}
+		}
+		return jobs.ImportRequest{}, in
+	}
+	return req, nil
+}
+
+// Planned is what one object event of a notification comes to: an import
+// to run (Request, when Outcome is empty), or the answer without one.
+type Planned struct {
+	Bucket, Key string
+	// Request is the validated import, when Outcome is "".
+	Request jobs.ImportRequest
+	// Outcome is "" (run Request), "ignored" (not the completion of a
+	// folder), "unmapped" (a folder of no tenant, or of a refused bucket)
+	// or "invalid_input" (mapped, but the tenant, database or company in
+	// its path is not valid).
+	Outcome       string
+	Field, Reason string
+	// Status is the HTTP status of a refusal.
+	Status int
+}
+
+// PlanEvents decides, for every object event, whether it completes a
+// folder (its marker was created) and which tenant's import that folder
+// is. Each import is validated here, so the list of requests with an empty
+// Outcome can be enqueued as they are, one by one or together.
+func PlanEvents(events []ObjectEvent, marker string, m Mapping) []Planned {
+	plans := make([]Planned, 0, len(events))
+	for _, ev := range events {
+		p := Planned{Bucket: ev.Bucket, Key: ev.Key, Status: http.StatusOK}
+		dir, isMarker := folderOf(ev.Key, marker)
+		switch target, err := m.Resolve(ev.Bucket, dir); {
+		case !ev.Created || !isMarker:
+			p.Outcome = "ignored"
+		case err != nil:
+			p.Outcome, p.Reason, p.Status = "unmapped", err.Error(), http.StatusUnprocessableEntity
+		default:
+			p.Request = jobs.ImportRequest{TenantID: target.TenantID, TenantDatabase: target.TenantDatabase, CompanyID: target.CompanyID, Folder: target.Folder}
+			if err := jobs.ValidateImport(p.Request); err != nil {
+				p.Outcome, p.Status = "invalid_input", http.StatusUnprocessableEntity
+				if in, ok := err.(*jobs.InputError); ok {
+					p.Field, p.Reason = in.Field, in.Reason
+				} else {
+					p.Field, p.Reason = "folder", err.Error()
+				}
+			}
+		}
+		plans = append(plans, p)
+	}
+	return plans
+}

@@ -1,0 +1,152 @@
+package uploads
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+func jsonBody(v map[string]any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// TestHTTPImportsAreS3ImportsOfTheFolderTenant tries, with the one shared
+// bearer token, what an attacker would: host directories, other buckets,
+// another tenant's folder under a tenant of one's choosing. Each is refused
+// 422 naming the field, and nothing is written.
+func TestHTTPImportsAreS3ImportsOfTheFolderTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	f := newServer(t, pool, func(c *Config) { c.Mapping.Buckets = []string{"allowed-bkt"} })
+	acme := "s3://allowed-bkt/tenants/acme/acme_db/c-7/2026-11-30/up-1"
+
+	for name, tc := range map[string]struct {
+		body       map[string]any
+		field, why string
+	}{
+		"host directory as another tenant": {map[string]any{"tenant_id": "evil", "tenant_database": "db", "company_id": "c", "folder": "file:///srv/other-app/"}, "folder", "only s3:// folders"},
+		"host system directory":            {map[string]any{"tenant_id": "evil", "tenant_database": "db", "company_id": "c", "folder": "file:///etc"}, "folder", "only s3:// folders"},
+		"in-memory bucket":                 {map[string]any{"tenant_id": "evil", "tenant_database": "db", "company_id": "c", "folder": "mem://bucket/x"}, "folder", "only s3:// folders"},
+		"bucket not accepted":              {map[string]any{"folder": "s3://other-bkt/tenants/acme/acme_db/c-7/x"}, "folder", `bucket "other-bkt" is not accepted`},
+		"folder outside the pattern":       {map[string]any{"folder": "s3://allowed-bkt/exports/acme/acme_db/c-7/x"}, "folder", "does not match"},
+		"acme's folder as tenant evil":     {map[string]any{"tenant_id": "evil", "folder": acme}, "tenant_id", `names tenant_id "acme", the request "evil"`},
+		"acme's folder as another db":      {map[string]any{"tenant_database": "evil_db", "folder": acme}, "tenant_database", `"acme_db"`},
+		"acme's folder as another company": {map[string]any{"company_id": "c-8", "folder": acme}, "company_id", `"c-7"`},
+		"no folder":                        {map[string]any{"tenant_id": "acme"}, "folder", "invalid source folder"},
+	} {
+		status, out := f.post(t, "/v1/imports", "application/json", jsonBody(tc.body), auth)
+		require.Equal(t, http.StatusUnprocessableEntity, status, "%s: %v", name, out)
+		require.Equal(t, "invalid_input", out["outcome"], name)
+		require.Equal(t, tc.field, out["field"], name)
+		require.Contains(t, out["error"], tc.why, name)
+		require.NotContains(t, out["error"], "/srv", "%s: no host path is echoed", name)
+	}
+	require.Zero(t, count(t, pool), "refused requests write nothing")
+	require.Equal(t, float64(9), counterValue(t, f.m, "imports", "invalid"))
+
+	// The folder names its tenant; the body may say nothing, or the same.
+	status, out := f.post(t, "/v1/imports", "application/json", jsonBody(map[string]any{"folder": acme}), auth)
+	require.Equal(t, http.StatusAccepted, status, out)
+	b, err := batch.NewStore(pool).Get(ctx, int64(out["batch_id"].(float64)))
+	require.NoError(t, err)
+	require.Equal(t, []string{"acme", "acme_db", "c-7"}, []string{b.TenantID, b.TenantDatabase, b.CompanyID})
+	status, out = f.post(t, "/v1/imports", "application/json",
+		jsonBody(map[string]any{"tenant_id": "acme", "tenant_database": "acme_db", "company_id": "c-7", "folder": "s3://ALLOWED-bkt//tenants/acme/acme_db/c-7/2026-11-30/up-1/"}), auth)
+	require.Equal(t, http.StatusConflict, status, out)
+	require.Equal(t, 1, count(t, pool))
+}
+
+// TestLocalFoldersOnlyWhenAllowed: file:// over HTTP is a development
+// switch, imported as the body's tenant.
+func TestLocalFoldersOnlyWhenAllowed(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	f := newServer(t, pool, func(c *Config) { c.AllowLocalFolders = true })
+	status, out := f.post(t, "/v1/imports", "application/json", importBody("dev", "file:///tmp/fleet-dev/up-1"), auth)
+	require.Equal(t, http.StatusAccepted, status, out)
+	status, out = f.post(t, "/v1/imports", "application/json", jsonBody(map[string]any{"folder": "file:///tmp/fleet-dev/up-2"}), auth)
+	require.Equal(t, http.StatusUnprocessableEntity, status, "a local folder names no tenant: the body must")
+	require.Equal(t, "invalid_input", out["outcome"])
+}
+
+// TestSignedRequestsAreAcceptedOnceByEveryReplica: three listeners share
+// the database, as replicas do and as a restarted process does; a signature
+// accepted by one is refused by all. A request that failed on our side
+// (5xx) may be retried with the same signature.
+func TestSignedRequestsAreAcceptedOnceByEveryReplica(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	a, b := newServer(t, pool, nil), newServer(t, pool, nil)
+	body := s3Event("fleet-uploads", "tenants/t1/db1/c1/replay/_SUCCESS", "ObjectCreated:Put")
+	hdr := signed(body)
+
+	status, out := a.post(t, "/v1/events/s3", "application/json", body, hdr)
+	require.Equal(t, http.StatusAccepted, status, out)
+	status, out = b.post(t, "/v1/events/s3", "application/json", body, hdr)
+	require.Equal(t, http.StatusUnauthorized, status, "another replica refuses the replay")
+	require.Contains(t, out["error"], "already used")
+	restarted := newServer(t, pool, nil)
+	status, _ = restarted.post(t, "/v1/events/s3", "application/json", body, hdr)
+	require.Equal(t, http.StatusUnauthorized, status, "so does a restarted process")
+	require.Equal(t, 1, count(t, pool))
+
+	// A 5xx releases the signature for the sender's retry.
+	_, err := pool.Exec(ctx, `
+		CREATE FUNCTION refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no jobs (injected)'; END $$;
+		CREATE TRIGGER refuse_jobs BEFORE INSERT ON river_job FOR EACH ROW EXECUTE FUNCTION refuse_jobs();`)
+	require.NoError(t, err)
+	retry := s3Event("fleet-uploads", "tenants/t1/db1/c1/retry/_SUCCESS", "ObjectCreated:Put")
+	retryHdr := signed(retry)
+	status, _ = a.post(t, "/v1/events/s3", "application/json", retry, retryHdr)
+	require.Equal(t, http.StatusInternalServerError, status)
+	_, err = pool.Exec(ctx, `DROP TRIGGER refuse_jobs ON river_job`)
+	require.NoError(t, err)
+	status, out = b.post(t, "/v1/events/s3", "application/json", retry, retryHdr)
+	require.Equal(t, http.StatusAccepted, status, out)
+	status, _ = a.post(t, "/v1/events/s3", "application/json", retry, retryHdr)
+	require.Equal(t, http.StatusUnauthorized, status)
+}
+
+// TestReplayRecordsExpireAndArePruned: an expired record no longer blocks
+// its key and is deleted by Prune; live records stay.
+func TestReplayRecordsExpireAndArePruned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	store := NewReplayStore(pool)
+
+	first, err := store.Claim(ctx, "live", time.Hour)
+	require.NoError(t, err)
+	require.True(t, first)
+	again, err := store.Claim(ctx, "live", time.Hour)
+	require.NoError(t, err)
+	require.False(t, again)
+
+	first, err = store.Claim(ctx, "expired", time.Microsecond)
+	require.NoError(t, err)
+	require.True(t, first)
+	require.Eventually(t, func() bool {
+		var expired bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT bool_and(expires_at <= now()) FROM ingest_seen_signatures WHERE digest = $1`, replayDigest("expired")).Scan(&expired))
+		return expired
+	}, 30*time.Second, 10*time.Millisecond)
+	n, err := store.Prune(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingest_seen_signatures`).Scan(&left))
+	require.Equal(t, 1, left, "the live record stays")
+	first, err = store.Claim(ctx, "expired", time.Hour)
+	require.NoError(t, err)
+	require.True(t, first, "a pruned key may be claimed again (its signature is too old to verify anyway)")
+}
