@@ -20,12 +20,12 @@ var (
 	ResumeOutcomes      = []string{"resumed", "conflict", "not_resumable", "not_found", "enqueue_failed"}
 	AcquireOutcomes     = []string{"acquired", "taken_over", "contended", "terminal", "not_found"}
 	RenewalOutcomes     = []string{"renewed", "lost", "error"}
-	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "failed", "retry", "lease_lost", "cancelled"}
+	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "failed", "retry", "lease_lost", "cancelled", "parked"}
 	BatchOutcomes       = []string{"succeeded", "failed"}
 	Phases              = []string{"load", "publish"}
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
-	SweepOutcomes       = []string{"redelivered"}
+	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery"}
 	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error"}
 )
 
