@@ -80,11 +80,15 @@ func TestStatusAndList(t *testing.T) {
 	reserved := phased(t, pool, "tenant-a", batch.PhaseReserved, batch.StatusRunning, 0)
 	loading := phased(t, pool, "tenant-a", batch.PhaseLoading, batch.StatusRunning, 0)
 	publishing := phased(t, pool, "tenant-a", batch.PhasePublishing, batch.StatusRunning, 0)
-	stuck := phased(t, pool, "tenant-b", batch.PhaseLoading, batch.StatusRunning, 20*time.Millisecond)
+	stuck := phased(t, pool, "tenant-b", batch.PhaseLoading, batch.StatusRunning, time.Microsecond)
 	published := phased(t, pool, "tenant-b", batch.PhasePublished, batch.StatusSucceeded, 0)
 	preCommit := phased(t, pool, "tenant-b", batch.PhaseFailedPreCommit, batch.StatusFailed, 0)
 	failedPub := phased(t, pool, "tenant-c", batch.PhaseFailedPublication, batch.StatusFailed, 0)
-	time.Sleep(30 * time.Millisecond) // let the short lease expire
+	require.Eventually(t, func() bool { // the short lease has expired
+		var expired bool
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT now() > $1`, *stuck.LeaseExpiresAt).Scan(&expired))
+		return expired
+	}, 10*time.Second, 5*time.Millisecond)
 
 	status := func(b batch.Batch) batchView {
 		t.Helper()
@@ -106,7 +110,12 @@ func TestStatusAndList(t *testing.T) {
 	require.Equal(t, "worker-1/job-7/attempt-1/ab12", v.LeaseHolder)
 	require.Equal(t, int64(1), v.LeaseGeneration)
 	require.NotNil(t, v.LeaseExpiresAt)
-	require.False(t, strings.HasPrefix(v.LeaseExpiresIn, "-"), "a live lease expires in the future")
+	require.NotNil(t, v.LeaseExpiresInSeconds)
+	require.Greater(t, *v.LeaseExpiresInSeconds, float64(0), "a live lease expires in the future")
+	require.NotNil(t, v.LeaseRenewedAt, "the acquisition counts as the last renewal")
+	require.NotNil(t, v.LeaseRenewedSecondsAgo)
+	require.GreaterOrEqual(t, *v.LeaseRenewedSecondsAgo, float64(0))
+	require.Less(t, *v.LeaseRenewedSecondsAgo, float64(30))
 	require.False(t, v.RedshiftCommitted)
 
 	v = status(publishing)
@@ -115,7 +124,7 @@ func TestStatusAndList(t *testing.T) {
 	require.Equal(t, int64(42), v.RecordCount)
 
 	v = status(stuck)
-	require.True(t, strings.HasPrefix(v.LeaseExpiresIn, "-"), "an expired lease shows a negative expiry: %s", v.LeaseExpiresIn)
+	require.Less(t, *v.LeaseExpiresInSeconds, float64(0), "an expired lease shows a negative expiry")
 
 	v = status(published)
 	require.Equal(t, "Succeeded", v.Status)

@@ -259,8 +259,11 @@ func (s *Store) GetCurrent(ctx context.Context, tenantID string, businessDate ti
 type ListFilter struct {
 	Status   Status
 	TenantID string
-	// Stuck keeps Running batches whose execution lease has expired.
+	// Stuck keeps Running batches that no delivery is working on: those
+	// whose execution lease has expired, and parked ones.
 	Stuck bool
+	// Parked keeps parked batches only.
+	Parked bool
 	// ScopedOnly keeps batches with a source scope.
 	ScopedOnly bool
 	// Limit defaults to 50.
@@ -280,10 +283,11 @@ func (s *Store) List(ctx context.Context, f ListFilter) ([]Batch, time.Time, err
 		SELECT `+columns+` FROM ingestion_batches
 		WHERE ($1::text = '' OR status = $1::text)
 		  AND ($2::text = '' OR tenant_id = $2::text)
-		  AND (NOT $3::bool OR (status = 'Running' AND execution_lease_expires_at < now()))
+		  AND (NOT $3::bool OR (status = 'Running' AND (execution_lease_expires_at < now() OR parked_at IS NOT NULL)))
 		  AND (NOT $4::bool OR source_scope IS NOT NULL)
+		  AND (NOT $6::bool OR (status = 'Running' AND parked_at IS NOT NULL))
 		ORDER BY id DESC
-		LIMIT $5`, string(f.Status), f.TenantID, f.Stuck, f.ScopedOnly, f.Limit)
+		LIMIT $5`, string(f.Status), f.TenantID, f.Stuck, f.ScopedOnly, f.Limit, f.Parked)
 	if err != nil {
 		return nil, now, err
 	}

@@ -128,7 +128,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	if limit <= 0 {
 		limit = sweepLimitDefault
 	}
-	inserted := 0
+	inserted, swept := 0, false
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		var locked bool
 		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, sweepLockKey).Scan(&locked); err != nil {
@@ -137,6 +137,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		if !locked {
 			return nil
 		}
+		swept = true
 		rows, err := tx.Query(ctx, sweepSQL, limit, cmpOr(s.OrphanAfter, OrphanAfterDefault).Microseconds(), IngestArgs{}.Kind())
 		if err != nil {
 			return err
@@ -196,6 +197,9 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		}
 		return nil
 	})
+	if err == nil && swept && s.Metrics != nil {
+		s.Metrics.Sweeps.Inc()
+	}
 	if err != nil && errors.Is(err, context.Canceled) {
 		return inserted, nil
 	}
