@@ -25,7 +25,7 @@ const (
 	ExitInvalidInput = 2 // bad flags or values; nothing was written
 	ExitConflict     = 3 // a running batch holds the scope
 	ExitEnqueueFail  = 4 // the job insert failed; the batch was recorded Failed
-	ExitNotResumable = 5 // resume refused, or batch not found
+	ExitNotResumable = 5 // refused: not resumable, retryable or cancellable, or batch not found
 )
 
 // Globals are the flags every command has.
