@@ -44,9 +44,9 @@ func RefreshStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) e
 	for rows.Next() {
 		var (
 			running, stuck, parked int64
-			oldest         float64
-			state          *string
-			n              *int64
+			oldest                 float64
+			state                  *string
+			n                      *int64
 		)
 		if err := rows.Scan(&running, &stuck, &parked, &oldest, &state, &n); err != nil {
 			return err
