@@ -28,7 +28,9 @@ var (
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
 	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery"}
-	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error"}
+	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed"}
+	// CancelRequestOutcomes are the outcomes of POST /v1/batches/{id}/cancel.
+	CancelRequestOutcomes = []string{"cancelled", "not_cancellable", "not_found", "invalid", "unauthorized", "unavailable", "client_closed"}
 )
 
 // Metrics are the coordinator's Prometheus metrics.
@@ -163,6 +165,9 @@ func New() *Metrics {
 		for _, o := range HTTPRequestOutcomes {
 			m.HTTPRequests.WithLabelValues(route, o)
 		}
+	}
+	for _, o := range CancelRequestOutcomes {
+		m.HTTPRequests.WithLabelValues("cancel", o)
 	}
 	return m
 }
