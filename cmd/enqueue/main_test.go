@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -185,4 +186,72 @@ func TestStatusAndList(t *testing.T) {
 	require.Equal(t, cli.ExitInvalidInput, code)
 	_, code = runCLI(t, dbURL, "list", "--limit", "0")
 	require.Equal(t, cli.ExitInvalidInput, code)
+}
+
+// syncBuffer is a goroutine-safe writer for a command running in the
+// background.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestStatusWatchFollowsProgressUntilTerminal: status --watch prints the
+// load's progress as it changes and returns once the batch is terminal.
+func TestStatusWatchFollowsProgressUntilTerminal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	store := batch.NewStore(pool)
+	b := phased(t, pool, "tenant-w", batch.PhaseLoading, batch.StatusRunning, 0)
+	a, err := lease.NewStore(pool).Acquire(ctx, b.ID, "other", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, lease.Held, a.Outcome)
+	fence := batch.Fence{BatchID: b.ID, LeaseID: *b.LeaseID, Generation: b.LeaseGeneration}
+	progress := func(objects, records int64) {
+		t.Helper()
+		cur, err := store.Get(ctx, b.ID)
+		require.NoError(t, err)
+		d, err := batch.ParseDetails(cur.Details)
+		require.NoError(t, err)
+		d.Progress = &batch.Progress{ObjectsDone: objects, ObjectsTotal: 4, RecordsDone: records, At: time.Now().UTC()}
+		_, err = store.WriteDetails(ctx, fence, d)
+		require.NoError(t, err)
+	}
+	progress(1, 100)
+
+	var stdout, stderr syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"status", "--batch-id", fmt.Sprint(b.ID), "--watch", "--interval", "100ms",
+			"--database-url", dbURL, "--log-level", "error"}, &stdout, &stderr)
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "1/4 objects, 100 records") }, 30*time.Second, 10*time.Millisecond)
+	progress(3, 250)
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "3/4 objects, 250 records") }, 30*time.Second, 10*time.Millisecond)
+	res, err := store.Cancel(ctx, batch.CancelRequest{BatchID: b.ID, TenantID: "tenant-w", By: "ops"})
+	require.NoError(t, err)
+	require.Equal(t, batch.Cancelled, res.Outcome)
+	select {
+	case c := <-code:
+		require.Equal(t, cli.ExitOK, c, stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("status --watch did not return once the batch was terminal")
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	require.GreaterOrEqual(t, len(lines), 3, "one line per change (not a terminal)")
+	require.Contains(t, lines[len(lines)-1], "Failed cancelled")
+	require.Contains(t, lines[len(lines)-1], `last error: "cancelled by ops"`)
 }

@@ -118,6 +118,7 @@ type Source struct {
 	bucket    *blob.Bucket
 	keyPrefix string // the folder's prefix within bucket, "" or ending in "/"
 	shared    bool   // bucket belongs to the mem registry: never closed
+	progress  Progress
 }
 
 // Close releases the bucket.
