@@ -2,6 +2,7 @@ package migrations
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -75,4 +76,36 @@ func ApplyWarehouse(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) 
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	return UpWarehouse(ctx, db)
+}
+
+// ErrNotMigrated is wrapped by RequireCurrent's error for a database whose
+// schema is behind this build.
+var ErrNotMigrated = errors.New("run `worker migrate` first")
+
+// RequireCurrent checks that the project's migrations this build embeds are
+// all applied, so a worker never starts against an unmigrated database (it
+// would fail later, job by job, with undefined tables or columns). A
+// database ahead of this build is accepted: migrations only add.
+func RequireCurrent(ctx context.Context, pool *pgxpool.Pool) error {
+	latest, err := Latest()
+	if err != nil {
+		return err
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, TableName).Scan(&exists); err != nil {
+		return fmt.Errorf("checking the schema version: %w", err)
+	}
+	if !exists {
+		return fmt.Errorf("the database has no schema (no %s table): %w", TableName, ErrNotMigrated)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	v, err := Version(ctx, db)
+	if err != nil {
+		return fmt.Errorf("checking the schema version: %w", err)
+	}
+	if v < latest {
+		return fmt.Errorf("the database schema is at migration %d, this build needs %d: %w", v, latest, ErrNotMigrated)
+	}
+	return nil
 }

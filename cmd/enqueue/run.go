@@ -35,7 +35,11 @@ type enqueueCLI struct {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c enqueueCLI
 	kctx, code, ok := cli.Parse(&c, args, stdout, stderr, "enqueue",
-		"Reserve Fleet ingestion batches and enqueue their jobs. Prints one JSON line per outcome on stdout.", kong.Vars{})
+		"Reserve Fleet ingestion batches and enqueue their jobs. Prints one JSON line per outcome on stdout.", kong.Vars{},
+		func(field, reason string) {
+			fmt.Fprintf(stderr, "enqueue: %s\n", reason)
+			cli.JSONOutcome(stdout)(field, reason)
+		})
 	if !ok {
 		return code
 	}
@@ -51,6 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return coded.Code
 	}
+	err = cli.MigrateHint(err)
 	e.Logger.Error(err.Error())
 	printJSON(stdout, map[string]string{"outcome": "error", "error": err.Error()})
 	return cli.ExitInfra

@@ -21,6 +21,7 @@ import (
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pipeline"
 	"github.com/fleet/ingest/internal/warehouse"
+	"github.com/fleet/ingest/migrations"
 )
 
 type runCmd struct {
@@ -34,6 +35,7 @@ type runCmd struct {
 	OrphanAfter          time.Duration `name:"orphan-after" env:"ORPHAN_AFTER" default:"1m" help:"Re-deliver a Running batch without a lease and without a queued job after it has been untouched this long."`
 	PublicationWindow    time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"How long after its warehouse commit a batch may still be published."`
 	RescueStuckJobsAfter time.Duration `name:"rescue-stuck-jobs-after" env:"RESCUE_STUCK_JOBS_AFTER" default:"1h" help:"River's rescue interval for jobs left running. Crash takeover does not wait for it."`
+	ProgressEvery        time.Duration `name:"progress-every" env:"PROGRESS_EVERY" default:"5s" help:"How often a running load records its progress (objects and records read) in the batch."`
 	StatsInterval        time.Duration `name:"stats-interval" env:"STATS_INTERVAL" default:"15s" help:"How often database-derived gauges are refreshed."`
 	PollInterval         time.Duration `name:"poll-interval" env:"POLL_INTERVAL" default:"1s" help:"River's fetch poll interval (LISTEN/NOTIFY usually wakes workers sooner)."`
 	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
@@ -49,8 +51,8 @@ func (r *runCmd) validate() error {
 		return errors.New("--concurrency must be between 1 and 256")
 	case r.ShutdownGrace < 0:
 		return errors.New("--shutdown-grace must not be negative")
-	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.RescueStuckJobsAfter <= 0:
-		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval and --rescue-stuck-jobs-after must be positive")
+	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.ProgressEvery <= 0 || r.RescueStuckJobsAfter <= 0:
+		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval, --progress-every and --rescue-stuck-jobs-after must be positive")
 	}
 	return nil
 }
@@ -76,6 +78,9 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		return err
 	}
 	defer pool.Close()
+	if err := migrations.RequireCurrent(ctx, pool); err != nil {
+		return err
+	}
 	// Heartbeats get connections of their own so they never wait behind
 	// pipeline work.
 	hbPool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(int32(r.Concurrency+1)))
@@ -98,7 +103,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		Store:  batch.NewStore(pool),
 		Leases: lease.NewStore(hbPool),
 		Pipelines: pipeline.Registry{
-			batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m},
+			batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m, ProgressEvery: r.ProgressEvery},
 		},
 		LeaseTTL:     r.LeaseTTL,
 		RenewEvery:   r.LeaseRenewEvery,
