@@ -25,6 +25,7 @@ type serveCmd struct {
 	Buckets        []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any)."`
 	MaxBodyBytes   int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
 	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
+	NoRiverUI      bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI at /riverui/."`
 }
 
 func readSecret(path string) (string, error) {
@@ -86,8 +87,19 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}
+	handler := srv.Handler()
+	if !s.NoRiverUI {
+		ui, err := riverUI(e.Ctx, enq.River, e.Logger)
+		if err != nil {
+			return fmt.Errorf("river UI: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle(riverUIPrefix+"/", srv.Authenticated(ui))
+		mux.Handle("/", handler)
+		handler = mux
+	}
 	httpSrv := &http.Server{
-		Handler:           srv.Handler(),
+		Handler:           handler,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,
 		WriteTimeout:      45 * time.Second,
