@@ -43,6 +43,8 @@ GRANT USAGE ON SCHEMA public TO fleet_worker, fleet_enqueue;
 GRANT SELECT, UPDATE ON ingestion_batches TO fleet_worker;
 GRANT SELECT, INSERT, UPDATE ON ingestion_batches TO fleet_enqueue;
 GRANT USAGE, SELECT ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue;
+-- Workers check at start that the schema is current for their build.
+GRANT SELECT ON ingest_schema_migrations TO fleet_worker;
 
 -- River: workers fetch, complete, snooze, rescue, clean and elect a leader;
 -- enqueue only inserts (and reads for unique inserts).
@@ -51,13 +53,17 @@ DECLARE t text;
 BEGIN
     FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'river%' LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON public.%I TO fleet_worker', t);
+        -- enqueue serve shows River's tables in the River UI (read-only
+        -- besides the job updates granted below).
+        EXECUTE format('GRANT SELECT ON public.%I TO fleet_enqueue', t);
     END LOOP;
     FOR t IN SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'river%' LOOP
         EXECUTE format('GRANT USAGE, SELECT, UPDATE ON SEQUENCE public.%I TO fleet_worker, fleet_enqueue', t);
     END LOOP;
 END
 $$;
--- River inserts with INSERT … ON CONFLICT DO UPDATE, which needs UPDATE.
+-- River inserts with INSERT … ON CONFLICT DO UPDATE, which needs UPDATE;
+-- enqueue cancel marks a batch's jobs cancelled (UPDATE too).
 GRANT SELECT, INSERT, UPDATE ON river_job TO fleet_enqueue;
 GRANT SELECT ON river_migration TO fleet_enqueue;
 

@@ -241,7 +241,7 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 	// Transient failure or cancellation: the batch keeps its progress.
 	if errors.Is(context.Cause(ctx), river.ErrJobCancelledRemotely) {
 		m.Deliveries.WithLabelValues("cancelled").Inc()
-		log.Warn("job cancelled remotely (an operator's cancel): stopped without further writes", "error", res.Err)
+		log.Warn("job cancelled remotely, lease lost (an operator cancelled the batch, or the sweeper re-delivered it after the lease expired): stopped without further writes", "error", res.Err)
 		return river.JobCancel(fmt.Errorf("cancelled remotely: %w", res.Err))
 	}
 	if ctx.Err() != nil {
