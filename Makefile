@@ -9,13 +9,15 @@ TEST_DATABASE_URL ?= $(DATABASE_URL)
 export DATABASE_URL TEST_DATABASE_URL
 
 GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS := -X github.com/fleet/ingest/internal/buildinfo.version=$(VERSION)
 
 .PHONY: all build test test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
 
 all: lint test
 
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
 
 demo:
 	bash scripts/demo.sh

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
@@ -71,9 +72,57 @@ func checkExpr(t *testing.T, where, expr string, known map[string]map[string]boo
 	return names
 }
 
+// runbookURL is where every alert's runbook_url points, followed by a
+// section anchor of docs/runbook.md.
+const runbookURL = "https://github.com/fleet/ingest/blob/main/docs/runbook.md#"
+
+// runbookAnchors returns the anchors of docs/runbook.md's headings, as
+// GitHub renders them (lower case, spaces to hyphens, punctuation dropped).
+func runbookAnchors(t *testing.T) map[string]bool {
+	t.Helper()
+	raw, err := os.ReadFile("../docs/runbook.md")
+	require.NoError(t, err)
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		title, ok := strings.CutPrefix(line, "## ")
+		if !ok {
+			continue
+		}
+		var b strings.Builder
+		for _, r := range strings.ToLower(strings.TrimSpace(title)) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		anchors[b.String()] = true
+	}
+	return anchors
+}
+
+func checkRunbook(t *testing.T, alert, url string, anchors map[string]bool) {
+	t.Helper()
+	anchor, ok := strings.CutPrefix(url, runbookURL)
+	require.True(t, ok, "%s: runbook_url %q must point into docs/runbook.md", alert, url)
+	require.True(t, anchors[anchor], "%s: docs/runbook.md has no section #%s", alert, anchor)
+}
+
+func TestRunbookCoversOperatorTasks(t *testing.T) {
+	t.Parallel()
+	anchors := runbookAnchors(t)
+	for _, section := range []string{"stuck-batch", "parked-batch", "cancel", "retry", "resume", "lost-worker"} {
+		require.True(t, anchors[section], "docs/runbook.md has no section %q", section)
+	}
+}
+
 func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 	t.Parallel()
 	known := exported(t)
+	// up is written by Prometheus itself for every scrape target.
+	known["up"] = map[string]bool{"job": true, "instance": true}
+	anchors := runbookAnchors(t)
 	groups, errs := rulefmt.ParseFile("prometheus/alerts.yaml", false, model.LegacyValidation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
 	require.Empty(t, errs)
 	alerts := map[string]bool{}
@@ -83,10 +132,12 @@ func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 			require.NotEmpty(t, r.Annotations["summary"], r.Alert)
 			require.NotEmpty(t, r.Labels["severity"], r.Alert)
 			checkExpr(t, r.Alert, r.Expr, known)
+			checkRunbook(t, r.Alert, r.Annotations["runbook_url"], anchors)
 			alerts[r.Alert] = true
 		}
 	}
-	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing"} {
+	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing",
+		"FleetIngestNoLiveWorker", "FleetIngestFailedBatchRateHigh", "FleetIngestParkedBatch"} {
 		require.True(t, alerts[want], "missing alert %s", want)
 	}
 
@@ -101,6 +152,7 @@ func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 func TestDashboardQueriesReferenceExportedMetrics(t *testing.T) {
 	t.Parallel()
 	known := exported(t)
+	known["up"] = map[string]bool{"job": true, "instance": true}
 	raw, err := os.ReadFile("grafana/fleet-ingest.json")
 	require.NoError(t, err)
 	var dash struct {
@@ -127,7 +179,7 @@ func TestDashboardQueriesReferenceExportedMetrics(t *testing.T) {
 	for _, m := range []string{
 		"ingest_lease_acquisitions_total", "ingest_lease_renewals_total", "ingest_stale_writes_rejected_total",
 		"ingest_reservations_total", "ingest_queue_jobs", "ingest_batch_duration_seconds_bucket",
-		"ingest_takeover_delay_seconds_bucket", "ingest_stuck_batches",
+		"ingest_takeover_delay_seconds_bucket", "ingest_stuck_batches", "ingest_parked_batches", "ingest_records_loaded_total",
 	} {
 		require.True(t, used[m], "no panel shows %s", m)
 	}

@@ -113,6 +113,20 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	out, code = runEnqueue(t, enqueueURL, "status", "--batch-id", itoa(id2), "--json")
 	require.Equal(t, 0, code, out)
 
+	// Cancel and retry as the enqueue role (the worker role parks).
+	cancelled := writeFolder(t, sample)
+	blocked := blockLoads(t, admin)
+	id3 := enqueueBatch(t, enqueueURL, "tenant-a", cancelled)
+	waitLoadBlocked(t, admin, id3, "w")
+	out, code = runEnqueue(t, enqueueURL, "cancel", "--batch-id", itoa(id3), "--tenant-id", "tenant-a", "--reason", "least privilege")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "cancelled", outcome(t, out)["outcome"])
+	blocked()
+	out, code = runEnqueue(t, enqueueURL, "retry", "--batch-id", itoa(id3), "--tenant-id", "tenant-a")
+	require.Equal(t, 0, code, out)
+	retried := int64(outcome(t, out)["batch_id"].(float64))
+	waitStatus(t, admin, retried, batch.StatusSucceeded, 30*time.Second)
+
 	// enqueue serve as the enqueue role: an import the worker completes,
 	// and a signed notification accepted once across two replicas.
 	secretFile := filepath.Join(t.TempDir(), "hmac")

@@ -2,9 +2,11 @@ package migrations
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -75,4 +77,41 @@ func ApplyWarehouse(ctx context.Context, pool *pgxpool.Pool) ([]Applied, error) 
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	return UpWarehouse(ctx, db)
+}
+
+// ErrNotMigrated is wrapped by RequireCurrent's error for a database whose
+// schema is behind this build.
+var ErrNotMigrated = errors.New("run `worker migrate` first")
+
+// RequireCurrent checks that the project's migrations this build embeds are
+// all applied, so a worker never starts against an unmigrated database (it
+// would fail later, job by job, with undefined tables or columns). A
+// database ahead of this build is accepted: migrations only add. A role that
+// may not read the version table (see deploy/postgres/roles.sql) cannot
+// check; then nothing is refused here.
+func RequireCurrent(ctx context.Context, pool *pgxpool.Pool) error {
+	latest, err := Latest()
+	if err != nil {
+		return err
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, TableName).Scan(&exists); err != nil {
+		return fmt.Errorf("checking the schema version: %w", err)
+	}
+	if !exists {
+		return fmt.Errorf("the database has no schema (no %s table): %w", TableName, ErrNotMigrated)
+	}
+	var v int64
+	err = pool.QueryRow(ctx, `SELECT COALESCE(max(version_id), 0) FROM `+TableName+` WHERE is_applied`).Scan(&v)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient privilege
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("checking the schema version: %w", err)
+	}
+	if v < latest {
+		return fmt.Errorf("the database schema is at migration %d, this build needs %d: %w", v, latest, ErrNotMigrated)
+	}
+	return nil
 }

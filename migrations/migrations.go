@@ -89,6 +89,24 @@ func Version(ctx context.Context, db *sql.DB) (int64, error) {
 	return provider.GetDBVersion(ctx)
 }
 
+// Latest returns the highest project migration version this build embeds:
+// a database at a lower version is not migrated for this build.
+func Latest() (int64, error) {
+	names, err := fs.Glob(files, "*.sql")
+	if err != nil {
+		return 0, err
+	}
+	var latest int64
+	for _, name := range names {
+		v, err := goose.NumericComponent(name)
+		if err != nil {
+			return 0, fmt.Errorf("migration %s: %w", name, err)
+		}
+		latest = max(latest, v)
+	}
+	return latest, nil
+}
+
 // Hash returns a digest of every embedded migration's name and content. Test
 // harnesses use it to key template databases.
 func Hash() (string, error) {

@@ -3,9 +3,6 @@ package migrations_test
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/stdlib"
@@ -85,7 +82,9 @@ func TestUpgradeFromBaselineKeepsExistingBatches(t *testing.T) {
 	require.Empty(t, again.River)
 	v, err := migrations.Version(ctx, stdlib.OpenDBFromPool(pool))
 	require.NoError(t, err)
-	require.Equal(t, latestVersion(t), v)
+	latest, err := migrations.Latest()
+	require.NoError(t, err)
+	require.Equal(t, latest, v)
 
 	// No operational table other than River's and goose's was added;
 	// ingest_seen_signatures holds replay records of enqueue serve's
@@ -117,21 +116,9 @@ func TestConcurrentApplyIsSafe(t *testing.T) {
 	}
 	v, err := migrations.Version(ctx, stdlib.OpenDBFromPool(pool))
 	require.NoError(t, err)
-	require.Equal(t, latestVersion(t), v)
-}
-
-// latestVersion is the highest version among the migration files.
-func latestVersion(t *testing.T) int64 {
-	t.Helper()
-	names, err := filepath.Glob("*.sql")
+	latest, err := migrations.Latest()
 	require.NoError(t, err)
-	var latest int64
-	for _, n := range names {
-		v, err := strconv.ParseInt(strings.SplitN(n, "_", 2)[0], 10, 64)
-		require.NoError(t, err, n)
-		latest = max(latest, v)
-	}
-	return latest
+	require.Equal(t, latest, v)
 }
 
 func TestHashIsStable(t *testing.T) {

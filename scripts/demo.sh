@@ -2,11 +2,14 @@
 # make demo: run the whole system end to end on a local PostgreSQL.
 #
 # Uses DATABASE_URL's server (default postgres://postgres@127.0.0.1:5432/postgres)
-# and a fresh database "fleet_demo" on it. If no server answers and initdb and
+# and creates a database of its own there, with a unique name
+# (fleet_demo_<time>_<pid>); it drops that database, and only that one, when it
+# ends (KEEP_DEMO_DB=1 keeps it for a look). If no server answers and initdb and
 # pg_ctl are installed, starts a throwaway cluster under .dev/pg on port 55432.
 # Then: migrate, generate a sample Fleet folder under .dev/sample (file://),
 # start a worker, enqueue the folder, wait until the batch Succeeded, and print
-# the batch, some of its records and its publication.
+# the batch, some of its records and its publication. Needs psql; curl is
+# optional (it shows a few of the worker's metrics when present).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -37,9 +40,19 @@ if ! psql "$base_url" -XAtqc 'select 1' >/dev/null 2>&1; then
 	base_url="postgres://postgres@127.0.0.1:55432/postgres?sslmode=disable"
 fi
 
-demo_url=$(printf '%s' "$base_url" | sed -E 's#(postgres(ql)?://[^/]*)/[^?]*#\1/fleet_demo#')
-say "Fresh demo database: fleet_demo"
-psql "$base_url" -XAtqc 'DROP DATABASE IF EXISTS fleet_demo WITH (FORCE)' -c 'CREATE DATABASE fleet_demo'
+demo_db="fleet_demo_$(date +%s)_$$"
+demo_url=$(printf '%s' "$base_url" | sed -E "s#(postgres(ql)?://[^/]*)/[^?]*#\\1/$demo_db#")
+say "Fresh demo database: $demo_db (dropped at the end; KEEP_DEMO_DB=1 keeps it)"
+psql "$base_url" -XAtqc "CREATE DATABASE $demo_db"
+cleanup_db() {
+	if [ "${KEEP_DEMO_DB:-}" = 1 ]; then
+		echo "Kept demo database $demo_db"
+		return
+	fi
+	# Only the database this run created.
+	psql "$base_url" -XAtqc "DROP DATABASE IF EXISTS $demo_db WITH (FORCE)" >/dev/null || true
+}
+trap cleanup_db EXIT
 export DATABASE_URL=$demo_url
 
 say "Building bin/worker and bin/enqueue"
@@ -67,7 +80,7 @@ find "$folder" -type f | sed "s#$root/##" | sort
 say "Starting a worker"
 bin/worker --metrics-addr 127.0.0.1:0 --log-format text --name demo-worker >.dev/worker.log 2>&1 &
 worker_pid=$!
-trap 'kill -TERM $worker_pid 2>/dev/null || true; wait $worker_pid 2>/dev/null || true' EXIT
+trap 'kill -TERM $worker_pid 2>/dev/null || true; wait $worker_pid 2>/dev/null || true; cleanup_db' EXIT
 addr=""
 for _ in $(seq 1 100); do
 	addr=$(sed -nE 's/.*msg="metrics listener started".*addr=([^ ]+).*/\1/p' .dev/worker.log | head -n1)
@@ -99,12 +112,14 @@ say "Slice stamp and publication (curated.fleet_slices, curated.fleet_publicatio
 psql "$DATABASE_URL" -Xq -c "SELECT batch_id, record_count, committed_at, published_at FROM curated.fleet_slices" \
 	-c "SELECT id, tenant_id, batch_id, record_count, published_at FROM curated.fleet_publications"
 
-say "A few of the worker's metrics"
-curl -sf "http://$addr/metrics" | grep -E '^ingest_(deliveries_total\{outcome="worked"\}|lease_acquisitions_total\{outcome="acquired"\}|lease_renewals_total|reservations_total)' || true
+if command -v curl >/dev/null 2>&1; then
+	say "A few of the worker's metrics"
+	curl -sf "http://$addr/metrics" | grep -E '^ingest_(deliveries_total\{outcome="worked"\}|lease_acquisitions_total\{outcome="acquired"\}|lease_renewals_total|records_loaded_total|build_info)' || true
+fi
 
 say "Stopping the worker (SIGTERM)"
 kill -TERM $worker_pid
 wait $worker_pid && echo "worker exited cleanly"
-trap - EXIT
+trap cleanup_db EXIT
 echo
-echo "Done. Worker log: .dev/worker.log. Demo database: $(printf '%s' "$DATABASE_URL" | sed -E 's#//([^:@]*):[^@]*@#//\1:xxxxx@#')"
+echo "Done. Worker log: .dev/worker.log. Demo database: $(printf '%s' "$DATABASE_URL" | sed -E 's#//([^:@]*):[^@]*@#//\1:xxxxx@#') (dropped now unless KEEP_DEMO_DB=1)"

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,11 +81,15 @@ func TestStatusAndList(t *testing.T) {
 	reserved := phased(t, pool, "tenant-a", batch.PhaseReserved, batch.StatusRunning, 0)
 	loading := phased(t, pool, "tenant-a", batch.PhaseLoading, batch.StatusRunning, 0)
 	publishing := phased(t, pool, "tenant-a", batch.PhasePublishing, batch.StatusRunning, 0)
-	stuck := phased(t, pool, "tenant-b", batch.PhaseLoading, batch.StatusRunning, 20*time.Millisecond)
+	stuck := phased(t, pool, "tenant-b", batch.PhaseLoading, batch.StatusRunning, time.Microsecond)
 	published := phased(t, pool, "tenant-b", batch.PhasePublished, batch.StatusSucceeded, 0)
 	preCommit := phased(t, pool, "tenant-b", batch.PhaseFailedPreCommit, batch.StatusFailed, 0)
 	failedPub := phased(t, pool, "tenant-c", batch.PhaseFailedPublication, batch.StatusFailed, 0)
-	time.Sleep(30 * time.Millisecond) // let the short lease expire
+	require.Eventually(t, func() bool { // the short lease has expired
+		var expired bool
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT now() > $1`, *stuck.LeaseExpiresAt).Scan(&expired))
+		return expired
+	}, 10*time.Second, 5*time.Millisecond)
 
 	status := func(b batch.Batch) batchView {
 		t.Helper()
@@ -106,7 +111,12 @@ func TestStatusAndList(t *testing.T) {
 	require.Equal(t, "worker-1/job-7/attempt-1/ab12", v.LeaseHolder)
 	require.Equal(t, int64(1), v.LeaseGeneration)
 	require.NotNil(t, v.LeaseExpiresAt)
-	require.False(t, strings.HasPrefix(v.LeaseExpiresIn, "-"), "a live lease expires in the future")
+	require.NotNil(t, v.LeaseExpiresInSeconds)
+	require.Greater(t, *v.LeaseExpiresInSeconds, float64(0), "a live lease expires in the future")
+	require.NotNil(t, v.LeaseRenewedAt, "the acquisition counts as the last renewal")
+	require.NotNil(t, v.LeaseRenewedSecondsAgo)
+	require.GreaterOrEqual(t, *v.LeaseRenewedSecondsAgo, float64(0))
+	require.Less(t, *v.LeaseRenewedSecondsAgo, float64(30))
 	require.False(t, v.RedshiftCommitted)
 
 	v = status(publishing)
@@ -115,7 +125,7 @@ func TestStatusAndList(t *testing.T) {
 	require.Equal(t, int64(42), v.RecordCount)
 
 	v = status(stuck)
-	require.True(t, strings.HasPrefix(v.LeaseExpiresIn, "-"), "an expired lease shows a negative expiry: %s", v.LeaseExpiresIn)
+	require.Less(t, *v.LeaseExpiresInSeconds, float64(0), "an expired lease shows a negative expiry")
 
 	v = status(published)
 	require.Equal(t, "Succeeded", v.Status)
@@ -222,4 +232,72 @@ func TestTableOutputIsInert(t *testing.T) {
 
 	require.Equal(t, "plain text, même accentué", inert("plain text, même accentué"), "printable text is left alone")
 	require.Equal(t, `"a\x1b[2Jb"`, inert("a\x1b[2Jb"))
+}
+
+// syncBuffer is a goroutine-safe writer for a command running in the
+// background.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestStatusWatchFollowsProgressUntilTerminal: status --watch prints the
+// load's progress as it changes and returns once the batch is terminal.
+func TestStatusWatchFollowsProgressUntilTerminal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	store := batch.NewStore(pool)
+	b := phased(t, pool, "tenant-w", batch.PhaseLoading, batch.StatusRunning, 0)
+	a, err := lease.NewStore(pool).Acquire(ctx, b.ID, "other", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, lease.Held, a.Outcome)
+	fence := batch.Fence{BatchID: b.ID, LeaseID: *b.LeaseID, Generation: b.LeaseGeneration}
+	progress := func(objects, records int64) {
+		t.Helper()
+		cur, err := store.Get(ctx, b.ID)
+		require.NoError(t, err)
+		d, err := batch.ParseDetails(cur.Details)
+		require.NoError(t, err)
+		d.Progress = &batch.Progress{ObjectsDone: objects, ObjectsTotal: 4, RecordsDone: records, At: time.Now().UTC()}
+		_, err = store.WriteDetails(ctx, fence, d)
+		require.NoError(t, err)
+	}
+	progress(1, 100)
+
+	var stdout, stderr syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"status", "--batch-id", fmt.Sprint(b.ID), "--watch", "--interval", "100ms",
+			"--database-url", dbURL, "--log-level", "error"}, &stdout, &stderr)
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "1/4 objects, 100 records") }, 30*time.Second, 10*time.Millisecond)
+	progress(3, 250)
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "3/4 objects, 250 records") }, 30*time.Second, 10*time.Millisecond)
+	res, err := store.Cancel(ctx, batch.CancelRequest{BatchID: b.ID, TenantID: "tenant-w", By: "ops"})
+	require.NoError(t, err)
+	require.Equal(t, batch.Cancelled, res.Outcome)
+	select {
+	case c := <-code:
+		require.Equal(t, cli.ExitOK, c, stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("status --watch did not return once the batch was terminal")
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	require.GreaterOrEqual(t, len(lines), 3, "one line per change (not a terminal)")
+	require.Contains(t, lines[len(lines)-1], "Failed cancelled")
+	require.Contains(t, lines[len(lines)-1], `last error: "cancelled by ops"`)
 }

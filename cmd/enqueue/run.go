@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/alecthomas/kong"
@@ -23,6 +25,8 @@ type enqueueCLI struct {
 
 	Import importCmd `cmd:"" help:"Reserve a batch for a tenant's folder and enqueue its job (one transaction)."`
 	Resume resumeCmd `cmd:"" help:"Resume a batch whose warehouse commit succeeded but whose publication failed."`
+	Retry  retryCmd  `cmd:"" help:"Start a new batch for the folder of a batch that failed before its warehouse commit, or was cancelled."`
+	Cancel cancelCmd `cmd:"" help:"Cancel a Running batch (also a parked one): its worker stops, its load aborts before commit, its scope is free at once."`
 	Status statusCmd `cmd:"" help:"Show one batch: status, phase, lease holder, expiry, generation, age."`
 	List   listCmd   `cmd:"" help:"List batches, newest first."`
 	Serve  serveCmd  `cmd:"" help:"Serve the HTTP listener for upload notifications (POST /v1/imports, POST /v1/events/s3)."`
@@ -31,7 +35,11 @@ type enqueueCLI struct {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c enqueueCLI
 	kctx, code, ok := cli.Parse(&c, args, stdout, stderr, "enqueue",
-		"Reserve Fleet ingestion batches and enqueue their jobs. Prints one JSON line per outcome on stdout.", kong.Vars{})
+		"Reserve Fleet ingestion batches and enqueue their jobs. Prints one JSON line per outcome on stdout.", kong.Vars{},
+		func(field, reason string) {
+			fmt.Fprintf(stderr, "enqueue: %s\n", reason)
+			cli.JSONOutcome(stdout)(field, reason)
+		})
 	if !ok {
 		return code
 	}
@@ -47,6 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return coded.Code
 	}
+	err = cli.MigrateHint(err)
 	e.Logger.Error(err.Error())
 	printJSON(stdout, map[string]string{"outcome": "error", "error": err.Error()})
 	return cli.ExitInfra
@@ -84,7 +93,7 @@ func invalid(e *cli.Env, err error) error {
 // exitCode maps an outcome to the command's exit code.
 func exitCode(outcome string) int {
 	switch outcome {
-	case jobs.OutcomeEnqueued, jobs.OutcomeResumed, jobs.OutcomeAlreadySucceeded:
+	case jobs.OutcomeEnqueued, jobs.OutcomeResumed, jobs.OutcomeAlreadySucceeded, jobs.OutcomeCancelled:
 		return cli.ExitOK
 	case jobs.OutcomeConflict:
 		return cli.ExitConflict
@@ -152,7 +161,7 @@ func report(e *cli.Env) func(jobs.Result, error) error {
 type resumeCmd struct {
 	BatchID           int64         `name:"batch-id" required:"" help:"The failed batch."`
 	TenantID          string        `name:"tenant-id" required:"" help:"The batch's tenant."`
-	Folder            string        `name:"folder" required:"" help:"The batch's source folder URL."`
+	Folder            string        `name:"folder" help:"The batch's source folder URL (optional: the batch knows it; if given it must match)."`
 	WarehouseURL      string        `name:"warehouse-url" env:"WAREHOUSE_URL" help:"Warehouse connection string, to prove the slice is still the batch's. Defaults to the operational database."`
 	PublicationWindow time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"A batch committed longer ago than this is publication_expired."`
 }
@@ -184,4 +193,61 @@ func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
 	return report(e)(enq.Resume(ctx, req))
+}
+
+type retryCmd struct {
+	BatchID  int64  `name:"batch-id" required:"" help:"The failed (failed_pre_commit, failed_enqueue) or cancelled batch."`
+	TenantID string `name:"tenant-id" required:"" help:"The batch's tenant."`
+}
+
+func (r *retryCmd) Run(c *enqueueCLI, e *cli.Env) error {
+	req := jobs.RetryRequest{BatchID: r.BatchID, TenantID: r.TenantID}
+	if err := jobs.ValidateRetry(req); err != nil {
+		return invalid(e, err)
+	}
+	pool, err := connect(c, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	enq, err := newEnqueuer(c, e, pool, nil, 0)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
+	defer cancel()
+	return report(e)(enq.Retry(ctx, req))
+}
+
+type cancelCmd struct {
+	BatchID  int64  `name:"batch-id" required:"" help:"The Running batch."`
+	TenantID string `name:"tenant-id" required:"" help:"The batch's tenant."`
+	Reason   string `name:"reason" help:"Why, recorded with the cancel."`
+	By       string `name:"by" env:"ENQUEUE_OPERATOR" help:"Who asks, recorded with the cancel. Defaults to cli:USER@HOST."`
+}
+
+func (k *cancelCmd) Run(c *enqueueCLI, e *cli.Env) error {
+	by := k.By
+	if by == "" {
+		by = "cli:" + cmp.Or(os.Getenv("USER"), "unknown")
+		if host, err := os.Hostname(); err == nil {
+			by += "@" + host
+		}
+	}
+	req := jobs.CancelRequest{BatchID: k.BatchID, TenantID: k.TenantID, Reason: k.Reason, By: by}
+	if err := jobs.ValidateCancel(req); err != nil {
+		return invalid(e, err)
+	}
+	pool, err := connect(c, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	enq, err := newEnqueuer(c, e, pool, nil, 0)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
+	defer cancel()
+	return report(e)(enq.Cancel(ctx, req))
 }

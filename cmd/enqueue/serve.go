@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -28,6 +29,7 @@ type serveCmd struct {
 	SNSAutoConfirm bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
 	DevLocal       bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
 	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
+	NoRiverUI      bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI at /riverui/."`
 }
 
 func readSecret(path string) (string, error) {
@@ -104,7 +106,18 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if s.MaxConns < 1 {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--max-conns must be at least 1")}
 	}
-	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: srv.Handler(), MaxConns: s.MaxConns, Logger: e.Logger})
+	handler := srv.Handler()
+	if !s.NoRiverUI {
+		ui, err := riverUI(e.Ctx, enq.River, e.Logger)
+		if err != nil {
+			return fmt.Errorf("river UI: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle(riverUIPrefix+"/", srv.Authenticated(ui))
+		mux.Handle("/", handler)
+		handler = mux
+	}
+	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: handler, MaxConns: s.MaxConns, Logger: e.Logger})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -15,49 +17,76 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
 )
 
 type statusCmd struct {
-	BatchID  int64  `name:"batch-id" required:"" help:"The batch to show."`
-	TenantID string `name:"tenant-id" help:"Only show the batch if it belongs to this tenant (otherwise not_found)."`
-	JSON     bool   `name:"json" help:"Print JSON instead of a table."`
+	BatchID  int64         `name:"batch-id" required:"" help:"The batch to show."`
+	TenantID string        `name:"tenant-id" help:"Only show the batch if it belongs to this tenant (otherwise not_found)."`
+	JSON     bool          `name:"json" help:"Print JSON instead of a table."`
+	Watch    bool          `name:"watch" help:"Redraw a progress line until the batch is terminal (with --json: one JSON line per change)."`
+	Interval time.Duration `name:"interval" default:"1s" help:"How often --watch looks at the batch."`
 }
 
 type listCmd struct {
 	Status   string `name:"status" enum:",Running,Succeeded,Failed" default:"" help:"Only batches with this status (Running, Succeeded, Failed)."`
 	TenantID string `name:"tenant-id" help:"Only this tenant's batches."`
-	Stuck    bool   `name:"stuck" help:"Only Running batches whose execution lease has expired."`
+	Stuck    bool   `name:"stuck" help:"Only Running batches no delivery is working on: expired lease, or parked."`
+	Parked   bool   `name:"parked" help:"Only parked batches (Running, but this build cannot work on them)."`
 	Limit    int    `name:"limit" default:"50" help:"At most this many batches."`
 	JSON     bool   `name:"json" help:"Print JSON lines instead of a table."`
 }
 
-// batchView is what status and list show of a batch.
+// batchView is what status and list show of a batch. Durations are numbers
+// of seconds; times are RFC 3339.
 type batchView struct {
-	BatchID           int64      `json:"batch_id"`
-	TenantID          string     `json:"tenant_id"`
-	SourceType        string     `json:"source_type"`
-	SourceScope       string     `json:"source_scope,omitempty"`
-	Status            string     `json:"status"`
-	Phase             string     `json:"phase,omitempty"`
-	RedshiftCommitted bool       `json:"redshift_committed"`
-	RecordCount       int64      `json:"record_count,omitempty"`
-	LeaseHolder       string     `json:"lease_holder,omitempty"`
-	LeaseExpiresAt    *time.Time `json:"lease_expires_at,omitempty"`
-	LeaseExpiresIn    string     `json:"lease_expires_in,omitempty"`
-	LeaseGeneration   int64      `json:"lease_generation"`
-	StartedAt         time.Time  `json:"started_at"`
-	CompletedAt       *time.Time `json:"completed_at,omitempty"`
-	AgeSeconds        float64    `json:"age_seconds"`
-	LastError         string     `json:"last_error,omitempty"`
-	DetailsError      string     `json:"details_error,omitempty"`
+	BatchID           int64  `json:"batch_id"`
+	TenantID          string `json:"tenant_id"`
+	SourceType        string `json:"source_type"`
+	SourceScope       string `json:"source_scope,omitempty"`
+	SourceFolder      string `json:"source_folder,omitempty"`
+	Status            string `json:"status"`
+	Phase             string `json:"phase,omitempty"`
+	RedshiftCommitted bool   `json:"redshift_committed"`
+	RecordCount       int64  `json:"record_count,omitempty"`
+	// Progress of the load in flight (or the last one), from details.
+	ObjectsDone  *int64     `json:"objects_done,omitempty"`
+	ObjectsTotal *int64     `json:"objects_total,omitempty"`
+	RecordsDone  *int64     `json:"records_done,omitempty"`
+	ProgressAt   *time.Time `json:"progress_at,omitempty"`
+	LeaseHolder  string     `json:"lease_holder,omitempty"`
+	// LeaseExpiresInSeconds is negative once the lease has expired.
+	LeaseExpiresAt         *time.Time `json:"lease_expires_at,omitempty"`
+	LeaseExpiresInSeconds  *float64   `json:"lease_expires_in_seconds,omitempty"`
+	LeaseRenewedAt         *time.Time `json:"lease_renewed_at,omitempty"`
+	LeaseRenewedSecondsAgo *float64   `json:"lease_renewed_seconds_ago,omitempty"`
+	LeaseGeneration        int64      `json:"lease_generation"`
+	Parked                 bool       `json:"parked"`
+	ParkedReason           string     `json:"parked_reason,omitempty"`
+	ParkedAt               *time.Time `json:"parked_at,omitempty"`
+	CancelledAt            *time.Time `json:"cancelled_at,omitempty"`
+	CancelledBy            string     `json:"cancelled_by,omitempty"`
+	CancelReason           string     `json:"cancel_reason,omitempty"`
+	StartedAt              time.Time  `json:"started_at"`
+	CompletedAt            *time.Time `json:"completed_at,omitempty"`
+	AgeSeconds             float64    `json:"age_seconds"`
+	LastError              string     `json:"last_error,omitempty"`
+	DetailsError           string     `json:"details_error,omitempty"`
+}
+
+func seconds(d time.Duration) *float64 {
+	f := d.Round(time.Millisecond).Seconds()
+	return &f
 }
 
 func view(b batch.Batch, now time.Time) batchView {
 	v := batchView{
 		BatchID: b.ID, TenantID: b.TenantID, SourceType: string(b.SourceType), SourceScope: b.Scope(),
 		Status: string(b.Status), LeaseExpiresAt: b.LeaseExpiresAt, LeaseGeneration: b.LeaseGeneration,
-		StartedAt: b.StartedAt, CompletedAt: b.CompletedAt,
+		LeaseRenewedAt: b.LeaseRenewedAt, StartedAt: b.StartedAt, CompletedAt: b.CompletedAt,
+		Parked: b.Parked(), ParkedAt: b.ParkedAt, CancelledAt: b.CancelledAt,
+		SourceFolder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix),
 	}
 	end := now
 	if b.CompletedAt != nil {
@@ -68,7 +97,19 @@ func view(b batch.Batch, now time.Time) batchView {
 		v.LeaseHolder = *b.LeaseID
 	}
 	if b.LeaseExpiresAt != nil {
-		v.LeaseExpiresIn = b.LeaseExpiresAt.Sub(now).Round(time.Millisecond).String()
+		v.LeaseExpiresInSeconds = seconds(b.LeaseExpiresAt.Sub(now))
+	}
+	if b.LeaseRenewedAt != nil && b.LeaseID != nil {
+		v.LeaseRenewedSecondsAgo = seconds(now.Sub(*b.LeaseRenewedAt))
+	}
+	if b.ParkedReason != nil {
+		v.ParkedReason = *b.ParkedReason
+	}
+	if b.CancelledBy != nil {
+		v.CancelledBy = *b.CancelledBy
+	}
+	if b.CancelReason != nil {
+		v.CancelReason = *b.CancelReason
 	}
 	if b.SourceScope != nil {
 		d, err := batch.ParseDetails(b.Details)
@@ -78,6 +119,9 @@ func view(b batch.Batch, now time.Time) batchView {
 			v.Phase, v.RedshiftCommitted, v.RecordCount = string(d.Phase), d.RedshiftCommitted, d.RecordCount
 			if d.LastError != nil {
 				v.LastError = d.LastError.Message
+			}
+			if p := d.Progress; p != nil {
+				v.ObjectsDone, v.ObjectsTotal, v.RecordsDone, v.ProgressAt = &p.ObjectsDone, &p.ObjectsTotal, &p.RecordsDone, &p.At
 			}
 		}
 	}
@@ -93,18 +137,32 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 			return invalid(e, &jobs.InputError{Field: "tenant_id", Reason: err.Error()})
 		}
 	}
+	if s.Watch && s.Interval < 100*time.Millisecond {
+		return invalid(e, &jobs.InputError{Field: "interval", Reason: "must be at least 100ms"})
+	}
 	pool, err := connect(c, e)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
-	defer cancel()
 	store := batch.NewStore(pool)
-	b, err := store.Get(ctx, s.BatchID)
-	if err == nil && s.TenantID != "" && b.TenantID != s.TenantID {
-		err = batch.ErrNotFound // never reveal another tenant's batch
+	look := func() (batchView, error) {
+		ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
+		defer cancel()
+		b, err := store.Get(ctx, s.BatchID)
+		if err == nil && s.TenantID != "" && b.TenantID != s.TenantID {
+			err = batch.ErrNotFound // never reveal another tenant's batch
+		}
+		if err != nil {
+			return batchView{}, err
+		}
+		now, err := store.Now(ctx)
+		if err != nil {
+			return batchView{}, err
+		}
+		return view(b, now), nil
 	}
+	v, err := look()
 	if errors.Is(err, batch.ErrNotFound) {
 		printJSON(e.Stdout, map[string]any{"outcome": jobs.OutcomeNotFound, "batch_id": s.BatchID})
 		return cli.ExitError{Code: cli.ExitNotResumable, Err: err}
@@ -112,17 +170,102 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return err
 	}
-	now, err := store.Now(ctx)
-	if err != nil {
-		return err
+	if s.Watch {
+		return s.watch(e, v, look)
 	}
-	v := view(b, now)
 	if s.JSON {
 		printJSON(e.Stdout, v)
 		return nil
 	}
 	printTable(e.Stdout, []batchView{v})
 	return nil
+}
+
+// watch redraws one progress line until the batch is terminal (or the
+// command is interrupted). On a terminal the line is redrawn in place;
+// otherwise, and with --json, a line is printed whenever it changes.
+func (s *statusCmd) watch(e *cli.Env, v batchView, look func() (batchView, error)) error {
+	tty := isTerminal(e.Stdout)
+	last := ""
+	show := func(v batchView) {
+		line := progressLine(v)
+		if s.JSON {
+			b, _ := json.Marshal(v)
+			line = string(inertJSON(b))
+		}
+		switch {
+		case tty && !s.JSON:
+			fmt.Fprintf(e.Stdout, "\r\033[K%s", line)
+		case line != last:
+			fmt.Fprintln(e.Stdout, line)
+		}
+		last = line
+	}
+	t := time.NewTicker(s.Interval)
+	defer t.Stop()
+	for {
+		show(v)
+		if v.Status != string(batch.StatusRunning) {
+			if tty && !s.JSON {
+				fmt.Fprintln(e.Stdout)
+			}
+			return nil
+		}
+		select {
+		case <-e.Ctx.Done():
+			if tty && !s.JSON {
+				fmt.Fprintln(e.Stdout)
+			}
+			return nil
+		case <-t.C:
+		}
+		next, err := look()
+		if err != nil {
+			if e.Ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		v = next
+	}
+}
+
+// progressLine is the one line status --watch redraws.
+func progressLine(v batchView) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "batch %d %s", v.BatchID, v.Status)
+	if v.Phase != "" {
+		fmt.Fprintf(&b, " %s", v.Phase)
+	}
+	if v.ObjectsDone != nil {
+		fmt.Fprintf(&b, ": %d/%d objects, %d records", *v.ObjectsDone, *v.ObjectsTotal, *v.RecordsDone)
+	}
+	if v.RecordCount > 0 {
+		fmt.Fprintf(&b, ", %d records committed", v.RecordCount)
+	}
+	if v.LeaseRenewedSecondsAgo != nil {
+		fmt.Fprintf(&b, ", lease renewed %.1fs ago", *v.LeaseRenewedSecondsAgo)
+	}
+	if v.LeaseExpiresInSeconds != nil && v.LeaseHolder != "" {
+		fmt.Fprintf(&b, ", expires in %.1fs", *v.LeaseExpiresInSeconds)
+	}
+	if v.Parked {
+		fmt.Fprintf(&b, ", parked: %q", v.ParkedReason)
+	}
+	if v.LastError != "" && v.Status != string(batch.StatusRunning) {
+		fmt.Fprintf(&b, ", last error: %q", oneLine(v.LastError, 120))
+	}
+	fmt.Fprintf(&b, ", age %s", (time.Duration(v.AgeSeconds * float64(time.Second))).Round(time.Second))
+	return b.String()
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
@@ -142,7 +285,7 @@ func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
 	batches, now, err := batch.NewStore(pool).List(ctx, batch.ListFilter{
-		Status: batch.Status(l.Status), TenantID: l.TenantID, Stuck: l.Stuck, Limit: l.Limit,
+		Status: batch.Status(l.Status), TenantID: l.TenantID, Stuck: l.Stuck, Parked: l.Parked, Limit: l.Limit,
 	})
 	if err != nil {
 		return err
@@ -167,14 +310,40 @@ func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 // terminal.
 func printTable(w io.Writer, views []batchView) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "BATCH\tTENANT\tSTATUS\tPHASE\tCOMMITTED\tLEASE HOLDER\tLEASE EXPIRES IN\tGEN\tAGE\tSCOPE\tLAST ERROR")
+	fmt.Fprintln(tw, "BATCH\tTENANT\tSTATUS\tPHASE\tCOMMITTED\tPROGRESS\tLEASE HOLDER\tRENEWED\tLEASE EXPIRES IN\tGEN\tAGE\tSCOPE\tLAST ERROR")
 	for _, v := range views {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%t\t%s\t%s\t%d\t%s\t%s\t%s\n",
-			v.BatchID, cell(v.TenantID), cell(v.Status), cell(v.Phase), v.RedshiftCommitted, cell(v.LeaseHolder), cell(v.LeaseExpiresIn),
+		note := v.LastError + v.DetailsError
+		if v.Parked {
+			note = "parked: " + v.ParkedReason
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
+			v.BatchID, cell(v.TenantID), cell(v.Status), cell(v.Phase), v.RedshiftCommitted, progressCell(v), cell(v.LeaseHolder),
+			ago(v.LeaseRenewedSecondsAgo), secondsCell(v.LeaseExpiresInSeconds),
 			v.LeaseGeneration, (time.Duration(v.AgeSeconds * float64(time.Second))).Round(time.Second), cell(v.SourceScope),
-			oneLine(v.LastError+v.DetailsError, 60))
+			oneLine(note, 60))
 	}
 	tw.Flush()
+}
+
+func progressCell(v batchView) string {
+	if v.ObjectsDone == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d obj, %d rec", *v.ObjectsDone, *v.ObjectsTotal, *v.RecordsDone)
+}
+
+func ago(s *float64) string {
+	if s == nil {
+		return "-"
+	}
+	return secondsCell(s) + " ago"
+}
+
+func secondsCell(s *float64) string {
+	if s == nil {
+		return "-"
+	}
+	return (time.Duration(*s * float64(time.Second))).Round(100 * time.Millisecond).String()
 }
 
 // cell is one inert table cell; "-" when empty.

@@ -25,7 +25,7 @@ type workerCLI struct {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c workerCLI
 	kctx, code, ok := cli.Parse(&c, args, stdout, stderr, "worker",
-		"Fleet ingestion worker: runs River jobs that load Fleet folders into the warehouse.", kong.Vars{})
+		"Fleet ingestion worker: runs River jobs that load Fleet folders into the warehouse.", kong.Vars{}, cli.JSONLog(stderr))
 	if !ok {
 		return code
 	}
@@ -36,7 +36,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			e.Logger.Error(coded.Error())
 			return coded.Code
 		}
-		e.Logger.Error(err.Error())
+		e.Logger.Error(cli.MigrateHint(err).Error())
 		return cli.ExitInfra
 	}
 	return cli.ExitOK

@@ -22,6 +22,7 @@ import (
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pipeline"
 	"github.com/fleet/ingest/internal/warehouse"
+	"github.com/fleet/ingest/migrations"
 )
 
 type runCmd struct {
@@ -36,6 +37,7 @@ type runCmd struct {
 	OrphanAfter          time.Duration `name:"orphan-after" env:"ORPHAN_AFTER" default:"1m" help:"Re-deliver a Running batch without a lease and without a queued job after it has been untouched this long."`
 	PublicationWindow    time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"How long after its warehouse commit a batch may still be published."`
 	RescueStuckJobsAfter time.Duration `name:"rescue-stuck-jobs-after" env:"RESCUE_STUCK_JOBS_AFTER" default:"1h" help:"River's rescue interval for jobs left running. Crash takeover does not wait for it."`
+	ProgressEvery        time.Duration `name:"progress-every" env:"PROGRESS_EVERY" default:"5s" help:"How often a running load records its progress (objects and records read) in the batch."`
 	StatsInterval        time.Duration `name:"stats-interval" env:"STATS_INTERVAL" default:"15s" help:"How often database-derived gauges are refreshed."`
 	PollInterval         time.Duration `name:"poll-interval" env:"POLL_INTERVAL" default:"1s" help:"River's fetch poll interval (LISTEN/NOTIFY usually wakes workers sooner)."`
 	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
@@ -57,8 +59,8 @@ func (r *runCmd) validate() error {
 		return errors.New("--metrics-max-conns must be at least 1")
 	case r.MaxRecordBytes < 1024 || r.MaxColumns < 1:
 		return errors.New("--max-record-bytes must be at least 1024 and --max-columns at least 1")
-	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.RescueStuckJobsAfter <= 0:
-		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval and --rescue-stuck-jobs-after must be positive")
+	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.ProgressEvery <= 0 || r.RescueStuckJobsAfter <= 0:
+		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval, --progress-every and --rescue-stuck-jobs-after must be positive")
 	}
 	return nil
 }
@@ -84,6 +86,9 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		return err
 	}
 	defer pool.Close()
+	if err := migrations.RequireCurrent(ctx, pool); err != nil {
+		return err
+	}
 	// Heartbeats get connections of their own so they never wait behind
 	// pipeline work.
 	hbPool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(int32(r.Concurrency+1)))
@@ -109,6 +114,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 			batch.SourceTypeFleetS3: &fleet.Pipeline{
 				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns}},
 				Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
+				ProgressEvery: r.ProgressEvery,
 			},
 		},
 		LeaseTTL:     r.LeaseTTL,

@@ -86,10 +86,14 @@ ALTER TABLE ingestion_batches ENABLE ROW LEVEL SECURITY;
 -- fleet_worker
 -- ---------------------------------------------------------------------------
 GRANT SELECT ON ingestion_batches TO fleet_worker;
--- Lifecycle columns only: fenced state writes, lease acquire/renew/release.
+-- Lifecycle columns only: fenced state writes, lease acquire/renew/release,
+-- parking a batch this build cannot work on.
 GRANT UPDATE (status, details, completed_at, updated_at,
-              execution_lease_id, execution_lease_expires_at, execution_lease_generation)
+              execution_lease_id, execution_lease_expires_at, execution_lease_generation,
+              execution_lease_renewed_at, parked_at, parked_reason)
     ON ingestion_batches TO fleet_worker;
+-- Workers check at start that the schema is current for their build.
+GRANT SELECT ON ingest_schema_migrations TO fleet_worker;
 DROP POLICY IF EXISTS fleet_worker_batches ON ingestion_batches;
 CREATE POLICY fleet_worker_batches ON ingestion_batches TO fleet_worker
     USING (true) WITH CHECK (true);
@@ -100,6 +104,9 @@ DECLARE t text;
 BEGIN
     FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'river%' LOOP
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON public.%I TO fleet_worker', t);
+        -- enqueue serve shows River's tables in the River UI (read-only
+        -- besides the job updates granted below).
+        EXECUTE format('GRANT SELECT ON public.%I TO fleet_enqueue', t);
     END LOOP;
     FOR t IN SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'river%' LOOP
         EXECUTE format('GRANT USAGE, SELECT, UPDATE ON SEQUENCE public.%I TO fleet_worker, fleet_enqueue', t);
@@ -117,9 +124,11 @@ GRANT INSERT (company_id, tenant_id, tenant_database, ingestion_mode, source_typ
               business_date, pipeline_stage, status, details, source_scope, completed_at)
     ON ingestion_batches TO fleet_enqueue;
 GRANT USAGE, SELECT ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue;
--- Resumes (Failed → Running) and operator transitions (→ Failed).
+-- Resumes (Failed → Running) and operator transitions (→ Failed): a cancel
+-- moves the lease generation on (fencing the holder) and records who asked.
 GRANT UPDATE (status, details, completed_at, updated_at,
-              execution_lease_id, execution_lease_expires_at)
+              execution_lease_id, execution_lease_expires_at, execution_lease_generation,
+              cancelled_at, cancelled_by, cancel_reason)
     ON ingestion_batches TO fleet_enqueue;
 DROP POLICY IF EXISTS fleet_enqueue_read ON ingestion_batches;
 CREATE POLICY fleet_enqueue_read ON ingestion_batches FOR SELECT TO fleet_enqueue
@@ -131,8 +140,8 @@ DROP POLICY IF EXISTS fleet_enqueue_update ON ingestion_batches;
 CREATE POLICY fleet_enqueue_update ON ingestion_batches FOR UPDATE TO fleet_enqueue
     USING (true) WITH CHECK (status IN ('Running', 'Failed'));
 
--- River: enqueue only inserts (INSERT … ON CONFLICT DO UPDATE for unique
--- jobs needs UPDATE, and SELECT).
+-- River inserts with INSERT … ON CONFLICT DO UPDATE, which needs UPDATE;
+-- enqueue cancel marks a batch's jobs cancelled (UPDATE too).
 GRANT SELECT, INSERT, UPDATE ON river_job TO fleet_enqueue;
 GRANT SELECT ON river_migration TO fleet_enqueue;
 

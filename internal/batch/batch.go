@@ -74,7 +74,24 @@ type Batch struct {
 	LeaseID         *string
 	LeaseExpiresAt  *time.Time
 	LeaseGeneration int64
+	// LeaseRenewedAt is the database time of the lease's last acquisition
+	// or renewal, nil if it was never leased.
+	LeaseRenewedAt *time.Time
+	// ParkedAt and ParkedReason are set when a delivery found the batch
+	// Running but could not work on it (see Store.Park): the sweeper leaves
+	// it alone until an operator cancels it.
+	ParkedAt     *time.Time
+	ParkedReason *string
+	// CancelledAt, CancelledBy and CancelReason record an operator's
+	// cancel (see Store.Cancel).
+	CancelledAt  *time.Time
+	CancelledBy  *string
+	CancelReason *string
 }
+
+// Parked reports whether the batch is Running and parked: no delivery will
+// work on it until an operator acts.
+func (b *Batch) Parked() bool { return b.Status == StatusRunning && b.ParkedAt != nil }
 
 // Scope returns the batch's source scope, or "" when it has none.
 func (b *Batch) Scope() string {
@@ -110,6 +127,11 @@ var (
 	// ErrNotDateScoped is returned by the is_current helpers for a batch with
 	// no business date.
 	ErrNotDateScoped = errors.New("batch has no business date: current-batch helpers apply to date-scoped batches only")
+	// ErrScopedBatch is returned by the generic, unfenced updates
+	// (UpdateStatus, UpdateDetails, UpdateStatusAndDetails) for a batch with
+	// a source scope: such a write would bypass the lease fence, the scope
+	// reservation and the resume rules. Nothing was written.
+	ErrScopedBatch = errors.New("batch has a source scope: generic updates apply to date-scoped batches only")
 	// ErrUnexpectedBatch is returned by GetForUpdate when the batch does not
 	// match the caller's expectation; the error text names the field.
 	ErrUnexpectedBatch = errors.New("batch does not match expectation")

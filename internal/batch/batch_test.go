@@ -191,8 +191,10 @@ func TestTerminalRowsReleaseTheReservation(t *testing.T) {
 
 	third := reserve(t, s, r)
 
-	// The generic, unfenced status update releases the scope too.
-	require.NoError(t, s.UpdateStatus(ctx, third.ID, batch.StatusFailed))
+	// An operator's cancel releases the scope too.
+	res, err := s.Cancel(ctx, batch.CancelRequest{BatchID: third.ID, TenantID: "tenant-a", By: "test"})
+	require.NoError(t, err)
+	require.Equal(t, batch.Cancelled, res.Outcome)
 	reserve(t, s, r)
 }
 
@@ -294,7 +296,15 @@ func TestResumeRefusals(t *testing.T) {
 
 	setDetails := func(t *testing.T, id int64, raw string) {
 		t.Helper()
-		require.NoError(t, s.UpdateDetails(ctx, id, json.RawMessage(raw)))
+		// Out of band, as another build (or a person with psql) would: the
+		// store's own generic update refuses scoped batches.
+		_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET details = $2 WHERE id = $1`, id, raw)
+		require.NoError(t, err)
+	}
+	setStatus := func(t *testing.T, id int64, status batch.Status) {
+		t.Helper()
+		_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET status = $2 WHERE id = $1`, id, status)
+		require.NoError(t, err)
 	}
 	mutate := func(t *testing.T, b batch.Batch, f func(*batch.Details)) {
 		t.Helper()
@@ -379,7 +389,7 @@ func TestResumeRefusals(t *testing.T) {
 		{
 			name: "succeeded",
 			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
-				require.NoError(t, s.UpdateStatus(ctx, b.ID, batch.StatusSucceeded))
+				setStatus(t, b.ID, batch.StatusSucceeded)
 				return resumeRequest(b), ownedBy(b.ID)
 			},
 			outcome: batch.NotResumable, reason: batch.ReasonSucceeded,
@@ -387,7 +397,7 @@ func TestResumeRefusals(t *testing.T) {
 		{
 			name: "still running",
 			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
-				require.NoError(t, s.UpdateStatus(ctx, b.ID, batch.StatusRunning))
+				setStatus(t, b.ID, batch.StatusRunning)
 				return resumeRequest(b), ownedBy(b.ID)
 			},
 			outcome: batch.NotResumable, reason: batch.ReasonRunning,
@@ -669,4 +679,80 @@ func TestParseDetails(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, d, got)
 	require.False(t, errors.Is(err, batch.ErrDetailsInvalid))
+}
+
+// TestParseDetailsIsStrict: encoding/json alone matches keys without regard
+// to case, ignores unknown keys and takes the last of repeated keys, and any
+// string passes as a phase. A details document that this build could not
+// have written is refused instead of half-understood.
+func TestParseDetailsIsStrict(t *testing.T) {
+	t.Parallel()
+	for name, raw := range map[string]string{
+		"unknown phase":             `{"version":1,"phase":"loaded","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"key in another case":       `{"version":1,"Phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"shadowing key":             `{"version":1,"phase":"loading","PHASE":"published","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"repeated key":              `{"version":1,"phase":"loading","phase":"published","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"unknown key":               `{"version":1,"phase":"loading","redshiftCommited":true,"publication":{"started":false,"completed":false}}`,
+		"nested key in other case":  `{"version":1,"phase":"publishing","redshiftCommitted":true,"publication":{"Started":true,"completed":false}}`,
+		"nested unknown key":        `{"version":1,"phase":"publishing","redshiftCommitted":true,"publication":{"started":true,"done":true}}`,
+		"unknown phase of an error": `{"version":1,"phase":"failed_pre_commit","redshiftCommitted":false,"publication":{"started":false,"completed":false},"lastError":{"phase":"exploded","message":"x","at":"2026-11-30T10:00:00Z"}}`,
+		"lease term key case":       `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},"leases":[{"leaseid":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z"}]}`,
+		"write of unknown phase":    `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},"writes":[{"phase":"x","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z"}]}`,
+	} {
+		_, err := batch.ParseDetails([]byte(raw))
+		require.ErrorIs(t, err, batch.ErrDetailsInvalid, name)
+	}
+
+	// What the database statements write today parses: the lease and write
+	// audit trails with every key they set, updatedAt, progress, retryOf.
+	for _, raw := range []string{
+		`{"version":1,"phase":"loading","sourceFolder":"s3://b/f","redshiftCommitted":false,"publication":{"started":false,"completed":false},` +
+			`"updatedAt":"2026-11-30T10:00:01Z","resumes":1,"retryOf":7,` +
+			`"progress":{"objectsDone":1,"objectsTotal":3,"recordsDone":120,"at":"2026-11-30T10:00:01Z"},` +
+			`"leases":[{"leaseId":"w1/job-1/attempt-1/ab","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","releasedAt":"2026-11-30T10:00:02Z","renewals":3}],` +
+			`"writes":[{"phase":"loading","status":"Running","leaseId":"w1/job-1/attempt-1/ab","generation":1,"at":"2026-11-30T10:00:01Z"}]}`,
+		`{"version":1,"phase":"cancelled","redshiftCommitted":false,"publication":{"started":false,"completed":false},"lastError":{"phase":"cancelled","message":"cancelled by ops: stuck","at":"2026-11-30T10:00:00Z"}}`,
+	} {
+		d, err := batch.ParseDetails([]byte(raw))
+		require.NoError(t, err, raw)
+		again, err := d.Marshal()
+		require.NoError(t, err)
+		_, err = batch.ParseDetails(again)
+		require.NoError(t, err, "what this build writes, it reads")
+	}
+}
+
+// TestPhasesAppendOnly is a golden test: phase names keep their spelling
+// and position; new phases may only be appended.
+func TestPhasesAppendOnly(t *testing.T) {
+	t.Parallel()
+	golden := []batch.Phase{"reserved", "loading", "committed", "publishing", "published", "failed_enqueue",
+		"failed_pre_commit", "failed_publication", "superseded", "publication_expired", "cancelled"}
+	require.GreaterOrEqual(t, len(batch.Phases), len(golden))
+	require.Equal(t, golden, batch.Phases[:len(golden)])
+	require.True(t, batch.PhaseCancelled.NoWork())
+}
+
+// TestGenericUpdatesRefuseScopedBatches: the unfenced, date-scoped updates
+// used to accept a Fleet batch, so a caller could mark it Failed under a
+// live lease holder (freeing its scope for a second Running batch) or move
+// it back to Running without the resume rules. They refuse and write nothing.
+func TestGenericUpdatesRefuseScopedBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	s := batch.NewStore(pool)
+	b := reserve(t, s, fleetReservation("tenant-a", "s3://bucket/generic"))
+
+	require.ErrorIs(t, s.UpdateStatus(ctx, b.ID, batch.StatusFailed), batch.ErrScopedBatch)
+	require.ErrorIs(t, s.UpdateDetails(ctx, b.ID, json.RawMessage(`{"version":1,"phase":"published"}`)), batch.ErrScopedBatch)
+	require.ErrorIs(t, s.UpdateStatusAndDetails(ctx, b.ID, batch.StatusSucceeded, json.RawMessage(`{}`)), batch.ErrScopedBatch)
+	got, err := s.Get(ctx, b.ID)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusRunning, got.Status)
+	require.Equal(t, b.Details, got.Details)
+	require.Equal(t, b.UpdatedAt, got.UpdatedAt, "nothing was written")
+
+	require.ErrorIs(t, s.UpdateStatus(ctx, 1_000_000, batch.StatusFailed), batch.ErrNotFound)
+	require.ErrorIs(t, s.UpdateDetails(ctx, 1_000_000, json.RawMessage(`{}`)), batch.ErrNotFound)
 }

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"reflect"
+	"strings"
 	"time"
 )
 
@@ -17,7 +20,9 @@ type Phase string
 
 // Phases of a Fleet batch. The happy path is reserved → loading → committed
 // → publishing → published. The failed_* phases go with status Failed;
-// superseded and publication_expired are terminal refusals of a resume.
+// superseded and publication_expired are terminal refusals of a resume;
+// cancelled is an operator's cancel (see Store.Cancel). The list is
+// append-only, like the enums: names keep their spelling.
 const (
 	PhaseReserved           Phase = "reserved"
 	PhaseLoading            Phase = "loading"
@@ -29,13 +34,32 @@ const (
 	PhaseFailedPublication  Phase = "failed_publication"
 	PhaseSuperseded         Phase = "superseded"
 	PhasePublicationExpired Phase = "publication_expired"
+	PhaseCancelled          Phase = "cancelled"
 )
+
+// Phases lists every phase this build knows, in declaration order. It is
+// append-only; a golden test guards the existing entries.
+var Phases = []Phase{
+	PhaseReserved, PhaseLoading, PhaseCommitted, PhasePublishing, PhasePublished,
+	PhaseFailedEnqueue, PhaseFailedPreCommit, PhaseFailedPublication, PhaseSuperseded,
+	PhasePublicationExpired, PhaseCancelled,
+}
+
+// Known reports whether this build knows the phase.
+func (p Phase) Known() bool {
+	for _, k := range Phases {
+		if p == k {
+			return true
+		}
+	}
+	return false
+}
 
 // NoWork reports whether a delivery that observes this phase must do nothing,
 // whatever the status says.
 func (p Phase) NoWork() bool {
 	switch p {
-	case PhaseSuperseded, PhasePublicationExpired, PhaseFailedPreCommit, PhaseFailedEnqueue:
+	case PhaseSuperseded, PhasePublicationExpired, PhaseFailedPreCommit, PhaseFailedEnqueue, PhaseCancelled:
 		return true
 	}
 	return false
@@ -62,6 +86,10 @@ type Details struct {
 	LastError *ErrorRecord `json:"lastError,omitempty"`
 	// Resumes counts how many times a failed publication was resumed.
 	Resumes int `json:"resumes,omitempty"`
+	// RetryOf is the batch this one retries (enqueue retry), if any.
+	RetryOf int64 `json:"retryOf,omitempty"`
+	// Progress is how far the current load got, sampled while it runs.
+	Progress *Progress `json:"progress,omitempty"`
 	// UpdatedAt is stamped with the database clock by every store write.
 	UpdatedAt *time.Time `json:"updatedAt,omitempty"`
 	// Leases is the audit trail of lease terms, maintained by the database
@@ -106,6 +134,17 @@ type FencedWrite struct {
 	At         time.Time `json:"at"`
 }
 
+// Progress is how far a load got: objects and records read into the
+// warehouse load so far, sampled at most every few seconds by the delivery
+// holding the lease. It describes the load in flight; once the load commits
+// RecordCount is the authority.
+type Progress struct {
+	ObjectsDone  int64     `json:"objectsDone"`
+	ObjectsTotal int64     `json:"objectsTotal"`
+	RecordsDone  int64     `json:"recordsDone"`
+	At           time.Time `json:"at"`
+}
+
 // Publication records progress of the post-commit publication.
 type Publication struct {
 	Started     bool       `json:"started"`
@@ -137,9 +176,25 @@ var (
 	ErrDetailsUnknownVersion = errors.New("batch details have an unknown version")
 )
 
+// UnknownVersionError is the error of ParseDetails for a document of a
+// version this build does not know. It matches ErrDetailsUnknownVersion.
+type UnknownVersionError struct{ Version int }
+
+func (e *UnknownVersionError) Error() string {
+	return fmt.Sprintf("details version %d unknown to this build", e.Version)
+}
+
+// Is makes errors.Is(err, ErrDetailsUnknownVersion) true.
+func (e *UnknownVersionError) Is(target error) bool { return target == ErrDetailsUnknownVersion }
+
 // ParseDetails decodes a details document. It returns ErrDetailsInvalid when
 // raw is not a JSON object of the expected shape and ErrDetailsUnknownVersion
 // when it is of a version other than DetailsVersion; it never guesses.
+//
+// It is strict: every key must be spelled exactly as this build writes it
+// (encoding/json alone would take "Phase" or "PHASE" for "phase"), no key may
+// repeat, no unknown key is allowed, and every phase must be one this build
+// knows. A document that passes is one this build could have written.
 func ParseDetails(raw []byte) (Details, error) {
 	var head struct {
 		Version *int `json:"version"`
@@ -151,17 +206,104 @@ func ParseDetails(raw []byte) (Details, error) {
 		return Details{}, fmt.Errorf("%w: no version", ErrDetailsInvalid)
 	}
 	if *head.Version != DetailsVersion {
-		return Details{}, fmt.Errorf("%w: version %d", ErrDetailsUnknownVersion, *head.Version)
+		return Details{}, &UnknownVersionError{Version: *head.Version}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if err := checkKeys(dec, reflect.TypeFor[Details](), "$"); err != nil {
+		return Details{}, fmt.Errorf("%w: %v", ErrDetailsInvalid, err)
 	}
 	var d Details
-	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec = json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
 	if err := dec.Decode(&d); err != nil {
 		return Details{}, fmt.Errorf("%w: %v", ErrDetailsInvalid, err)
 	}
 	if d.Phase == "" {
 		return Details{}, fmt.Errorf("%w: no phase", ErrDetailsInvalid)
 	}
+	if err := d.checkPhases(); err != nil {
+		return Details{}, fmt.Errorf("%w: %v", ErrDetailsInvalid, err)
+	}
 	return d, nil
+}
+
+// checkPhases refuses phases this build does not know.
+func (d *Details) checkPhases() error {
+	if !d.Phase.Known() {
+		return fmt.Errorf("unknown phase %q", d.Phase)
+	}
+	if d.LastError != nil && !d.LastError.Phase.Known() {
+		return fmt.Errorf("lastError: unknown phase %q", d.LastError.Phase)
+	}
+	for i, w := range d.Writes {
+		if !w.Phase.Known() {
+			return fmt.Errorf("writes[%d]: unknown phase %q", i, w.Phase)
+		}
+	}
+	return nil
+}
+
+// checkKeys reads one JSON value from dec and checks that every object key
+// in it is spelled exactly like a json tag of the corresponding field of t
+// and appears once. Values are not type-checked here (Decode does that).
+func checkKeys(dec *json.Decoder, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	delim, isDelim := tok.(json.Delim)
+	switch {
+	case !isDelim:
+		return nil // a scalar (or null)
+	case delim == '[':
+		elem := t
+		if t.Kind() == reflect.Slice {
+			elem = t.Elem()
+		}
+		for dec.More() {
+			if err := checkKeys(dec, elem, path+"[]"); err != nil {
+				return err
+			}
+		}
+		_, err := dec.Token() // ]
+		return err
+	}
+	fields := map[string]reflect.Type{}
+	if t.Kind() == reflect.Struct && t != reflect.TypeFor[time.Time]() {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name != "" && name != "-" {
+				fields[name] = f.Type
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		key, _ := tok.(string)
+		ft, ok := fields[key]
+		switch {
+		case !ok:
+			return fmt.Errorf("%s: unknown key %q", path, key)
+		case seen[key]:
+			return fmt.Errorf("%s: key %q repeated", path, key)
+		}
+		seen[key] = true
+		if err := checkKeys(dec, ft, path+"."+key); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil && err != io.EOF { // }
+		return err
+	}
+	return nil
 }
 
 // Marshal encodes the details, forcing the current version.

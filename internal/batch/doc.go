@@ -18,6 +18,18 @@
 //	                                                                           ├─▶ Failed/superseded (slice replaced)
 //	                                                                           └─▶ Failed/publication_expired (window passed)
 //
+// Operator control (any Running scoped batch):
+//
+//	Running ──Cancel──▶ Failed/cancelled   (lease generation +1: the holder is fenced; scope free)
+//	Running ──Park (under the lease)──▶ Running, parked (details untouched; not re-delivered)
+//
+// Cancel records who asked and why in columns (and, when this build can read
+// the details, phase cancelled and the message as the last error); a
+// document of an unknown version is never rewritten. A parked batch keeps its
+// scope until it is cancelled. The generic updates (UpdateStatus,
+// UpdateDetails, UpdateStatusAndDetails) refuse scoped batches
+// (ErrScopedBatch): they would bypass the fence and the resume rules.
+//
 // Invariants:
 //
 //   - At most one Running batch per (tenant_id, source_scope), enforced by
@@ -34,7 +46,8 @@
 //     nothing is written. Terminal writes release the lease.
 //   - Details are a versioned JSON document; an unparsable document or an
 //     unknown version is never guessed at: Resume refuses with an explicit
-//     reason.
+//     reason. ParseDetails is strict: exact key names, no unknown or
+//     repeated keys, known phases only.
 //   - Resume requires proof from the warehouse (SliceVerifier) that the
 //     slice is still stamped with the batch, besides the operational rules.
 package batch

@@ -37,7 +37,8 @@ func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx} }
 const columns = `id, company_id, tenant_id, tenant_database, ingestion_mode, source_type,
 	business_date, pipeline_stage, status, is_current, details, started_at, completed_at,
 	created_at, updated_at, source_scope, execution_lease_id, execution_lease_expires_at,
-	execution_lease_generation`
+	execution_lease_generation, execution_lease_renewed_at, parked_at, parked_reason,
+	cancelled_at, cancelled_by, cancel_reason`
 
 func scanBatch(row pgx.Row, extra ...any) (Batch, error) {
 	var b Batch
@@ -45,7 +46,8 @@ func scanBatch(row pgx.Row, extra ...any) (Batch, error) {
 		&b.ID, &b.CompanyID, &b.TenantID, &b.TenantDatabase, &b.IngestionMode, &b.SourceType,
 		&b.BusinessDate, &b.PipelineStage, &b.Status, &b.IsCurrent, &b.Details, &b.StartedAt, &b.CompletedAt,
 		&b.CreatedAt, &b.UpdatedAt, &b.SourceScope, &b.LeaseID, &b.LeaseExpiresAt,
-		&b.LeaseGeneration,
+		&b.LeaseGeneration, &b.LeaseRenewedAt, &b.ParkedAt, &b.ParkedReason,
+		&b.CancelledAt, &b.CancelledBy, &b.CancelReason,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -159,53 +161,65 @@ func (want Expect) check(b *Batch) error {
 	return nil
 }
 
-// UpdateStatus sets a batch's status, without a lease: the generic operation
-// of date-scoped ingestion. Terminal statuses stamp completed_at and clear
-// any execution lease.
+// UpdateStatus sets a date-scoped batch's status, without a lease: the
+// generic operation of date-scoped ingestion. Terminal statuses stamp
+// completed_at. It returns ErrScopedBatch, writing nothing, for a batch with
+// a source scope: those change only through reservations, fenced writes,
+// Resume and Cancel, which keep their rules.
 func (s *Store) UpdateStatus(ctx context.Context, id int64, status Status) error {
-	return s.exec1(ctx, `
+	return s.execUnscoped(ctx, id, `
 		UPDATE ingestion_batches
 		SET status = $2::text,
 		    completed_at = CASE WHEN $2::text = 'Running' THEN NULL ELSE now() END,
-		    execution_lease_id = CASE WHEN $2::text = 'Running' THEN execution_lease_id END,
-		    execution_lease_expires_at = CASE WHEN $2::text = 'Running' THEN execution_lease_expires_at END,
 		    updated_at = now()
-		WHERE id = $1`, id, status)
+		WHERE id = $1 AND source_scope IS NULL`, id, status)
 }
 
-// UpdateDetails replaces a batch's details document, without a lease.
+// UpdateDetails replaces a date-scoped batch's details document, without a
+// lease. It returns ErrScopedBatch, writing nothing, for a scoped batch.
 func (s *Store) UpdateDetails(ctx context.Context, id int64, details json.RawMessage) error {
 	if !json.Valid(details) {
 		return &ValidationError{"details", "must be a JSON document"}
 	}
-	return s.exec1(ctx, `UPDATE ingestion_batches SET details = $2, updated_at = now() WHERE id = $1`, id, string(details))
+	return s.execUnscoped(ctx, id, `UPDATE ingestion_batches SET details = $2, updated_at = now() WHERE id = $1 AND source_scope IS NULL`, id, string(details))
 }
 
-// UpdateStatusAndDetails sets status and details in one statement, so the
-// two are never seen apart.
+// UpdateStatusAndDetails sets status and details of a date-scoped batch in
+// one statement, so the two are never seen apart. It returns ErrScopedBatch,
+// writing nothing, for a scoped batch.
 func (s *Store) UpdateStatusAndDetails(ctx context.Context, id int64, status Status, details json.RawMessage) error {
 	if !json.Valid(details) {
 		return &ValidationError{"details", "must be a JSON document"}
 	}
-	return s.exec1(ctx, `
+	return s.execUnscoped(ctx, id, `
 		UPDATE ingestion_batches
 		SET status = $2::text, details = $3,
 		    completed_at = CASE WHEN $2::text = 'Running' THEN NULL ELSE now() END,
-		    execution_lease_id = CASE WHEN $2::text = 'Running' THEN execution_lease_id END,
-		    execution_lease_expires_at = CASE WHEN $2::text = 'Running' THEN execution_lease_expires_at END,
 		    updated_at = now()
-		WHERE id = $1`, id, status, string(details))
+		WHERE id = $1 AND source_scope IS NULL`, id, status, string(details))
 }
 
-func (s *Store) exec1(ctx context.Context, sql string, args ...any) error {
+// execUnscoped runs a generic update that only touches unscoped batches and
+// explains a miss: ErrScopedBatch if batch id has a scope, else ErrNotFound.
+func (s *Store) execUnscoped(ctx context.Context, id int64, sql string, args ...any) error {
 	tag, err := s.db.Exec(ctx, sql, args...)
 	if err != nil {
 		return err
 	}
-	if tag.RowsAffected() == 0 {
-		return ErrNotFound
+	if tag.RowsAffected() == 1 {
+		return nil
 	}
-	return nil
+	var scoped bool
+	err = s.db.QueryRow(ctx, `SELECT source_scope IS NOT NULL FROM ingestion_batches WHERE id = $1`, id).Scan(&scoped)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ErrNotFound
+	case err != nil:
+		return err
+	case scoped:
+		return ErrScopedBatch
+	}
+	return ErrNotFound
 }
 
 // SetCurrent marks a date-scoped batch as the current one for its tenant,
@@ -245,8 +259,11 @@ func (s *Store) GetCurrent(ctx context.Context, tenantID string, businessDate ti
 type ListFilter struct {
 	Status   Status
 	TenantID string
-	// Stuck keeps Running batches whose execution lease has expired.
+	// Stuck keeps Running batches that no delivery is working on: those
+	// whose execution lease has expired, and parked ones.
 	Stuck bool
+	// Parked keeps parked batches only.
+	Parked bool
 	// ScopedOnly keeps batches with a source scope.
 	ScopedOnly bool
 	// Limit defaults to 50.
@@ -266,10 +283,11 @@ func (s *Store) List(ctx context.Context, f ListFilter) ([]Batch, time.Time, err
 		SELECT `+columns+` FROM ingestion_batches
 		WHERE ($1::text = '' OR status = $1::text)
 		  AND ($2::text = '' OR tenant_id = $2::text)
-		  AND (NOT $3::bool OR (status = 'Running' AND execution_lease_expires_at < now()))
+		  AND (NOT $3::bool OR (status = 'Running' AND (execution_lease_expires_at < now() OR parked_at IS NOT NULL)))
 		  AND (NOT $4::bool OR source_scope IS NOT NULL)
+		  AND (NOT $6::bool OR (status = 'Running' AND parked_at IS NOT NULL))
 		ORDER BY id DESC
-		LIMIT $5`, string(f.Status), f.TenantID, f.Stuck, f.ScopedOnly, f.Limit)
+		LIMIT $5`, string(f.Status), f.TenantID, f.Stuck, f.ScopedOnly, f.Limit, f.Parked)
 	if err != nil {
 		return nil, now, err
 	}

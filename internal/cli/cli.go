@@ -5,17 +5,22 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fleet/ingest/internal/buildinfo"
 )
 
 // Exit codes shared by the binaries. Scripts depend on them.
@@ -25,25 +30,41 @@ const (
 	ExitInvalidInput = 2 // bad flags or values; nothing was written
 	ExitConflict     = 3 // a running batch holds the scope
 	ExitEnqueueFail  = 4 // the job insert failed; the batch was recorded Failed
-	ExitNotResumable = 5 // resume refused, or batch not found
+	ExitNotResumable = 5 // refused: not resumable, retryable or cancellable, or batch not found
 )
 
 // Globals are the flags every command has.
 type Globals struct {
-	DatabaseURL string `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection string of the operational database (env DATABASE_URL)."`
-	LogFormat   string `name:"log-format" env:"LOG_FORMAT" enum:"json,text" default:"json" help:"Log format on stderr: json or text."`
-	LogLevel    string `name:"log-level" env:"LOG_LEVEL" enum:"debug,info,warn,error" default:"info" help:"Minimum log level."`
+	DatabaseURL string           `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection string of the operational database (env DATABASE_URL)."`
+	LogFormat   string           `name:"log-format" env:"LOG_FORMAT" enum:"json,text" default:"json" help:"Log format on stderr: json or text."`
+	LogLevel    string           `name:"log-level" env:"LOG_LEVEL" enum:"debug,info,warn,error" default:"info" help:"Minimum log level."`
+	Version     kong.VersionFlag `name:"version" help:"Print the build (version, revision, Go version) and exit."`
 }
 
 // Logger returns the slog logger the flags describe, writing to w.
+// Durations are logged as seconds: a time.Duration attribute becomes a
+// number of seconds under its key with "_seconds" appended.
 func (g *Globals) Logger(w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(g.LogLevel))
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationsAsSeconds}
 	if g.LogFormat == "text" {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// durationsAsSeconds is a slog ReplaceAttr that logs durations as seconds
+// (slog's JSON handler would write nanoseconds).
+func durationsAsSeconds(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() != slog.KindDuration {
+		return a
+	}
+	key := a.Key
+	if !strings.HasSuffix(key, "_seconds") {
+		key += "_seconds"
+	}
+	return slog.Float64(key, a.Value.Duration().Seconds())
 }
 
 // ErrNoDatabaseURL is returned when neither --database-url nor DATABASE_URL
@@ -121,16 +142,59 @@ func stripSecrets(msg, databaseURL string) string {
 // exitPanic carries kong's exit request (after --help) out of Parse.
 type exitPanic struct{ code int }
 
+// Invalid reports a usage error: the field (flag or argument, in
+// snake_case) and why it was refused.
+type Invalid func(field, reason string)
+
+// JSONOutcome returns an Invalid that prints the documented outcome line
+// {"outcome":"invalid_input","field":…,"error":…} on w (enqueue's stdout).
+func JSONOutcome(w io.Writer) Invalid {
+	return func(field, reason string) {
+		b, _ := json.Marshal(map[string]string{"outcome": "invalid_input", "field": field, "error": reason})
+		fmt.Fprintf(w, "%s\n", b)
+	}
+}
+
+// JSONLog returns an Invalid that writes one JSON log entry on w (the
+// worker's stderr, before its logger exists).
+func JSONLog(w io.Writer) Invalid {
+	return func(field, reason string) {
+		l := slog.New(slog.NewJSONHandler(w, nil))
+		l.Error("invalid input", "field", field, "error", reason)
+	}
+}
+
+var flagInMessage = regexp.MustCompile(`--([a-z0-9][a-z0-9-]*)`)
+
+// fieldOf names the input a kong error is about: the first flag it
+// mentions, "command" for an unknown command or argument, else "arguments".
+func fieldOf(err error) string {
+	msg := err.Error()
+	if m := flagInMessage.FindStringSubmatch(msg); m != nil {
+		return strings.ReplaceAll(m[1], "-", "_")
+	}
+	if strings.Contains(msg, "unexpected argument") || strings.Contains(msg, "expected one of") {
+		return "command"
+	}
+	return "arguments"
+}
+
 // Parse parses args into grammar with kong. It returns the parsed context,
-// or ok false with the exit code to use: 0 after --help, ExitInvalidInput
-// after a usage error (the error printed to stderr).
-func Parse(grammar any, args []string, stdout, stderr io.Writer, name, description string, vars kong.Vars) (kctx *kong.Context, code int, ok bool) {
+// or ok false with the exit code to use: 0 after --help or --version,
+// ExitInvalidInput after a usage error, which is reported through invalid
+// (every invalid input keeps the binary's output contract, kong's own
+// errors included). The "version" variable is set for --version.
+func Parse(grammar any, args []string, stdout, stderr io.Writer, name, description string, vars kong.Vars, invalid Invalid) (kctx *kong.Context, code int, ok bool) {
 	// kong would silently turn invalid UTF-8 into U+FFFD; refuse instead.
 	for i, a := range args {
 		if !utf8.ValidString(a) {
-			fmt.Fprintf(stderr, "%s: argument %d is not valid UTF-8\n", name, i+1)
+			invalid("arguments", fmt.Sprintf("argument %d is not valid UTF-8", i+1))
 			return nil, ExitInvalidInput, false
 		}
+	}
+	all := kong.Vars{"version": name + " " + buildinfo.Get().String()}
+	for k, v := range vars {
+		all[k] = v
 	}
 	parser, err := kong.New(grammar,
 		kong.Name(name),
@@ -138,7 +202,7 @@ func Parse(grammar any, args []string, stdout, stderr io.Writer, name, descripti
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { panic(exitPanic{code}) }),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		vars,
+		all,
 	)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
@@ -155,10 +219,21 @@ func Parse(grammar any, args []string, stdout, stderr io.Writer, name, descripti
 	}()
 	kctx, err = parser.Parse(args)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		invalid(fieldOf(err), err.Error())
 		return nil, ExitInvalidInput, false
 	}
 	return kctx, ExitOK, true
+}
+
+// MigrateHint adds "run `worker migrate`" to an error that says the schema
+// is missing or behind this build: an undefined table, column or schema
+// (SQLSTATE 42P01, 42703, 3F000). Other errors are returned as they are.
+func MigrateHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "3F000") {
+		return fmt.Errorf("the database schema is not migrated for this build (%s): run `worker migrate` first: %w", pgErr.Message, err)
+	}
+	return err
 }
 
 // Env is what every command of the binaries runs with.

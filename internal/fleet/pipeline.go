@@ -55,9 +55,16 @@ type Pipeline struct {
 	PublicationWindow time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Metrics, if set, receives phase durations.
+	// Metrics, if set, receives phase durations and records loaded.
 	Metrics *metrics.Metrics
+	// ProgressEvery is how often a running load's progress (objects and
+	// records read so far) is recorded in the batch details, fenced on the
+	// lease. Defaults to ProgressEveryDefault (5 s).
+	ProgressEvery time.Duration
 }
+
+// ProgressEveryDefault is the default Pipeline.ProgressEvery.
+const ProgressEveryDefault = 5 * time.Second
 
 func (p *Pipeline) observe(phase string, start time.Time) {
 	if p.Metrics != nil {
@@ -155,7 +162,9 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 	}
 	start := time.Now()
 	logger.Info("loading folder", "folder", f.String(), "objects", len(objects))
+	stop := p.sampleProgress(ctx, run, src.Progress(), int64(len(objects)), logger)
 	st, err := p.Warehouse.Load(ctx, slice, src, objects, run.VerifyLease)
+	final := stop()
 	switch {
 	case errors.Is(err, batch.ErrStaleLease):
 		return warehouse.Stamp{}, err
@@ -165,8 +174,66 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 		return warehouse.Stamp{}, classify(batch.PhaseFailedPreCommit, err)
 	}
 	p.observe("load", start)
+	run.Details.Progress = &final
 	logger.Info("warehouse slice committed", "record_count", st.RecordCount, "load_seconds", time.Since(start).Seconds())
 	return st, nil
+}
+
+// sampleProgress records the load's progress in the batch details every
+// ProgressEvery while the load runs, and counts records loaded. The returned
+// stop ends the sampling (waiting for a write in flight) and returns the
+// final figures. A failed write is not the load's business: a lost lease
+// stops the load through its own lease checks; anything else is logged.
+func (p *Pipeline) sampleProgress(ctx context.Context, run *pipeline.Run, prog *folder.Progress, objects int64, logger *slog.Logger) (stop func() batch.Progress) {
+	every := p.ProgressEvery
+	if every <= 0 {
+		every = ProgressEveryDefault
+	}
+	var counted int64
+	sample := func() batch.Progress {
+		bp := batch.Progress{ObjectsDone: prog.Objects(), ObjectsTotal: objects, RecordsDone: prog.Records(), At: time.Now().UTC()}
+		if p.Metrics != nil && bp.RecordsDone > counted {
+			p.Metrics.RecordsLoaded.Add(float64(bp.RecordsDone - counted))
+		}
+		counted = bp.RecordsDone
+		return bp
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		var last batch.Progress
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			bp := sample()
+			if bp.RecordsDone == last.RecordsDone && bp.ObjectsDone == last.ObjectsDone {
+				continue
+			}
+			last = bp
+			d := run.Details
+			d.Progress = &bp
+			if err := run.Checkpoint(ctx, d); err != nil {
+				if !errors.Is(err, batch.ErrStaleLease) && ctx.Err() == nil {
+					logger.Warn("recording load progress failed", "error", err)
+				}
+				if errors.Is(err, batch.ErrStaleLease) {
+					return
+				}
+			}
+		}
+	}()
+	return func() batch.Progress {
+		close(done)
+		<-finished
+		return sample()
+	}
 }
 
 // classify returns err itself when it is transient, otherwise a Failure

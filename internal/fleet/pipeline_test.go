@@ -489,9 +489,11 @@ func TestSliceOfNewerBatchIsNeverOverwritten(t *testing.T) {
 	ctx := context.Background()
 	url := e.folder(sampleFiles)
 	old := e.reserve("tenant-a", url)
-	// Mark old Failed out of band so a newer batch can reserve, then let the
-	// newer one commit; a late load of the old one must be refused.
-	require.NoError(t, e.store.UpdateStatus(ctx, old.ID, batch.StatusFailed))
+	// Cancel old so a newer batch can reserve, then let the newer one
+	// commit; a late load of the old one must be refused.
+	cancelled, err := e.store.Cancel(ctx, batch.CancelRequest{BatchID: old.ID, TenantID: "tenant-a", By: "test"})
+	require.NoError(t, err)
+	require.Equal(t, batch.Cancelled, cancelled.Outcome)
 	newer := e.reserve("tenant-a", url)
 	require.Equal(t, pipeline.Succeeded, e.deliver(newer.ID, e.pipeline).Outcome)
 

@@ -115,12 +115,14 @@ func (r *RecordReader) Next() bool {
 		}
 		if ok {
 			r.count++
+			r.src.progress.records.Add(1)
 			return true
 		}
 		if err := r.closeCurrent(); err != nil {
 			r.err = err
 			return false
 		}
+		r.src.progress.objects.Add(1)
 	}
 }
 

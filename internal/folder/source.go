@@ -125,6 +125,7 @@ type Source struct {
 	keyPrefix string // the folder's prefix within bucket, "" or ending in "/"
 	shared    bool   // bucket belongs to the mem registry: never closed
 	limits    Limits
+	progress  Progress
 }
 
 // Close releases the bucket.

@@ -19,7 +19,12 @@ type IngestArgs struct {
 	BatchID int64 `json:"batch_id"`
 	// RedeliveryOf is the lease generation whose expiry made the sweeper
 	// insert this job; zero for enqueued and resumed jobs. The sweeper
-	// inserts at most one job per (batch, expired generation).
+	// inserts at most one live job per (batch, expired generation): it
+	// decides under the batch's row lock, only when no job of the batch is
+	// queued and no running job is taking it over (see Sweeper). A second
+	// job for the same generation is inserted only when the first one's own
+	// delivery died before taking the lease (fetched more than OrphanAfter
+	// ago), and in the transaction that marks that dead job cancelled.
 	RedeliveryOf int64 `json:"redelivery_of,omitempty"`
 }
 

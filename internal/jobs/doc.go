@@ -33,10 +33,13 @@
 // timer however long it runs. Takeover therefore comes from the Sweeper:
 // every worker process sweeps every SweepInterval (5 s) for Running batches
 // whose lease expired by the database clock and inserts one job per
-// (batch, expired generation). A transaction-scoped advisory lock keeps two
-// sweepers from running at once, and River's unique insert by arguments
-// makes a repeated sweep of the same expiry a no-op, so two sweepers cannot
-// both re-deliver it.
+// (batch, expired generation). It decides under the batch's row lock, in the
+// statement that finds the candidates, so a delivery taking the lease over
+// at the same moment is either seen (nothing is done) or waits for the sweep;
+// a running job fetched after the lease expired is a live takeover and is
+// neither cancelled nor joined by a new job. A transaction-scoped advisory
+// lock keeps two sweepers from running at once, and each sweep sees the jobs
+// the previous one queued, so two sweepers cannot both re-deliver it.
 //
 // Bound: a worker killed just after renewing leaves a lease that expires at
 // most LeaseTTL later. The next sweep after that comes within SweepInterval;
@@ -60,6 +63,25 @@
 // lease is handled the same way: the Sweeper re-delivers, a successor takes
 // over with a higher generation, and when the paused worker resumes its
 // heartbeat finds the lease lost and every write it attempts is rejected.
+//
+// # Batches this build cannot work on
+//
+// A Running batch whose details do not parse or are of an unknown version,
+// that is Running in a no-work phase, or whose source type has no pipeline,
+// is parked by the delivery that finds it (pipeline.Parked, batch.Store.Park):
+// the reason is recorded in columns, the details are not rewritten, the job
+// is cancelled (river.JobCancel) and the Sweeper skips parked batches, so
+// nothing loops. An operator cancels it (Enqueuer.Cancel) or deploys a build
+// that can work on it, whose next delivery unparks it.
+//
+// # Operator cancel
+//
+// Enqueuer.Cancel moves a Running batch to Failed/cancelled with one fenced
+// transition that also moves the lease generation on, and cancels its River
+// jobs in the same transaction. A delivery working on it is stopped by
+// River's remote cancel, by its next heartbeat (the renewal is refused) or by
+// the fence on its next write, whichever comes first; its warehouse load
+// fails the lease check before its commit. finish reports it as cancelled.
 //
 // # Failures
 //

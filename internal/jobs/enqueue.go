@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +29,9 @@ const (
 	// OutcomeAlreadySucceeded: the folder's latest batch succeeded and the
 	// request did not ask for a re-import; nothing was started.
 	OutcomeAlreadySucceeded = "already_succeeded"
+	OutcomeCancelled        = "cancelled"
+	OutcomeNotCancellable   = "not_cancellable"
+	OutcomeNotRetryable     = "not_retryable"
 )
 
 // InputError is a request refused before anything was written. Field names
@@ -71,6 +75,16 @@ type Result struct {
 	SourceScope    string `json:"source_scope,omitempty"`
 	Reason         string `json:"reason,omitempty"`
 	Error          string `json:"error,omitempty"`
+	// RetryOf is the failed batch a retry started this batch for.
+	RetryOf int64 `json:"retry_of,omitempty"`
+	// Status and Phase describe a batch that was not cancellable or not
+	// retryable.
+	Status string `json:"status,omitempty"`
+	Phase  string `json:"phase,omitempty"`
+	// CancelledJobs lists the River jobs a cancel cancelled.
+	CancelledJobs []int64 `json:"cancelled_jobs,omitempty"`
+	// PreviousHolder is the lease holder a cancel revoked.
+	PreviousHolder string `json:"previous_holder,omitempty"`
 }
 
 // Enqueuer reserves batches and inserts their River jobs in one transaction.
@@ -95,6 +109,11 @@ type Enqueuer struct {
 // input returns an *InputError and writes nothing; other errors are
 // infrastructure failures and leave nothing behind.
 func (e *Enqueuer) Import(ctx context.Context, req ImportRequest) (Result, error) {
+	return e.importBatch(ctx, req, 0)
+}
+
+// importBatch is Import, recording retryOf (if not zero) in the new batch.
+func (e *Enqueuer) importBatch(ctx context.Context, req ImportRequest, retryOf int64) (Result, error) {
 	f, err := folder.Canonicalize(req.Folder)
 	if err != nil {
 		return Result{}, inputError(err)
@@ -104,6 +123,7 @@ func (e *Enqueuer) Import(ctx context.Context, req ImportRequest) (Result, error
 		SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
 		PipelineStage: batch.PipelineStageFleet, SourceScope: f.Scope(), Details: batch.NewDetails(f.String()),
 	}
+	r.Details.RetryOf = retryOf
 	if err := r.Validate(); err != nil {
 		return Result{}, inputError(err)
 	}
@@ -153,50 +173,64 @@ func (e *Enqueuer) Import(ctx context.Context, req ImportRequest) (Result, error
 // errRollback rolls a transaction back on purpose.
 var errRollback = errors.New("rolled back")
 
-// ResumeRequest asks to resume a batch whose publication failed.
+// ResumeRequest asks to resume a batch whose publication failed. Folder is
+// optional: the batch knows its folder; if given, it must be the batch's.
 type ResumeRequest struct {
 	BatchID  int64  `json:"batch_id"`
 	TenantID string `json:"tenant_id"`
-	Folder   string `json:"folder"`
+	Folder   string `json:"folder,omitempty"`
 }
 
 // Resume moves a failed-publication batch back to Running under the resume
 // rules (see batch.Store.Resume, including the warehouse slice proof) and
-// inserts a job for it, in one transaction. Outcomes: resumed, conflict,
-// not_resumable (with a reason), not_found; enqueue_failed when the job
-// insert failed, in which case nothing changed.
+// inserts a job for it, in one transaction. Without req.Folder the batch's
+// own folder is used; a folder that is not the batch's is scope_mismatch.
+// Outcomes: resumed, conflict, not_resumable (with a reason), not_found;
+// enqueue_failed when the job insert failed, in which case nothing changed.
 func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error) {
-	f, err := folder.Canonicalize(req.Folder)
-	if err != nil {
-		return Result{}, inputError(err)
-	}
-	if req.BatchID <= 0 {
-		return Result{}, &InputError{Field: "batch_id", Reason: "must be a positive batch id"}
-	}
-	if err := batch.ValidateTenantID(req.TenantID); err != nil {
-		return Result{}, inputError(err)
+	if err := ValidateResume(req); err != nil {
+		return Result{}, err
 	}
 	var res Result
-	err = pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
-		rr, err := batch.NewStore(e.Pool).WithTx(tx).Resume(ctx, batch.ResumeRequest{
+	err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
+		store := batch.NewStore(e.Pool).WithTx(tx)
+		scope := ""
+		if req.Folder != "" {
+			f, _ := folder.Canonicalize(req.Folder) // validated above
+			scope = f.Scope()
+		} else {
+			b, err := store.Get(ctx, req.BatchID)
+			if errors.Is(err, batch.ErrNotFound) || (err == nil && b.TenantID != req.TenantID) {
+				res = Result{Outcome: OutcomeNotFound}
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if scope = b.Scope(); scope == "" {
+				res = Result{Outcome: OutcomeNotResumable, BatchID: req.BatchID, Reason: batch.ReasonSourceTypeMismatch}
+				return nil
+			}
+		}
+		rr, err := store.Resume(ctx, batch.ResumeRequest{
 			BatchID: req.BatchID, TenantID: req.TenantID, SourceType: batch.SourceTypeFleetS3,
-			SourceScope: f.Scope(), PublicationWindow: e.PublicationWindow,
+			SourceScope: scope, PublicationWindow: e.PublicationWindow,
 		}, e.Verifier)
 		if err != nil {
 			return err
 		}
-		res = Result{Outcome: rr.Outcome.String(), BatchID: req.BatchID, SourceScope: f.Scope()}
+		res = Result{Outcome: rr.Outcome.String(), BatchID: req.BatchID, SourceScope: scope}
 		switch rr.Outcome {
 		case batch.ResumeConflict:
 			res.RunningBatchID = rr.RunningBatchID
 		case batch.NotResumable:
 			res.Reason = rr.Reason
 		case batch.ResumeNotFound:
-			res.BatchID = 0
+			res.BatchID, res.SourceScope = 0, ""
 		case batch.Resumed:
 			job, err := e.River.InsertTx(ctx, tx, IngestArgs{BatchID: req.BatchID}, nil)
 			if err != nil {
-				res = Result{Outcome: OutcomeEnqueueFailed, BatchID: req.BatchID, SourceScope: f.Scope(), Error: err.Error()}
+				res = Result{Outcome: OutcomeEnqueueFailed, BatchID: req.BatchID, SourceScope: scope, Error: err.Error()}
 				return errRollback // the resume goes with it: the batch stays resumable
 			}
 			res.JobID = job.Job.ID
@@ -211,6 +245,150 @@ func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error
 	}
 	e.logger().Info("resume", "outcome", res.Outcome, "reason", res.Reason, "batch_id", req.BatchID, "job_id", res.JobID,
 		"running_batch_id", res.RunningBatchID, "tenant_id", req.TenantID)
+	return res, nil
+}
+
+// RetryRequest asks for a new batch for the folder of a failed batch.
+type RetryRequest struct {
+	BatchID  int64  `json:"batch_id"`
+	TenantID string `json:"tenant_id"`
+}
+
+// Reasons a retry is refused (besides the resume reasons it shares).
+const (
+	// ReasonResumeInstead: the batch committed to the warehouse and failed
+	// in publication; resume it rather than load the folder again.
+	ReasonResumeInstead = "failed_publication_resume_instead"
+)
+
+// Retry starts a new batch for the folder of a batch that failed before its
+// warehouse commit (failed_pre_commit, failed_enqueue) or was cancelled,
+// with the tenant, database and company of the failed batch, through the same
+// reservation as Import: outcomes enqueued (with retry_of), conflict,
+// already_succeeded (a later batch of the folder succeeded) and
+// enqueue_failed. A batch that is not such a failure answers not_retryable
+// with the reason (running, succeeded, failed_publication_resume_instead,
+// superseded, publication_expired, details_invalid,
+// details_unknown_version, source_type_mismatch); a missing batch or another
+// tenant's answers not_found.
+func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) {
+	if err := ValidateRetry(req); err != nil {
+		return Result{}, err
+	}
+	b, err := batch.NewStore(e.Pool).Get(ctx, req.BatchID)
+	if errors.Is(err, batch.ErrNotFound) || (err == nil && b.TenantID != req.TenantID) {
+		return Result{Outcome: OutcomeNotFound}, nil
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	refuse := func(reason string) (Result, error) {
+		res := Result{Outcome: OutcomeNotRetryable, BatchID: b.ID, SourceScope: b.Scope(), Reason: reason, Status: string(b.Status)}
+		if d, err := batch.ParseDetails(b.Details); err == nil {
+			res.Phase = string(d.Phase)
+		}
+		e.logger().Info("retry", "outcome", res.Outcome, "reason", reason, "batch_id", b.ID, "tenant_id", b.TenantID)
+		return res, nil
+	}
+	switch {
+	case b.SourceType != batch.SourceTypeFleetS3 || b.Scope() == "":
+		return refuse(batch.ReasonSourceTypeMismatch)
+	case b.Status == batch.StatusRunning:
+		return refuse(batch.ReasonRunning)
+	case b.Status == batch.StatusSucceeded:
+		return refuse(batch.ReasonSucceeded)
+	}
+	if b.CancelledAt == nil { // a cancel is retryable whatever its details say
+		d, err := batch.ParseDetails(b.Details)
+		switch {
+		case errors.Is(err, batch.ErrDetailsUnknownVersion):
+			return refuse(batch.ReasonDetailsUnknownVersion)
+		case err != nil:
+			return refuse(batch.ReasonDetailsInvalid)
+		}
+		switch d.Phase {
+		case batch.PhaseFailedPreCommit, batch.PhaseFailedEnqueue, batch.PhaseCancelled:
+		case batch.PhaseFailedPublication:
+			return refuse(ReasonResumeInstead)
+		default:
+			return refuse(string(d.Phase))
+		}
+	}
+	res, err := e.importBatch(ctx, ImportRequest{
+		TenantID: b.TenantID, TenantDatabase: b.TenantDatabase, CompanyID: b.CompanyID,
+		Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix),
+	}, b.ID)
+	if err != nil {
+		return Result{}, err
+	}
+	res.RetryOf = b.ID
+	return res, nil
+}
+
+// CancelRequest asks to cancel a Running batch. By says who asked.
+type CancelRequest struct {
+	BatchID  int64  `json:"batch_id"`
+	TenantID string `json:"tenant_id"`
+	Reason   string `json:"reason,omitempty"`
+	By       string `json:"-"`
+}
+
+// Cancel cancels a Running batch for an operator, in one transaction: the
+// fenced transition of batch.Store.Cancel (lease revoked, status Failed with
+// phase cancelled, scope free at once) and every River job of the batch that
+// is queued or running marked cancelled, so a running delivery is told to
+// stop at once besides self-fencing at its next renewal or write. Outcomes:
+// cancelled, not_cancellable (terminal already, with its status and phase),
+// not_found (also for another tenant's batch).
+func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error) {
+	breq := batch.CancelRequest{BatchID: req.BatchID, TenantID: req.TenantID, By: req.By, Reason: req.Reason}
+	if err := breq.Validate(); err != nil {
+		return Result{}, inputError(err)
+	}
+	var res Result
+	err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
+		cr, err := batch.NewStore(e.Pool).WithTx(tx).Cancel(ctx, breq)
+		if err != nil {
+			return err
+		}
+		res = Result{Outcome: cr.Outcome.String(), BatchID: req.BatchID, SourceScope: cr.Batch.Scope()}
+		switch cr.Outcome {
+		case batch.CancelNotFound:
+			res.BatchID = 0
+			return nil
+		case batch.NotCancellable:
+			res.Status = string(cr.Batch.Status)
+			if d, err := batch.ParseDetails(cr.Batch.Details); err == nil {
+				res.Phase = string(d.Phase)
+			}
+			return nil
+		}
+		res.PreviousHolder = cr.PreviousHolder
+		rows, err := tx.Query(ctx, `
+			SELECT id FROM river_job
+			WHERE kind = $1 AND args @> jsonb_build_object('batch_id', $2::bigint)
+			  AND state IN ('available', 'scheduled', 'retryable', 'pending', 'running')
+			ORDER BY id`, IngestArgs{}.Kind(), req.BatchID)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			if _, err := e.River.JobCancelTx(ctx, tx, id); err != nil && !errors.Is(err, river.ErrNotFound) {
+				return fmt.Errorf("cancelling job %d: %w", id, err)
+			}
+		}
+		res.CancelledJobs = ids
+		return nil
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	e.logger().Warn("cancel", "outcome", res.Outcome, "batch_id", req.BatchID, "tenant_id", req.TenantID, "by", req.By,
+		"reason", req.Reason, "previous_holder", res.PreviousHolder, "cancelled_jobs", res.CancelledJobs)
 	return res, nil
 }
 
@@ -249,11 +427,27 @@ func ValidateImport(req ImportRequest) error {
 
 // ValidateResume checks a resume request without touching the database.
 func ValidateResume(req ResumeRequest) error {
-	if _, err := folder.Canonicalize(req.Folder); err != nil {
-		return inputError(err)
+	if req.Folder != "" {
+		if _, err := folder.Canonicalize(req.Folder); err != nil {
+			return inputError(err)
+		}
 	}
 	if req.BatchID <= 0 {
 		return &InputError{Field: "batch_id", Reason: "must be a positive batch id"}
 	}
 	return inputError(batch.ValidateTenantID(req.TenantID))
+}
+
+// ValidateRetry checks a retry request without touching the database.
+func ValidateRetry(req RetryRequest) error {
+	if req.BatchID <= 0 {
+		return &InputError{Field: "batch_id", Reason: "must be a positive batch id"}
+	}
+	return inputError(batch.ValidateTenantID(req.TenantID))
+}
+
+// ValidateCancel checks a cancel request without touching the database.
+func ValidateCancel(req CancelRequest) error {
+	r := batch.CancelRequest{BatchID: req.BatchID, TenantID: req.TenantID, By: req.By, Reason: req.Reason}
+	return inputError(r.Validate())
 }

@@ -105,7 +105,8 @@ func TestWorkerDeliveryOutcomes(t *testing.T) {
 
 	t.Run("terminal batch completes with no work", func(t *testing.T) {
 		id := f.importBatch(t, "tenant-b")
-		require.NoError(t, batch.NewStore(f.pool).UpdateStatus(ctx, id, batch.StatusFailed))
+		_, err := f.pool.Exec(ctx, `UPDATE ingestion_batches SET status = 'Failed' WHERE id = $1`, id)
+		require.NoError(t, err)
 		res := f.work(t, id)
 		require.Equal(t, river.EventKindJobCompleted, res.EventKind)
 		b, err := batch.NewStore(f.pool).Get(ctx, id)
@@ -192,8 +193,9 @@ func TestSweeperRedeliversExpiredLeasesOnce(t *testing.T) {
 	require.NoError(t, err)
 	_, err = lease.NewStore(f.pool).Acquire(ctx, other, "alive", time.Hour)
 	require.NoError(t, err)
-	// Both jobs were taken by their (now dead or alive) deliveries.
-	_, err = f.pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempted_at = now(), attempt = 1`)
+	// Both jobs were taken by their (now dead or alive) deliveries before
+	// they took their leases.
+	_, err = f.pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempted_at = now() - interval '1 hour', attempt = 1`)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		var expired bool
@@ -239,7 +241,7 @@ func TestSweeperRedeliversOrphans(t *testing.T) {
 	queued := f.importBatch(t, "tenant-b")
 	// The orphan's worker took its job (now "running") and died before
 	// taking the lease; the other batch's job is still queued.
-	_, err := f.pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempted_at = now(), attempt = 1 WHERE (args->>'batch_id')::bigint = $1`, orphan)
+	_, err := f.pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempted_at = now() - interval '2 minutes', attempt = 1 WHERE (args->>'batch_id')::bigint = $1`, orphan)
 	require.NoError(t, err)
 	_, err = f.pool.Exec(ctx, `UPDATE ingestion_batches SET updated_at = now() - interval '2 minutes'`)
 	require.NoError(t, err)

@@ -14,12 +14,13 @@ import (
 const StatsIntervalDefault = 15 * time.Second
 
 // statsQuery computes every database-derived gauge in one statement:
-// running scoped batches, those whose lease expired, the oldest one's age,
-// and the ingest queue's River jobs by state.
+// running scoped batches, those whose lease expired, those parked, the
+// oldest one's age, and the ingest queue's River jobs by state.
 const statsQuery = `
 	WITH running AS (
 		SELECT count(*) AS n,
 		       count(*) FILTER (WHERE execution_lease_expires_at < now()) AS stuck,
+		       count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked,
 		       COALESCE(EXTRACT(EPOCH FROM now() - min(started_at)), 0)::float8 AS oldest
 		FROM ingestion_batches
 		WHERE status = 'Running' AND source_scope IS NOT NULL
@@ -29,7 +30,7 @@ const statsQuery = `
 		WHERE queue = $1 AND state IN ('available', 'scheduled', 'retryable', 'running', 'pending')
 		GROUP BY state
 	)
-	SELECT r.n, r.stuck, r.oldest, q.state, q.n
+	SELECT r.n, r.stuck, r.parked, r.oldest, q.state, q.n
 	FROM running r LEFT JOIN queue q ON true`
 
 // RefreshStats updates the database-derived gauges once.
@@ -42,16 +43,17 @@ func RefreshStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) e
 	depth := map[string]float64{}
 	for rows.Next() {
 		var (
-			running, stuck int64
-			oldest         float64
-			state          *string
-			n              *int64
+			running, stuck, parked int64
+			oldest                 float64
+			state                  *string
+			n                      *int64
 		)
-		if err := rows.Scan(&running, &stuck, &oldest, &state, &n); err != nil {
+		if err := rows.Scan(&running, &stuck, &parked, &oldest, &state, &n); err != nil {
 			return err
 		}
 		m.RunningBatches.Set(float64(running))
 		m.StuckBatches.Set(float64(stuck))
+		m.ParkedBatches.Set(float64(parked))
 		m.OldestRunningAge.Set(oldest)
 		if state != nil && n != nil {
 			depth[*state] = float64(*n)

@@ -32,25 +32,76 @@ const (
 //
 // In both cases River would never re-deliver the job left "running": jobs
 // without a timeout are not rescued. A batch with a queued job (available,
-// scheduled, retryable or pending) is left to it; a "running" job never
-// counts, because a live delivery holds the lease within milliseconds of
-// starting. Every worker process runs a sweeper; a transaction-scoped
-// advisory lock lets one sweep at a time, and since each sweep sees the jobs
-// the previous one inserted, two sweepers cannot both re-deliver a batch.
+// scheduled, retryable or pending) is left to it. Parked batches (see
+// batch.Store.Park) are never re-delivered: this build cannot work on them.
+//
+// Decisions are made under the batch's row lock (SELECT … FOR UPDATE SKIP
+// LOCKED), in the statement that finds the candidates: a delivery that takes
+// the lease over concurrently either committed first (the row no longer
+// qualifies) or waits until the sweep committed. A "running" job is dead
+// when it was fetched before the lease it died with expired, or more than
+// OrphanAfter ago; a running job fetched after that is live: it is taking
+// the batch over right now, so the sweep neither cancels it nor inserts a
+// job beside it. Dead jobs are marked for cancellation (River never rescues
+// them; a paused process whose job is cancelled stops when it wakes).
+//
+// Every worker process runs a sweeper; a transaction-scoped advisory lock
+// lets one sweep at a time, and since each sweep sees the jobs the previous
+// one inserted, two sweepers cannot both re-deliver a batch.
 type Sweeper struct {
 	Pool  *pgxpool.Pool
 	River *river.Client[pgx.Tx]
 	// Interval between sweeps. Defaults to SweepIntervalDefault (5 s).
 	Interval time.Duration
 	// OrphanAfter is how long a Running batch without a lease and without
-	// a queued job may stay untouched before it is re-delivered. Defaults
-	// to OrphanAfterDefault (1 min).
+	// a queued job may stay untouched before it is re-delivered, and how
+	// long a fetched job may take to acquire the lease before it counts as
+	// dead. Defaults to OrphanAfterDefault (1 min).
 	OrphanAfter time.Duration
 	// Limit bounds the batches re-delivered per sweep. Defaults to 100.
 	Limit   int
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
+
+	// beforeAct, if set, runs after the sweep decided and before it acts:
+	// tests widen the window a concurrent takeover could slip into.
+	beforeAct func()
 }
+
+// sweepSQL finds the batches to re-deliver and locks their rows (see
+// Sweeper): $1 limit, $2 OrphanAfter in microseconds, $3 the job kind. For
+// each it returns the running jobs that are dead (to cancel) and whether a
+// live one is taking the batch over. Rows another transaction is writing
+// (an acquisition, a renewal, a fenced write) are skipped: they are not
+// abandoned, and the next sweep looks again.
+const sweepSQL = `
+	SELECT b.id, b.execution_lease_generation, COALESCE(b.execution_lease_id, ''),
+	       now() - COALESCE(b.execution_lease_expires_at, b.updated_at),
+	       ARRAY(SELECT j.id FROM river_job j
+	             WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id) AND j.state = 'running'
+	               AND NOT (j.metadata ? 'cancel_attempted_at')
+	               AND NOT ` + liveJob + `),
+	       EXISTS (SELECT 1 FROM river_job j
+	               WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id) AND j.state = 'running'
+	                 AND NOT (j.metadata ? 'cancel_attempted_at')
+	                 AND ` + liveJob + `)
+	FROM ingestion_batches b
+	WHERE b.status = 'Running' AND b.source_scope IS NOT NULL AND b.parked_at IS NULL
+	  AND ((b.execution_lease_id IS NOT NULL AND b.execution_lease_expires_at < now())
+	    OR (b.execution_lease_id IS NULL AND b.updated_at < now() - $2 * interval '1 microsecond'))
+	  AND NOT EXISTS (
+	        SELECT 1 FROM river_job j
+	        WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id)
+	          AND j.state IN ('available', 'scheduled', 'retryable', 'pending'))
+	ORDER BY b.updated_at
+	LIMIT $1
+	FOR UPDATE OF b SKIP LOCKED`
+
+// liveJob says a running job j of batch b may be a live delivery: fetched
+// within OrphanAfter, and after the lease the batch holds expired (a job
+// fetched while that lease was live found it held and snoozed at once).
+const liveJob = `(j.attempted_at >= now() - $2 * interval '1 microsecond'
+	AND (b.execution_lease_expires_at IS NULL OR j.attempted_at > b.execution_lease_expires_at))`
 
 // Run sweeps every Interval until ctx is done.
 func (s *Sweeper) Run(ctx context.Context) {
@@ -77,7 +128,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	if limit <= 0 {
 		limit = sweepLimitDefault
 	}
-	inserted := 0
+	inserted, swept := 0, false
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		var locked bool
 		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, sweepLockKey).Scan(&locked); err != nil {
@@ -86,67 +137,69 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		if !locked {
 			return nil
 		}
-		rows, err := tx.Query(ctx, `
-			SELECT b.id, b.execution_lease_generation, COALESCE(b.execution_lease_id, ''),
-			       now() - COALESCE(b.execution_lease_expires_at, b.updated_at),
-			       ARRAY(SELECT j.id FROM river_job j
-			             WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id) AND j.state = 'running')
-			FROM ingestion_batches b
-			WHERE b.status = 'Running' AND b.source_scope IS NOT NULL
-			  AND ((b.execution_lease_id IS NOT NULL AND b.execution_lease_expires_at < now())
-			    OR (b.execution_lease_id IS NULL AND b.updated_at < now() - $2 * interval '1 microsecond'))
-			  AND NOT EXISTS (
-			        SELECT 1 FROM river_job j
-			        WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id)
-			          AND j.state IN ('available', 'scheduled', 'retryable', 'pending'))
-			ORDER BY b.updated_at
-			LIMIT $1`, limit, cmpOr(s.OrphanAfter, OrphanAfterDefault).Microseconds(), IngestArgs{}.Kind())
+		swept = true
+		rows, err := tx.Query(ctx, sweepSQL, limit, cmpOr(s.OrphanAfter, OrphanAfterDefault).Microseconds(), IngestArgs{}.Kind())
 		if err != nil {
 			return err
 		}
-		type expired struct {
+		type candidate struct {
 			id, generation int64
 			holder         string
 			overdue        time.Duration
-			running        []int64
+			dead           []int64
+			live           bool
 		}
-		var found []expired
+		var found []candidate
 		for rows.Next() {
-			var e expired
-			if err := rows.Scan(&e.id, &e.generation, &e.holder, &e.overdue, &e.running); err != nil {
+			var c candidate
+			if err := rows.Scan(&c.id, &c.generation, &c.holder, &c.overdue, &c.dead, &c.live); err != nil {
 				return err
 			}
-			found = append(found, e)
+			found = append(found, c)
 		}
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		for _, e := range found {
-			res, err := s.River.InsertTx(ctx, tx, IngestArgs{BatchID: e.id, RedeliveryOf: e.generation}, nil)
-			if err != nil {
-				return err
-			}
-			inserted++
+		if s.beforeAct != nil {
+			s.beforeAct()
+		}
+		for _, c := range found {
 			// The dead deliveries' jobs would stay "running" forever (River
 			// never rescues jobs without a timeout): mark them for
 			// cancellation, which also stops one whose process wakes up.
-			for _, jobID := range e.running {
+			for _, jobID := range c.dead {
 				if _, err := s.River.JobCancelTx(ctx, tx, jobID); err != nil && !errors.Is(err, river.ErrNotFound) {
 					return err
 				}
 			}
+			if c.live {
+				s.logger().Info("not re-delivering batch: a live delivery is taking it over", "batch_id", c.id,
+					"expired_holder", c.holder, "lease_generation", c.generation, "cancelled_jobs", c.dead)
+				if s.Metrics != nil {
+					s.Metrics.SweepRedeliveries.WithLabelValues("skipped_live_delivery").Inc()
+				}
+				continue
+			}
+			res, err := s.River.InsertTx(ctx, tx, IngestArgs{BatchID: c.id, RedeliveryOf: c.generation}, nil)
+			if err != nil {
+				return err
+			}
+			inserted++
 			kind := "expired lease"
-			if e.holder == "" {
+			if c.holder == "" {
 				kind = "orphaned (no lease, no queued job)"
 			}
-			s.logger().Warn("re-delivering batch: "+kind, "batch_id", e.id, "expired_holder", e.holder,
-				"lease_generation", e.generation, "idle", e.overdue, "job_id", res.Job.ID, "cancelled_jobs", e.running)
+			s.logger().Warn("re-delivering batch: "+kind, "batch_id", c.id, "expired_holder", c.holder,
+				"lease_generation", c.generation, "idle_seconds", c.overdue.Seconds(), "job_id", res.Job.ID, "cancelled_jobs", c.dead)
 			if s.Metrics != nil {
 				s.Metrics.SweepRedeliveries.WithLabelValues("redelivered").Inc()
 			}
 		}
 		return nil
 	})
+	if err == nil && swept && s.Metrics != nil {
+		s.Metrics.Sweeps.Inc()
+	}
 	if err != nil && errors.Is(err, context.Canceled) {
 		return inserted, nil
 	}

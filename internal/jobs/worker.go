@@ -216,21 +216,34 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 	case pipeline.SkippedTerminal:
 		m.Deliveries.WithLabelValues("skipped_terminal").Inc()
 		return nil
-	case pipeline.DetailsRefused:
-		m.Deliveries.WithLabelValues("cancelled").Inc()
-		log.Error("batch details refused: cancelling job; the batch needs an operator", "error", res.Err)
-		return river.JobCancel(res.Err)
+	case pipeline.Parked:
+		// Not retried and not re-delivered by the sweeper: a loop of
+		// deliveries would change nothing. An operator cancels it (enqueue
+		// cancel) or deploys a build that can work on it.
+		m.Deliveries.WithLabelValues("parked").Inc()
+		log.Error("batch parked: this build cannot work on it; cancel it or deploy a build that can", "reason", res.Err)
+		return river.JobCancel(fmt.Errorf("batch %d parked: %w", job.Args.BatchID, res.Err))
 	case pipeline.LeaseLost:
-		m.Deliveries.WithLabelValues("lease_lost").Inc()
 		if errors.Is(res.Err, batch.ErrStaleLease) {
 			m.StaleWritesRejected.Inc()
 		}
+		if b, err := w.cfg.Store.Get(context.WithoutCancel(ctx), job.Args.BatchID); err == nil && b.CancelledAt != nil {
+			m.Deliveries.WithLabelValues("cancelled").Inc()
+			log.Warn("batch cancelled by an operator: stopped without further writes", "cancelled_by", deref(b.CancelledBy), "reason", deref(b.CancelReason))
+			return river.JobCancel(fmt.Errorf("batch %d cancelled by %s", job.Args.BatchID, deref(b.CancelledBy)))
+		}
+		m.Deliveries.WithLabelValues("lease_lost").Inc()
 		log.Warn("lease lost mid-way: stopped without further writes", "error", res.Err)
 		// Try again shortly: the job then finds a successor's live lease
 		// (snooze), a terminal batch (done), or a free lease (continue).
 		return river.JobSnooze(minSnoozeDefault)
 	}
 	// Transient failure or cancellation: the batch keeps its progress.
+	if errors.Is(context.Cause(ctx), river.ErrJobCancelledRemotely) {
+		m.Deliveries.WithLabelValues("cancelled").Inc()
+		log.Warn("job cancelled remotely, lease lost (an operator cancelled the batch, or the sweeper re-delivered it after the lease expired): stopped without further writes", "error", res.Err)
+		return river.JobCancel(fmt.Errorf("cancelled remotely: %w", res.Err))
+	}
 	if ctx.Err() != nil {
 		m.Deliveries.WithLabelValues("retry").Inc()
 		log.Info("delivery interrupted by shutdown: batch left resumable", "error", res.Err)
@@ -272,6 +285,13 @@ func (w *IngestWorker) giveUp(ctx context.Context, job *river.Job[IngestArgs], r
 	}
 	log.Error("batch failed after exhausting retries", "phase", phase, "error", res.Err)
 	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // holderID makes a lease holder id unique to this delivery.

@@ -117,6 +117,7 @@ var acquireSQL = `
 	SET execution_lease_id = $2::text,
 	    execution_lease_expires_at = now() + $3 * interval '1 microsecond',
 	    execution_lease_generation = b.execution_lease_generation + 1,
+	    execution_lease_renewed_at = now(),
 	    details = CASE WHEN jsonb_typeof(b.details) = 'object'
 	        THEN jsonb_set(b.details, '{leases}', ` + leasesAppend + ` || jsonb_build_array(jsonb_build_object(
 	            'leaseId', $2::text, 'generation', b.execution_lease_generation + 1,
@@ -195,7 +196,7 @@ func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, b
 	}
 	err := s.db.QueryRow(ctx, `
 		UPDATE ingestion_batches
-		SET execution_lease_expires_at = now() + $4 * interval '1 microsecond',
+		SET execution_lease_expires_at = now() + $4 * interval '1 microsecond', execution_lease_renewed_at = now(),
 		    details = CASE WHEN (details->'leases'->-1->>'generation')::bigint = $3::bigint
 		        THEN jsonb_set(details, '{leases,-1}', (details->'leases'->-1) || jsonb_build_object(
 		                 'expiresAt', now() + $4 * interval '1 microsecond',

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/fleet/ingest/internal/buildinfo"
 )
 
 // Label values, initialised at start.
@@ -20,13 +22,15 @@ var (
 	ResumeOutcomes      = []string{"resumed", "conflict", "not_resumable", "not_found", "enqueue_failed"}
 	AcquireOutcomes     = []string{"acquired", "taken_over", "contended", "terminal", "not_found"}
 	RenewalOutcomes     = []string{"renewed", "lost", "error"}
-	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "failed", "retry", "lease_lost", "cancelled"}
+	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "failed", "retry", "lease_lost", "cancelled", "parked"}
 	BatchOutcomes       = []string{"succeeded", "failed"}
 	Phases              = []string{"load", "publish"}
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
-	SweepOutcomes       = []string{"redelivered"}
-	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error"}
+	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery"}
+	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed"}
+	// CancelRequestOutcomes are the outcomes of POST /v1/batches/{id}/cancel.
+	CancelRequestOutcomes = []string{"cancelled", "not_cancellable", "not_found", "invalid", "unauthorized", "unavailable", "client_closed"}
 )
 
 // SNSConfirmationOutcomes label ingest_sns_subscription_confirmations_total.
@@ -49,6 +53,10 @@ type Metrics struct {
 	SweepRedeliveries   *prometheus.CounterVec
 	RunningBatches      prometheus.Gauge
 	StuckBatches        prometheus.Gauge
+	ParkedBatches       prometheus.Gauge
+	Sweeps              prometheus.Counter
+	RecordsLoaded       prometheus.Counter
+	BuildInfo           *prometheus.GaugeVec
 	OldestRunningAge    prometheus.Gauge
 	QueueDepth          *prometheus.GaugeVec
 	DatabaseStatsErrors prometheus.Counter
@@ -106,6 +114,18 @@ func New() *Metrics {
 	m.StuckBatches = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ingest_stuck_batches", Help: "Running batches whose execution lease has expired (from the database).",
 	})
+	m.ParkedBatches = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ingest_parked_batches", Help: "Running batches parked because this build cannot work on them (from the database); they wait for an operator.",
+	})
+	m.Sweeps = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_sweeps_total", Help: "Sweeps for expired or orphaned batches this process ran (while holding the sweep lock).",
+	})
+	m.RecordsLoaded = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_records_loaded_total", Help: "Records streamed into warehouse loads by this process, counted as they are read (a load that later rolls back counts too).",
+	})
+	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "ingest_build_info", Help: "Always 1; the labels name the build of this binary.",
+	}, []string{"version", "revision", "goversion"})
 	m.OldestRunningAge = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ingest_oldest_running_batch_age_seconds", Help: "Age of the oldest Running scoped batch (from the database).",
 	})
@@ -127,9 +147,11 @@ func New() *Metrics {
 
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,
-		m.RunningBatches, m.StuckBatches, m.OldestRunningAge, m.QueueDepth, m.DatabaseStatsErrors, m.HTTPRequests} {
+		m.RunningBatches, m.StuckBatches, m.ParkedBatches, m.Sweeps, m.RecordsLoaded, m.BuildInfo, m.OldestRunningAge, m.QueueDepth, m.DatabaseStatsErrors, m.HTTPRequests} {
 		f(c)
 	}
+	bi := buildinfo.Get()
+	m.BuildInfo.WithLabelValues(bi.Version, bi.Revision, bi.GoVersion).Set(1)
 	for _, st := range SourceTypes {
 		for _, o := range ReservationOutcomes {
 			m.Reservations.WithLabelValues(st, o)
@@ -154,6 +176,9 @@ func New() *Metrics {
 		for _, o := range HTTPRequestOutcomes {
 			m.HTTPRequests.WithLabelValues(route, o)
 		}
+	}
+	for _, o := range CancelRequestOutcomes {
+		m.HTTPRequests.WithLabelValues("cancel", o)
 	}
 	return m
 }

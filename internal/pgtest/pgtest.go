@@ -132,6 +132,20 @@ func NewDatabaseURLAt(t testing.TB, version int64) string {
 	return newDatabase(t, Migrator{UpToVersion: version})
 }
 
+// EmptyDatabaseURL returns the URL of a fresh database without any
+// migration, as an operator would have before "worker migrate".
+func EmptyDatabaseURL(t testing.TB) string {
+	t.Helper()
+	return newDatabase(t, empty{})
+}
+
+// empty is a migrator that applies nothing.
+type empty struct{}
+
+func (empty) Hash() (string, error) { return "empty", nil }
+
+func (empty) Migrate(context.Context, *sql.DB, pgtestdb.Config) error { return nil }
+
 func newDatabase(t testing.TB, m pgtestdb.Migrator) string {
 	t.Helper()
 	cfg, err := pgconn.ParseConfig(ServerURL(t))

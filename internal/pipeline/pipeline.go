@@ -105,9 +105,12 @@ const (
 	Failed Outcome = "failed"
 	// SkippedTerminal: the batch was already terminal; nothing was done.
 	SkippedTerminal Outcome = "skipped_terminal"
-	// DetailsRefused: the details could not be parsed or have an unknown
-	// version; nothing was done and the batch was left as it is.
-	DetailsRefused Outcome = "details_refused"
+	// Parked: this build cannot work on the Running batch (its details do
+	// not parse or are of an unknown version, it is Running in a no-work
+	// phase, or no pipeline serves its source type). The batch was parked
+	// with the reason (batch.Store.Park), its details untouched; Err says
+	// why. It is not to be delivered again until an operator acts.
+	Parked Outcome = "parked"
 	// LeaseLost: the lease was lost mid-way; nothing more was written.
 	LeaseLost Outcome = "lease_lost"
 	// Retry: a transient failure or cancellation; the batch is still Running
@@ -145,14 +148,22 @@ func Execute(ctx context.Context, store *batch.Store, l lease.Lease, verify func
 	}
 	d, err := batch.ParseDetails(b.Details)
 	if err != nil {
-		return Result{Outcome: DetailsRefused, Batch: b, Err: err}, nil
+		return park(ctx, store, l, b, err.Error())
 	}
 	if d.Phase.NoWork() {
-		return Result{Outcome: SkippedTerminal, Batch: b}, nil
+		return park(ctx, store, l, b, fmt.Sprintf("Running in phase %s, in which no work is done", d.Phase))
 	}
 	p, ok := registry[b.SourceType]
 	if !ok {
-		return Result{Outcome: DetailsRefused, Batch: b, Err: fmt.Errorf("no pipeline for source type %q", b.SourceType)}, nil
+		return park(ctx, store, l, b, fmt.Sprintf("no pipeline for source type %q in this build", b.SourceType))
+	}
+	if b.ParkedAt != nil {
+		// Parked by a build that could not work on it; this one can.
+		if b, err = store.Unpark(ctx, l.Fence()); errors.Is(err, batch.ErrStaleLease) {
+			return Result{Outcome: LeaseLost, Batch: b, Err: err}, nil
+		} else if err != nil {
+			return Result{Outcome: Retry, Err: err}, nil
+		}
 	}
 
 	run := &Run{Batch: b, Details: d, Lease: l, store: store, verify: verify}
@@ -190,6 +201,19 @@ func Execute(ctx context.Context, store *batch.Store, l lease.Lease, verify func
 	default:
 		return Result{Outcome: Retry, Batch: run.Batch, Err: perr}, nil
 	}
+}
+
+// park records why this build cannot work on the batch, under the lease,
+// without touching its details.
+func park(ctx context.Context, store *batch.Store, l lease.Lease, b batch.Batch, reason string) (Result, error) {
+	parked, err := store.Park(ctx, l.Fence(), reason)
+	switch {
+	case errors.Is(err, batch.ErrStaleLease):
+		return Result{Outcome: LeaseLost, Batch: b, Err: err}, nil
+	case err != nil:
+		return Result{Outcome: Retry, Batch: b, Err: err}, nil
+	}
+	return Result{Outcome: Parked, Batch: parked, Err: errors.New(reason)}, nil
 }
 
 // IsTransient reports whether err may go away if the same work is retried.

@@ -182,6 +182,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/imports", s.handleImport)
 	mux.HandleFunc("POST /v1/events/s3", s.handleS3Event)
+	mux.HandleFunc("POST /v1/batches/{id}/cancel", s.handleCancel)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Metrics.Registry, promhttp.HandlerOpts{Registry: s.cfg.Metrics.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", s.handleReady)
@@ -267,6 +268,7 @@ func statusOf(outcome string) int {
 // importOne runs one import and returns the HTTP status, metric outcome and
 // body for it.
 func (s *Server) importOne(ctx context.Context, req jobs.ImportRequest) (int, string, any) {
+	client := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	res, err := s.cfg.Enqueuer.Import(ctx, req)
@@ -274,12 +276,21 @@ func (s *Server) importOne(ctx context.Context, req jobs.ImportRequest) (int, st
 	switch {
 	case errors.As(err, &in):
 		return http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: "invalid_input", Field: in.Field, Error: in.Reason}
+	case err != nil && client.Err() != nil:
+		// The client went away (its request context ended): not a database
+		// outage. Its transaction was abandoned; it may retry.
+		s.cfg.Logger.Info("client disconnected before the import finished", "tenant_id", req.TenantID, "error", err)
+		return statusClientClosed, "client_closed", errorBody{Outcome: "client_closed", Error: "client disconnected"}
 	case err != nil:
 		s.cfg.Logger.Error("import failed: database unavailable", "error", err, "tenant_id", req.TenantID)
 		return http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"}
 	}
 	return statusOf(res.Outcome), res.Outcome, res
 }
+
+// statusClientClosed answers a request whose client disconnected (nginx's
+// 499); nobody reads it, but logs and metrics say what happened.
+const statusClientClosed = 499
 
 const (
 	routeImports = "imports"

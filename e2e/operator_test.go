@@ -1,0 +1,156 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+// TestCancelStopsTheWorkerAndFreesTheScope cancels a batch whose worker
+// process is in the middle of its load: the scope is free at once (a new
+// import of the folder is enqueued before the old load even returns), the
+// worker stops without committing or writing anything more, its River job
+// ends cancelled, and the new batch owns the slice.
+func TestCancelStopsTheWorkerAndFreesTheScope(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	w := startWorker(t, dbURL, fastLease...)
+	release := blockLoads(t, pool)
+	folderURL := writeFolder(t, sample)
+	id := enqueueBatch(t, dbURL, "tenant-a", folderURL)
+	held := waitLoadBlocked(t, pool, id, w.name+"/")
+
+	out, code := runEnqueue(t, dbURL, "cancel", "--batch-id", fmt.Sprint(id), "--tenant-id", "tenant-b")
+	require.Equal(t, 5, code, out)
+	require.Equal(t, "not_found", outcome(t, out)["outcome"])
+
+	out, code = runEnqueue(t, dbURL, "cancel", "--batch-id", fmt.Sprint(id), "--tenant-id", "tenant-a", "--reason", "wrong upload", "--by", "alice")
+	require.Equal(t, 0, code, out)
+	o := outcome(t, out)
+	require.Equal(t, "cancelled", o["outcome"])
+	require.Equal(t, *held.LeaseID, o["previous_holder"])
+	require.Len(t, o["cancelled_jobs"], 1)
+
+	// The scope is free at once, while the old load is still in flight.
+	newer := enqueueBatch(t, dbURL, "tenant-a", folderURL)
+
+	// The worker notices (River's cancel and its next renewal) and stops.
+	w.waitLog("an operator", 30*time.Second)
+	require.Eventually(t, func() bool { return jobStates(t, pool, id)["cancelled"] == 1 }, 30*time.Second, 50*time.Millisecond,
+		"the cancelled delivery's job ends cancelled: %v", jobStates(t, pool, id))
+	release()
+
+	done := waitStatus(t, pool, newer, batch.StatusSucceeded, 30*time.Second)
+	total, distinct := recordCopies(t, pool, done.Scope())
+	require.Equal(t, sampleRecords, total)
+	require.Equal(t, sampleRecords, distinct)
+	var stamped int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT batch_id FROM curated.fleet_slices WHERE source_scope = $1`, done.Scope()).Scan(&stamped))
+	require.Equal(t, newer, stamped, "the cancelled load never committed")
+
+	b, d := getBatch(t, pool, id)
+	require.Equal(t, batch.StatusFailed, b.Status)
+	require.Equal(t, batch.PhaseCancelled, d.Phase)
+	require.Equal(t, held.LeaseGeneration+1, b.LeaseGeneration)
+	require.Equal(t, "cancelled by alice: wrong upload", d.LastError.Message)
+	for _, wr := range d.Writes {
+		require.False(t, wr.At.After(*b.CancelledAt), "no write landed after the cancel")
+	}
+	require.GreaterOrEqual(t, w.metric(`ingest_deliveries_total{outcome="cancelled"}`), float64(1))
+
+	out, code = runEnqueue(t, dbURL, "cancel", "--batch-id", fmt.Sprint(id), "--tenant-id", "tenant-a")
+	require.Equal(t, 5, code, out)
+	o = outcome(t, out)
+	require.Equal(t, "not_cancellable", o["outcome"])
+	require.Equal(t, "cancelled", o["phase"])
+
+	// Retry starts a new batch for the cancelled batch's folder; the folder's
+	// newest batch succeeded meanwhile, so the answer is that of an import.
+	out, code = runEnqueue(t, dbURL, "retry", "--batch-id", fmt.Sprint(id), "--tenant-id", "tenant-a")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "already_succeeded", outcome(t, out)["outcome"])
+}
+
+// TestParkedBatchIsNotRedeliveredInALoop: a Running batch whose details are
+// of a version this build does not know used to be re-delivered by the
+// sweeper every --orphan-after, forever, holding its folder. Now the first
+// delivery parks it; sweeps leave it alone; operators see it with the reason
+// (list --stuck, status, ingest_parked_batches) and cancel releases it.
+func TestParkedBatchIsNotRedeliveredInALoop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	folderURL := writeFolder(t, sample)
+	id := enqueueBatch(t, dbURL, "tenant-a", folderURL)
+	_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET details = details || '{"version": 99}' WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	w := startWorker(t, dbURL, append([]string{"--orphan-after", "1s"}, fastLease...)...)
+	var parkedAt time.Time
+	require.Eventually(t, func() bool {
+		b, err := getBatchRaw(pool, id)
+		if err != nil || b.ParkedAt == nil {
+			return false
+		}
+		parkedAt = *b.ParkedAt
+		return true
+	}, 30*time.Second, 50*time.Millisecond, "the batch is parked")
+	// Let several sweeps run well past the orphan window.
+	sweeps := w.metric(`ingest_sweeps_total`)
+	require.Eventually(t, func() bool {
+		var past bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT now() > $1::timestamptz + interval '4 seconds'`, parkedAt).Scan(&past))
+		return past && w.metric(`ingest_sweeps_total`) >= sweeps+4
+	}, 60*time.Second, 100*time.Millisecond)
+	require.Equal(t, map[string]int{"cancelled": 1}, jobStates(t, pool, id), "one delivery, no re-delivery")
+	b, err := getBatchRaw(pool, id)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), b.LeaseGeneration, "leased once")
+	require.Equal(t, batch.StatusRunning, b.Status)
+	require.Equal(t, "details version 99 unknown to this build", *b.ParkedReason)
+	require.Equal(t, float64(1), w.metric(`ingest_deliveries_total{outcome="parked"}`))
+	require.Eventually(t, func() bool { return w.metric(`ingest_parked_batches`) == 1 }, 15*time.Second, 100*time.Millisecond)
+
+	out, code := runEnqueue(t, dbURL, "list", "--stuck", "--json")
+	require.Equal(t, 0, code, out)
+	var v map[string]any
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &v), out)
+	require.Equal(t, float64(id), v["batch_id"])
+	require.Equal(t, true, v["parked"])
+	require.Equal(t, "details version 99 unknown to this build", v["parked_reason"])
+	out, code = runEnqueue(t, dbURL, "status", "--batch-id", fmt.Sprint(id))
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "parked: details version 99 unknown to this build")
+
+	// The folder is blocked until an operator cancels the parked batch.
+	out, code = runEnqueue(t, dbURL, importArgs("tenant-a", folderURL)...)
+	require.Equal(t, 3, code, out)
+	out, code = runEnqueue(t, dbURL, "cancel", "--batch-id", fmt.Sprint(id), "--tenant-id", "tenant-a", "--reason", "unknown version")
+	require.Equal(t, 0, code, out)
+	b, err = getBatchRaw(pool, id)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusFailed, b.Status)
+	var version int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (details->>'version')::int FROM ingestion_batches WHERE id = $1`, id).Scan(&version))
+	require.Equal(t, 99, version, "the unknown document was never rewritten")
+	newer := enqueueBatch(t, dbURL, "tenant-a", folderURL)
+	waitStatus(t, pool, newer, batch.StatusSucceeded, 30*time.Second)
+	require.Eventually(t, func() bool { return w.metric(`ingest_parked_batches`) == 0 }, 15*time.Second, 100*time.Millisecond)
+}
+
+// getBatchRaw reads a batch without parsing its details.
+func getBatchRaw(pool *pgxpool.Pool, id int64) (batch.Batch, error) {
+	return batch.NewStore(pool).Get(context.Background(), id)
+}

@@ -1,0 +1,135 @@
+package fleet_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/fleet"
+	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+// verifier is what the worker's heartbeat gives a pipeline as its lease
+// check: renew the exact term now, or report it lost.
+func (e *env) verifier(l lease.Lease, after func(calls int)) func(context.Context) error {
+	calls := 0
+	return func(ctx context.Context) error {
+		_, ok, err := e.leases.Renew(ctx, l, time.Minute)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return batch.ErrStaleLease
+		}
+		calls++
+		if after != nil {
+			after(calls)
+		}
+		return nil
+	}
+}
+
+// TestCancelDuringLoadAbortsBeforeCommit: an operator cancels a batch while
+// its load runs (here: right after the load's first lease check). The load's
+// lease check just before the warehouse commit fails, so nothing commits,
+// and the delivery writes nothing more.
+func TestCancelDuringLoadAbortsBeforeCommit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	b := e.reserve("tenant-a", e.folder(sampleFiles))
+	a, err := e.leases.Acquire(ctx, b.ID, "holder", time.Minute)
+	require.NoError(t, err)
+	verify := e.verifier(a.Lease, func(calls int) {
+		if calls == 1 {
+			res, err := e.store.Cancel(ctx, batch.CancelRequest{BatchID: b.ID, TenantID: "tenant-a", By: "ops"})
+			require.NoError(t, err)
+			require.Equal(t, batch.Cancelled, res.Outcome)
+		}
+	})
+	res, err := pipeline.Execute(ctx, e.store, a.Lease, verify, pipeline.Registry{batch.SourceTypeFleetS3: e.pipeline})
+	require.NoError(t, err)
+	require.Equal(t, pipeline.LeaseLost, res.Outcome, "%v", res.Err)
+
+	_, found, err := e.wh.Stamp(ctx, "tenant-a", b.Scope())
+	require.NoError(t, err)
+	require.False(t, found, "the load never committed")
+	total, _, _ := e.sliceRecords("tenant-a", b.Scope())
+	require.Zero(t, total)
+	got, d := e.details(b.ID)
+	require.Equal(t, batch.StatusFailed, got.Status)
+	require.Equal(t, batch.PhaseCancelled, d.Phase)
+}
+
+// gatedPublish holds Publish until released, then publishes for real with
+// the caller's lease check.
+type gatedPublish struct {
+	*warehouse.Postgres
+	entered, release chan struct{}
+}
+
+func (g *gatedPublish) Publish(ctx context.Context, s warehouse.Slice, window time.Duration, before func(context.Context) error) (warehouse.Stamp, error) {
+	close(g.entered)
+	<-g.release
+	return g.Postgres.Publish(ctx, s, window, before)
+}
+
+// TestStaleHolderCannotPublishAfterItsSuccessorFailed reproduces the hole
+// reported against the unfenced Publish: a holder paused on its way into the
+// publication outlives its lease; its successor fails the publication and
+// records failed_publication; the paused holder wakes and publishes. The
+// publication's lease check just before its commit refuses it now.
+func TestStaleHolderCannotPublishAfterItsSuccessorFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	b := e.reserve("tenant-a", e.folder(sampleFiles))
+
+	a, err := e.leases.Acquire(ctx, b.ID, "paused-holder", time.Minute)
+	require.NoError(t, err)
+	gate := &gatedPublish{Postgres: e.wh, entered: make(chan struct{}), release: make(chan struct{})}
+	stale := make(chan pipeline.Result, 1)
+	go func() {
+		res, err := pipeline.Execute(ctx, e.store, a.Lease, e.verifier(a.Lease, nil),
+			pipeline.Registry{batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: gate}})
+		require.NoError(t, err)
+		stale <- res
+	}()
+	<-gate.entered // committed, recorded publishing, now "paused"
+
+	// Its term runs out while it is paused.
+	short, ok, err := e.leases.Renew(ctx, a.Lease, time.Microsecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	e.waitExpired(short)
+
+	// The successor takes over and its publication fails.
+	e.failPublications(true)
+	res := e.deliver(b.ID, e.pipeline)
+	require.Equal(t, pipeline.Failed, res.Outcome)
+	require.Equal(t, batch.PhaseFailedPublication, res.Phase)
+	e.failPublications(false)
+
+	close(gate.release) // the paused holder wakes and publishes
+	got := <-stale
+	require.Equal(t, pipeline.LeaseLost, got.Outcome, "%v", got.Err)
+	n, _ := e.publications(b.Scope())
+	require.Zero(t, n, "the stale holder published nothing")
+	st, found, err := e.wh.Stamp(ctx, "tenant-a", b.Scope())
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Nil(t, st.PublishedAt)
+	after, d := e.details(b.ID)
+	require.Equal(t, batch.StatusFailed, after.Status)
+	require.Equal(t, batch.PhaseFailedPublication, d.Phase, "the successor's record stands")
+
+	// It stays resumable: the slice is still this batch's and unpublished.
+	rr, err := e.store.Resume(ctx, batch.ResumeRequest{BatchID: b.ID, TenantID: "tenant-a", SourceType: batch.SourceTypeFleetS3, SourceScope: b.Scope()}, warehouse.Verifier(e.wh))
+	require.NoError(t, err)
+	require.Equal(t, batch.Resumed, rr.Outcome, rr.Reason)
+}

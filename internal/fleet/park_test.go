@@ -1,0 +1,92 @@
+package fleet_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/pipeline"
+)
+
+// TestBatchesThisBuildCannotWorkOnAreParked: each kind of batch a delivery
+// cannot work on is parked with its reason, its details untouched; once it
+// can be worked on (here: its details repaired, as a newer build would read
+// them), the next delivery unparks it and finishes it.
+func TestBatchesThisBuildCannotWorkOnAreParked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	registry := pipeline.Registry{batch.SourceTypeFleetS3: e.pipeline}
+	setDetails := func(id int64, raw string) {
+		t.Helper()
+		_, err := e.pool.Exec(ctx, `UPDATE ingestion_batches SET details = $2 WHERE id = $1`, id, raw)
+		require.NoError(t, err)
+	}
+	deliver := func(id int64, reg pipeline.Registry) pipeline.Result {
+		t.Helper()
+		a, err := e.leases.Acquire(ctx, id, "delivery", time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, lease.Acquired, a.Outcome)
+		res, err := pipeline.Execute(ctx, e.store, a.Lease, nil, reg)
+		require.NoError(t, err)
+		_, err = e.leases.Release(ctx, a.Lease)
+		require.NoError(t, err)
+		return res
+	}
+	for name, tt := range map[string]struct {
+		details  string
+		registry pipeline.Registry
+		reason   string
+	}{
+		"unknown version":  {`{"version": 99, "phase": "warp"}`, registry, "details version 99 unknown to this build"},
+		"unparsable":       {`{"version": 1, "phase": "loading", "Phase": "published", "redshiftCommitted": false, "publication": {"started": false, "completed": false}}`, registry, "batch details are not a valid details document"},
+		"no-work phase":    {`{"version": 1, "phase": "failed_pre_commit", "redshiftCommitted": false, "publication": {"started": false, "completed": false}}`, registry, "Running in phase failed_pre_commit, in which no work is done"},
+		"no such pipeline": {"", pipeline.Registry{}, `no pipeline for source type "FleetS3" in this build`},
+	} {
+		b := e.reserve("tenant-"+name, e.folder(sampleFiles))
+		if tt.details != "" {
+			setDetails(b.ID, tt.details)
+		}
+		res := deliver(b.ID, tt.registry)
+		require.Equal(t, pipeline.Parked, res.Outcome, name)
+		require.ErrorContains(t, res.Err, tt.reason, name)
+		got, err := e.store.Get(ctx, b.ID)
+		require.NoError(t, err)
+		require.True(t, got.Parked(), name)
+		require.Contains(t, *got.ParkedReason, tt.reason, name)
+		require.Equal(t, batch.StatusRunning, got.Status, name)
+		if tt.details != "" {
+			require.JSONEq(t, tt.details, detailsWithoutLeases(t, got.Details), "%s: parking never rewrites the details", name)
+		}
+	}
+
+	// A batch that can be worked on again is unparked and finished.
+	b := e.reserve("tenant-repaired", e.folder(sampleFiles))
+	good := b.Details
+	setDetails(b.ID, `{"version": 99}`)
+	require.Equal(t, pipeline.Parked, deliver(b.ID, registry).Outcome)
+	setDetails(b.ID, string(good))
+	res := deliver(b.ID, registry)
+	require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
+	got, err := e.store.Get(ctx, b.ID)
+	require.NoError(t, err)
+	require.False(t, got.Parked())
+	require.Nil(t, got.ParkedAt)
+}
+
+// detailsWithoutLeases drops the lease audit trail the lease statements
+// maintain, which is not the pipeline's to keep or change.
+func detailsWithoutLeases(t *testing.T, raw []byte) string {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(raw, &m))
+	delete(m, "leases")
+	out, err := json.Marshal(m)
+	require.NoError(t, err)
+	return string(out)
+}

@@ -1,0 +1,88 @@
+package uploads
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/fleet/ingest/internal/jobs"
+)
+
+const routeCancel = "cancel"
+
+// OperatorHeader names who asks for an operator action over HTTP; it is
+// recorded with the action (as "http:<name>@<client address>").
+const OperatorHeader = "X-Fleet-Operator"
+
+// cancelBody is the body of POST /v1/batches/{id}/cancel.
+type cancelBody struct {
+	TenantID string `json:"tenant_id"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// handleCancel serves POST /v1/batches/{id}/cancel with a body
+// {"tenant_id", "reason"}: the same operation as enqueue cancel. Answers:
+// 200 cancelled, 404 not_found (also another tenant's batch), 409
+// not_cancellable (terminal already), 422 invalid input, 400 malformed body,
+// 401 unauthenticated, 503 database unavailable.
+func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
+	if !s.bearerOK(r) {
+		s.refuse(w, routeCancel, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
+		return
+	}
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		s.refuse(w, routeCancel, http.StatusUnprocessableEntity, "invalid", "batch_id", "must be a positive batch id")
+		return
+	}
+	body, ok := s.readBody(w, r, routeCancel, "application/json")
+	if !ok {
+		return
+	}
+	var cb cancelBody
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cb); err != nil || dec.More() {
+		msg := `body must be one JSON object {"tenant_id"[, "reason"]}`
+		if err != nil {
+			msg += ": " + err.Error()
+		}
+		s.refuse(w, routeCancel, http.StatusBadRequest, "invalid", "", msg)
+		return
+	}
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	by := "http:" + cmp.Or(r.Header.Get(OperatorHeader), "unnamed") + "@" + cmp.Or(host, r.RemoteAddr)
+	req := jobs.CancelRequest{BatchID: id, TenantID: cb.TenantID, Reason: cb.Reason, By: by}
+	if err := jobs.ValidateCancel(req); err != nil {
+		var in *jobs.InputError
+		errors.As(err, &in)
+		s.refuse(w, routeCancel, http.StatusUnprocessableEntity, "invalid", in.Field, in.Reason)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	defer cancel()
+	res, err := s.cfg.Enqueuer.Cancel(ctx, req)
+	if err != nil {
+		if r.Context().Err() != nil {
+			s.cfg.Logger.Info("client disconnected before the cancel finished", "route", routeCancel, "batch_id", id)
+			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeCancel, "client_closed").Inc()
+			return
+		}
+		s.cfg.Logger.Error("cancel failed: database unavailable", "error", err, "batch_id", id)
+		s.reply(w, routeCancel, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
+		return
+	}
+	status := http.StatusOK
+	switch res.Outcome {
+	case jobs.OutcomeNotFound:
+		status = http.StatusNotFound
+	case jobs.OutcomeNotCancellable:
+		status = http.StatusConflict
+	}
+	s.reply(w, routeCancel, status, res.Outcome, res)
+}

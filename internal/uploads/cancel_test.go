@@ -1,0 +1,129 @@
+package uploads
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+func TestCancelRoute(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	f := newServer(t, pool, nil)
+	status, out := f.post(t, "/v1/imports", "application/json", importBody("tenant-a", "s3://fleet-bucket/up/c1"), auth)
+	require.Equal(t, http.StatusAccepted, status)
+	id := int64(out["batch_id"].(float64))
+	path := "/v1/batches/" + strconv.FormatInt(id, 10) + "/cancel"
+	body := func(v map[string]any) []byte { b, _ := json.Marshal(v); return b }
+
+	status, _ = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), nil)
+	require.Equal(t, http.StatusUnauthorized, status)
+	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-b"}), auth)
+	require.Equal(t, http.StatusNotFound, status, "another tenant's batch")
+	require.Equal(t, "not_found", out["outcome"])
+	status, out = f.post(t, "/v1/batches/0/cancel", "application/json", body(map[string]any{"tenant_id": "tenant-a"}), auth)
+	require.Equal(t, http.StatusUnprocessableEntity, status)
+	require.Equal(t, "batch_id", out["field"])
+	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": ""}), auth)
+	require.Equal(t, http.StatusUnprocessableEntity, status)
+	require.Equal(t, "tenant_id", out["field"])
+	status, _ = f.post(t, path, "application/json", []byte(`{"tenant_id":"tenant-a","force":true}`), auth)
+	require.Equal(t, http.StatusBadRequest, status)
+	b, err := batch.NewStore(pool).Get(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusRunning, b.Status, "refusals touch nothing")
+
+	headers := map[string]string{"Authorization": "Bearer " + token, OperatorHeader: "alice"}
+	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a", "reason": "bad upload"}), headers)
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "cancelled", out["outcome"])
+	require.Len(t, out["cancelled_jobs"], 1)
+	b, err = batch.NewStore(pool).Get(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusFailed, b.Status)
+	require.True(t, strings.HasPrefix(*b.CancelledBy, "http:alice@"), *b.CancelledBy)
+	require.Equal(t, "bad upload", *b.CancelReason)
+
+	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), auth)
+	require.Equal(t, http.StatusConflict, status)
+	require.Equal(t, "not_cancellable", out["outcome"])
+	require.Equal(t, "cancelled", out["phase"])
+	require.Equal(t, float64(1), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "cancelled")))
+	require.Equal(t, float64(1), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "not_cancellable")))
+}
+
+// lockedBuffer is a goroutine-safe log sink.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestClientDisconnectIsNotADatabaseOutage: a client that gives up while its
+// import waits in the database is logged as a disconnect, not as "database
+// unavailable".
+func TestClientDisconnectIsNotADatabaseOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	logs := &lockedBuffer{}
+	f := newServer(t, pool, func(c *Config) { c.Logger = slog.New(slog.NewJSONHandler(logs, nil)) })
+
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer blocker.Rollback(ctx) //nolint:errcheck
+	_, err = blocker.Exec(ctx, `LOCK TABLE ingestion_batches IN EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	reqCtx, hangUp := context.WithCancel(ctx)
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, f.srv.URL+"/v1/imports", bytes.NewReader(importBody("tenant-a", "s3://fleet-bucket/up/gone")))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+		return n > 0
+	}, 30*time.Second, 5*time.Millisecond, "the import waits in the database")
+	hangUp()
+	require.Error(t, <-done)
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("imports", "client_closed")) == 1
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Contains(t, logs.String(), "client disconnected before the import finished")
+	require.NotContains(t, logs.String(), "database unavailable")
+	require.Zero(t, testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("imports", "unavailable")))
+}
