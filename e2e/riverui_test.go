@@ -33,7 +33,7 @@ func chromiumPath(t *testing.T) string {
 func TestRiverUIShowsTheJobsOfABatch(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
-	_, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token"})
+	_, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token"}, "--dev-allow-local-folders")
 	status, out := postJSON(t, base+"/v1/imports", "ui-token",
 		map[string]any{"tenant_id": "tenant-ui", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
 	require.Equal(t, http.StatusAccepted, status, "%v", out)

@@ -24,7 +24,7 @@ func TestCancelRoute(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
 	f := newServer(t, pool, nil)
-	status, out := f.post(t, "/v1/imports", "application/json", importBody("tenant-a", "s3://fleet-bucket/up/c1"), auth)
+	status, out := f.post(t, "/v1/imports", "application/json", importBody("tenant-a", tenantFolder("tenant-a", "up/c1")), auth)
 	require.Equal(t, http.StatusAccepted, status)
 	id := int64(out["batch_id"].(float64))
 	path := "/v1/batches/" + strconv.FormatInt(id, 10) + "/cancel"
@@ -101,7 +101,7 @@ func TestClientDisconnectIsNotADatabaseOutage(t *testing.T) {
 	require.NoError(t, err)
 
 	reqCtx, hangUp := context.WithCancel(ctx)
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, f.srv.URL+"/v1/imports", bytes.NewReader(importBody("tenant-a", "s3://fleet-bucket/up/gone")))
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, f.srv.URL+"/v1/imports", bytes.NewReader(importBody("tenant-a", tenantFolder("tenant-a", "up/gone"))))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+token)
