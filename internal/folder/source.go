@@ -68,9 +68,11 @@ var (
 )
 
 // Opener opens the buckets behind folders: s3:// through the AWS SDK's
-// default credential chain and region (AWS_REGION), file:// on the local
-// file system, and mem:// as process-wide named in-memory buckets that tests
-// and the demo can fill with MemBucket.
+// default configuration (credential chain, AWS_REGION, and an endpoint
+// override such as AWS_ENDPOINT_URL_S3 for S3-compatible servers, which are
+// addressed path-style when the endpoint is an IP address), file:// on the
+// local file system, and mem:// as process-wide named in-memory buckets that
+// tests and the demo can fill with MemBucket.
 type Opener struct{}
 
 // Open returns a Source reading f.
@@ -141,6 +143,9 @@ func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 			break
 		}
 		if err != nil {
+			if s.Folder.Scheme == SchemeS3 && IsNotFound(err) {
+				return nil, fmt.Errorf("listing %s: bucket %q does not exist (or is not visible to these credentials): %w", s.Folder, s.Folder.Bucket, err)
+			}
 			return nil, fmt.Errorf("listing %s: %w", s.Folder, err)
 		}
 		if o.IsDir || IsMarker(strings.TrimPrefix(o.Key, s.keyPrefix)) {
@@ -172,7 +177,9 @@ func (s *Source) FullKey(o Object) string {
 // does not exist.
 func IsNotFound(err error) bool { return gcerrors.Code(err) == gcerrors.NotFound }
 
-// IsTransient reports whether a storage error may succeed if retried.
+// IsTransient reports whether a storage error may succeed if retried, by
+// the portable blob error codes. AWS errors (S3's 503 SlowDown, 5xx) are
+// classified by pipeline.IsTransient, which sees through the blob wrapping.
 func IsTransient(err error) bool {
 	switch gcerrors.Code(err) {
 	case gcerrors.DeadlineExceeded, gcerrors.ResourceExhausted, gcerrors.Internal:

@@ -62,6 +62,12 @@ var (
 	// ErrPublicationExpired means the slice was committed longer ago than
 	// the publication window allows.
 	ErrPublicationExpired = errors.New("publication window has passed")
+	// ErrTransient is wrapped by warehouse failures that may go away when the
+	// same load or publication is retried: a serialization conflict with a
+	// concurrent transaction, an aborted statement, or a statement whose
+	// outcome is not known yet (read the stamp back before anything else).
+	// pipeline.IsTransient recognises it.
+	ErrTransient = errors.New("transient warehouse failure")
 )
 
 // Warehouse is where Fleet folders are loaded and published.
