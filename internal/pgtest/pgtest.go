@@ -166,6 +166,14 @@ func newDatabase(t testing.TB, m pgtestdb.Migrator) string {
 	return u.String()
 }
 
+// NewEmptyDatabaseURL returns the URL of a fresh database with no
+// migrations applied, for stand-ins of other databases (the Redshift Data
+// API double keeps its warehouse in one).
+func NewEmptyDatabaseURL(t testing.TB) string {
+	t.Helper()
+	return newDatabase(t, pgtestdb.NoopMigrator{})
+}
+
 // NewPool returns a pool on a fresh, fully migrated database, closed when
 // the test ends.
 func NewPool(t testing.TB) *pgxpool.Pool {
