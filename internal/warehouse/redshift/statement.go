@@ -42,8 +42,8 @@ func (e *StatementError) Unwrap() error {
 // serializationMarkers identify Redshift's serialization conflicts in a
 // statement's error text (the Data API gives no error code).
 var serializationMarkers = []string{
-	"1023",                                // ERROR: 1023 DETAIL: Serializable isolation violation on table …
-	"serializable isolation violation",    // the same, as worded in the DETAIL
+	"1023",                                 // ERROR: 1023 DETAIL: Serializable isolation violation on table …
+	"serializable isolation violation",     // the same, as worded in the DETAIL
 	"conflict with concurrent transaction", // snapshot isolation: … could not complete because of conflict with concurrent transaction
 }
 
