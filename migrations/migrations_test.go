@@ -133,7 +133,7 @@ func TestRedshiftWarehouseMigrations(t *testing.T) {
 	require.NotEmpty(t, ms)
 	require.Equal(t, int64(1), ms[0].Version)
 	require.Equal(t, "00001_curated_fleet.sql", ms[0].Name)
-	require.Len(t, ms[0].Statements, 4)
+	require.Len(t, ms[0].Statements, 5)
 	require.Equal(t, "CREATE SCHEMA IF NOT EXISTS curated", ms[0].Statements[0])
 	records := ms[0].Statements[1]
 	require.Contains(t, records, "CREATE TABLE IF NOT EXISTS curated.fleet_records")

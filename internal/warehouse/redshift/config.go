@@ -104,7 +104,7 @@ var (
 	// Workgroup names, cluster ids, databases and users.
 	namePattern = regexp.MustCompile(`^[A-Za-z0-9_$.-]{1,128}$`)
 	// Secrets Manager ARNs or names.
-	secretPattern = regexp.MustCompile(`^[A-Za-z0-9:/_+=.@!-]{1,2048}$`)
+	secretPattern = regexp.MustCompile(`^[A-Za-z0-9:/_+=.@!-]+$`)
 )
 
 // ConfigError names the setting that is invalid.

@@ -16,11 +16,12 @@ import (
 // statement and so the whole transaction; the caller then reads the stamp
 // to learn why.
 
-// lockSlices serialises every writer of the warehouse tables: loads and
+// lockWriters serialises every writer of the warehouse tables: loads and
 // publications all take it first, before reading anything, so no two of
-// them interleave (and none fails Redshift's serializable isolation check
-// against another). Stamp reads wait behind a running load's COPY.
-const lockSlices = `LOCK curated.fleet_slices`
+// them interleave, and none fails Redshift's serializable isolation check
+// against another (should one still do, the failure is transient). The
+// lock is on a table of its own, so stamp reads never wait behind a COPY.
+const lockWriters = `LOCK curated.fleet_writer_lock`
 
 // guardNotSuperseded fails when the slice is stamped with a newer batch, or
 // with a later lease generation of this batch.
@@ -58,7 +59,7 @@ func copyManifest(manifestURL, iamRole string) string {
 
 // loadSQL is one load's transaction.
 func loadSQL(manifestURL, iamRole string) []string {
-	sqls := []string{lockSlices, guardNotSuperseded, deleteSlice}
+	sqls := []string{lockWriters, guardNotSuperseded, deleteSlice}
 	if manifestURL != "" {
 		sqls = append(sqls, copyManifest(manifestURL, iamRole))
 	}
@@ -89,7 +90,7 @@ WHERE s.tenant_id = :tenant_id AND s.source_scope = :source_scope AND s.batch_id
                   WHERE p.tenant_id = s.tenant_id AND p.source_scope = s.source_scope AND p.batch_id = s.batch_id)`
 
 // publishSQL is one publication's transaction.
-var publishSQL = []string{lockSlices, guardPublishable, markPublished, appendPublication}
+var publishSQL = []string{lockWriters, guardPublishable, markPublished, appendPublication}
 
 // Migrations.
 

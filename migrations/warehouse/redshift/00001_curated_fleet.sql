@@ -58,3 +58,12 @@ CREATE TABLE IF NOT EXISTS curated.fleet_publications (
     UNIQUE (tenant_id, source_scope, batch_id)
 )
 DISTSTYLE ALL;
+
+-- Writers (loads and publications) take LOCK on this empty table first, so
+-- they run one at a time and never fail Redshift's serializable isolation
+-- check against each other, while readers of the stamps never wait for a
+-- running COPY (a LOCK on fleet_slices itself would block them).
+CREATE TABLE IF NOT EXISTS curated.fleet_writer_lock (
+    unused BOOLEAN
+)
+DISTSTYLE ALL;
