@@ -1,6 +1,7 @@
 package redshift
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -145,8 +146,8 @@ func (c Config) Validate() error {
 		return bad("iam-role", "required: the IAM role Redshift assumes to read the staging objects")
 	case c.IAMRole != "default" && !rolePattern.MatchString(c.IAMRole):
 		return bad("iam-role", "%q is not an IAM role ARN (arn:aws:iam::123456789012:role/name) or \"default\"", c.IAMRole)
-	case c.PartBytes != 0 && c.PartBytes < 2*MaxRecordBytesDefault:
-		return bad("part-bytes", "must be at least %d bytes", 2*MaxRecordBytesDefault)
+	case c.PartBytes != 0 && c.PartBytes < 2*int64(cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault))+1<<20:
+		return bad("part-bytes", "must be at least twice the record limit plus 1 MiB (%d bytes)", 2*int64(cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault))+1<<20)
 	case c.UploadPartBytes != 0 && c.UploadPartBytes < 5<<20:
 		return bad("upload-part-bytes", "S3 multipart chunks are at least 5 MiB")
 	case c.UploadConcurrency < 0 || c.LoadTimeout < 0 || c.QueryTimeout < 0 || c.PollInterval < 0 || c.PollMax < 0:
