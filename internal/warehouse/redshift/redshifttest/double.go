@@ -136,7 +136,8 @@ type Fault struct {
 	// before its commit, until Release.
 	Hold bool
 	// HideOutcome keeps DescribeStatement answering STARTED after the
-	// transaction ended, until Reveal.
+	// transaction ended, until Reveal; it answers only once the
+	// transaction has ended.
 	HideOutcome bool
 }
 
@@ -329,7 +330,7 @@ func (d *Double) serve(w http.ResponseWriter, r *http.Request) {
 	case "ExecuteStatement", "BatchExecuteStatement":
 		out, err = d.submit(op == "BatchExecuteStatement", body)
 	case "DescribeStatement":
-		out, err = d.describe(body)
+		out, err = d.describe(r.Context(), body)
 	case "GetStatementResult":
 		out, err = d.result(body)
 	case "CancelStatement":
@@ -489,11 +490,11 @@ func newID() string {
 // run executes a statement (or batch) as one transaction.
 func (d *Double) run(ctx context.Context, st *statement) {
 	f := st.fault
-	if f != nil {
-		defer close(f.done)
-	}
 	st.set(func() { st.status = "STARTED" })
 	err := d.runTx(ctx, st)
+	if f != nil {
+		close(f.done) // the transaction has ended, whatever is reported
+	}
 	final := "FINISHED"
 	var msg string
 	switch {
@@ -719,10 +720,19 @@ func (d *Double) lookup(body []byte) (*statement, int, error) {
 	return st, subNo, nil
 }
 
-func (d *Double) describe(body []byte) (any, error) {
+func (d *Double) describe(ctx context.Context, body []byte) (any, error) {
 	st, _, err := d.lookup(body)
 	if err != nil {
 		return nil, err
+	}
+	if f := st.fault; f != nil && f.HideOutcome {
+		// Answer only once the transaction has ended, so that a client
+		// polling a hidden outcome is sure to poll after the commit.
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
