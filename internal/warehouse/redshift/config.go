@@ -116,11 +116,14 @@ type ConfigError struct {
 
 func (e *ConfigError) Error() string { return e.Field + ": " + e.Reason }
 
-// Validate reports the first invalid setting as a *ConfigError.
-func (c Config) Validate() error {
-	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
-	}
+func bad(field, format string, args ...any) error {
+	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// ValidateTarget reports the first invalid setting among those that name
+// the warehouse and authenticate to it (all a Migrator needs), as a
+// *ConfigError.
+func (c Config) ValidateTarget() error {
 	switch {
 	case c.WorkgroupName == "" && c.ClusterID == "":
 		return bad("workgroup", "set a Redshift Serverless workgroup or a provisioned cluster id")
@@ -142,6 +145,18 @@ func (c Config) Validate() error {
 		return bad("db-user", "temporary credentials for a database user need a provisioned cluster id; a workgroup derives the user from the IAM identity")
 	case c.DBUser != "" && !namePattern.MatchString(c.DBUser):
 		return bad("db-user", "%q is not a database user name", c.DBUser)
+	case c.QueryTimeout < 0 || c.PollInterval < 0 || c.PollMax < 0:
+		return bad("timeouts", "must not be negative")
+	}
+	return nil
+}
+
+// Validate reports the first invalid setting as a *ConfigError.
+func (c Config) Validate() error {
+	if err := c.ValidateTarget(); err != nil {
+		return err
+	}
+	switch {
 	case c.IAMRole == "":
 		return bad("iam-role", "required: the IAM role Redshift assumes to read the staging objects")
 	case c.IAMRole != "default" && !rolePattern.MatchString(c.IAMRole):
@@ -150,7 +165,7 @@ func (c Config) Validate() error {
 		return bad("part-bytes", "must be at least twice the record limit plus 1 MiB (%d bytes)", 2*int64(cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault))+1<<20)
 	case c.UploadPartBytes != 0 && c.UploadPartBytes < 5<<20:
 		return bad("upload-part-bytes", "S3 multipart chunks are at least 5 MiB")
-	case c.UploadConcurrency < 0 || c.LoadTimeout < 0 || c.QueryTimeout < 0 || c.PollInterval < 0 || c.PollMax < 0:
+	case c.UploadConcurrency < 0 || c.LoadTimeout < 0:
 		return bad("timeouts", "must not be negative")
 	case c.MaxRecordBytes < 0 || c.MaxStringBytes < 0 || c.MaxDepth < 0:
 		return bad("limits", "must not be negative")

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
 	"github.com/aws/aws-sdk-go-v2/service/redshiftdata"
@@ -15,15 +16,13 @@ import (
 
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/warehouse"
-	"github.com/fleet/ingest/migrations"
 )
 
 // Warehouse is the production warehouse: schema curated in Amazon Redshift,
 // reached through the Redshift Data API, loaded by server-side COPY from
 // staging objects in S3. It is safe for concurrent use.
 type Warehouse struct {
-	cfg    Config
-	data   *redshiftdata.Client
+	dataAPI
 	s3     *s3.Client
 	tm     *transfermanager.Client
 	bucket string
@@ -40,11 +39,23 @@ func Open(ctx context.Context, cfg Config) (*Warehouse, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	awsCfg, err := config.LoadDefaultConfig(ctx)
+	awsCfg, err := loadAWS(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("loading AWS configuration: %w", err)
+		return nil, err
 	}
 	return New(cfg, redshiftdata.NewFromConfig(awsCfg), s3.NewFromConfig(awsCfg))
+}
+
+// loadAWS loads the standard AWS configuration and insists on a region.
+func loadAWS(ctx context.Context) (aws.Config, error) {
+	awsCfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return aws.Config{}, fmt.Errorf("loading AWS configuration: %w", err)
+	}
+	if awsCfg.Region == "" {
+		return aws.Config{}, &ConfigError{Field: "region", Reason: "no AWS region: set AWS_REGION (or a profile's region)"}
+	}
+	return awsCfg, nil
 }
 
 // New returns the warehouse cfg describes on the given clients.
@@ -60,7 +71,7 @@ func New(cfg Config, data *redshiftdata.Client, s3Client *s3.Client) (*Warehouse
 		o.Concurrency = cfg.UploadConcurrency
 		o.FailTimeout = 30 * time.Second // abort a failed multipart upload even when the load's context ended
 	})
-	return &Warehouse{cfg: cfg, data: data, s3: s3Client, tm: tm, bucket: bucket, prefix: prefix}, nil
+	return &Warehouse{dataAPI: dataAPI{cfg: cfg, data: data}, s3: s3Client, tm: tm, bucket: bucket, prefix: prefix}, nil
 }
 
 func sliceParams(s warehouse.Slice, kv ...string) []types.SqlParameter {
@@ -309,77 +320,3 @@ func publishable(cur warehouse.Stamp, age int64, found bool, s warehouse.Slice, 
 	return nil
 }
 
-// Applied is one warehouse migration Migrate applied.
-type Applied struct {
-	Version  int64
-	Name     string
-	Duration time.Duration
-}
-
-// Migrate brings schema curated to the current version: it creates the
-// version table curated.fleet_warehouse_migrations if needed, then applies
-// each pending file of migrations/warehouse/redshift in one transaction
-// with its version row. A transaction re-checks the version under a lock,
-// so concurrent migrators apply each file once. Idempotent: on a current
-// warehouse it applies nothing.
-func (w *Warehouse) Migrate(ctx context.Context) ([]Applied, error) {
-	files, err := migrations.RedshiftWarehouse()
-	if err != nil {
-		return nil, err
-	}
-	if err := w.exec(ctx, "fleet-migrate-bootstrap", bootstrapSQL, nil); err != nil {
-		return nil, fmt.Errorf("creating the migrations table: %w", err)
-	}
-	done, err := w.appliedVersions(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var applied []Applied
-	for _, m := range files {
-		if done[m.Version] {
-			continue
-		}
-		start := time.Now()
-		err := w.exec(ctx, "fleet-migrate-"+strconv.FormatInt(m.Version, 10), migrationSQL(m.Statements),
-			params("version", strconv.FormatInt(m.Version, 10), "name", m.Name))
-		if err != nil {
-			if now, rerr := w.appliedVersions(ctx); rerr == nil && now[m.Version] {
-				continue // a concurrent migrator applied it
-			}
-			return applied, fmt.Errorf("applying %s: %w", m.Name, err)
-		}
-		applied = append(applied, Applied{Version: m.Version, Name: m.Name, Duration: time.Since(start)})
-	}
-	return applied, nil
-}
-
-func (w *Warehouse) appliedVersions(ctx context.Context) (map[int64]bool, error) {
-	rows, err := w.query(ctx, "fleet-migrate-versions", appliedMigrations, nil)
-	if err != nil {
-		return nil, fmt.Errorf("reading applied migrations: %w", err)
-	}
-	done := map[int64]bool{}
-	for _, r := range rows {
-		v, err := fieldInt(r[0])
-		if err != nil {
-			return nil, err
-		}
-		done[v] = true
-	}
-	return done, nil
-}
-
-// exec runs statements as one transaction and waits for it.
-func (w *Warehouse) exec(ctx context.Context, name string, sqls []string, p []types.SqlParameter) error {
-	ctx, done := context.WithTimeout(ctx, w.cfg.QueryTimeout)
-	defer done()
-	id, err := w.submitBatch(ctx, name, sqls, p)
-	if err != nil {
-		return err
-	}
-	d, err := w.await(ctx, id, w.cfg.QueryTimeout)
-	if err != nil {
-		return err
-	}
-	return interpretStatement(d)
-}

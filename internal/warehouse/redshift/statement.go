@@ -14,6 +14,12 @@ import (
 	"github.com/fleet/ingest/internal/warehouse"
 )
 
+// dataAPI runs statements on the configured target through the Data API.
+type dataAPI struct {
+	cfg  Config
+	data *redshiftdata.Client
+}
+
 // StatementError is a Data API statement (or batch) that ended FAILED or
 // ABORTED. It is the one place where the Data API's error text is read:
 // Transient is set for an aborted statement and for Redshift's
@@ -79,7 +85,7 @@ func interpretStatement(d *redshiftdata.DescribeStatementOutput) error {
 var errOutcomeUnknown = errors.New("statement outcome not known")
 
 // target returns the Data API's target and authentication parameters.
-func (w *Warehouse) target() (workgroup, cluster, database, secret, user *string) {
+func (w *dataAPI) target() (workgroup, cluster, database, secret, user *string) {
 	opt := func(s string) *string {
 		if s == "" {
 			return nil
@@ -101,7 +107,7 @@ func params(kv ...string) []types.SqlParameter {
 // submitBatch submits sqls as one transaction and returns its id. The SDK
 // fills in a client token, so its own retries of the request cannot run
 // the transaction twice.
-func (w *Warehouse) submitBatch(ctx context.Context, name string, sqls []string, p []types.SqlParameter) (string, error) {
+func (w *dataAPI) submitBatch(ctx context.Context, name string, sqls []string, p []types.SqlParameter) (string, error) {
 	wg, cl, db, secret, user := w.target()
 	out, err := w.data.BatchExecuteStatement(ctx, &redshiftdata.BatchExecuteStatementInput{
 		Sqls: sqls, Parameters: p, StatementName: aws.String(name),
@@ -114,7 +120,7 @@ func (w *Warehouse) submitBatch(ctx context.Context, name string, sqls []string,
 }
 
 // submit submits one statement and returns its id.
-func (w *Warehouse) submit(ctx context.Context, name, sql string, p []types.SqlParameter) (string, error) {
+func (w *dataAPI) submit(ctx context.Context, name, sql string, p []types.SqlParameter) (string, error) {
 	wg, cl, db, secret, user := w.target()
 	out, err := w.data.ExecuteStatement(ctx, &redshiftdata.ExecuteStatementInput{
 		Sql: aws.String(sql), Parameters: p, StatementName: aws.String(name),
@@ -131,7 +137,7 @@ func (w *Warehouse) submit(ctx context.Context, name, sql string, p []types.SqlP
 // error wrapping warehouse.ErrTransient and errOutcomeUnknown; when ctx ends
 // first, ctx's error. Neither means the statement failed: it may still
 // commit, and only the stamp tells.
-func (w *Warehouse) await(ctx context.Context, id string, timeout time.Duration) (*redshiftdata.DescribeStatementOutput, error) {
+func (w *dataAPI) await(ctx context.Context, id string, timeout time.Duration) (*redshiftdata.DescribeStatementOutput, error) {
 	deadline := time.Now().Add(timeout)
 	interval := w.cfg.PollInterval
 	timer := time.NewTimer(interval)
@@ -164,7 +170,7 @@ func (w *Warehouse) await(ctx context.Context, id string, timeout time.Duration)
 // cancel asks the Data API to stop a statement that is still running, for a
 // delivery that lost its lease or is shutting down. It is best effort: the
 // statement may have committed already, which only the stamp tells.
-func (w *Warehouse) cancel(id string) {
+func (w *dataAPI) cancel(id string) {
 	ctx, done := context.WithTimeout(context.Background(), 10*time.Second)
 	defer done()
 	if _, err := w.data.CancelStatement(ctx, &redshiftdata.CancelStatementInput{Id: aws.String(id)}); err != nil {
@@ -173,7 +179,7 @@ func (w *Warehouse) cancel(id string) {
 }
 
 // query runs one read statement and returns its rows.
-func (w *Warehouse) query(ctx context.Context, name, sql string, p []types.SqlParameter) ([][]types.Field, error) {
+func (w *dataAPI) query(ctx context.Context, name, sql string, p []types.SqlParameter) ([][]types.Field, error) {
 	ctx, done := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	defer done()
 	id, err := w.submit(ctx, name, sql, p)
