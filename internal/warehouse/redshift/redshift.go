@@ -319,4 +319,3 @@ func publishable(cur warehouse.Stamp, age int64, found bool, s warehouse.Slice, 
 	}
 	return nil
 }
-
