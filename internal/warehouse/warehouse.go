@@ -7,8 +7,10 @@
 // COPY … FROM 's3://…' IAM_ROLE … (ideally from a MANIFEST naming exactly the
 // batch's objects) inside a BEGIN … END that also deletes the old slice and
 // stamps the new one. The local implementation, Postgres, streams the same
-// objects through COPY FROM STDIN (pgx CopyFrom) inside one transaction. Both
-// fit this interface.
+// objects through COPY FROM STDIN (pgx CopyFrom) inside one transaction; the
+// production one, package redshift, stages them in S3 and loads them with
+// COPY … MANIFEST through the Redshift Data API. Both pass the same contract
+// suite (package warehousetest).
 //
 // A Redshift COPY can commit after its client session died, so commit
 // detection never trusts the client's view: callers read the stamp back
