@@ -11,6 +11,7 @@ package warehousetest
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -145,6 +146,10 @@ func PoolReaders(pool *pgxpool.Pool) (
 
 var folderSeq atomic.Int64
 
+// tenant is this process's tenant: a warehouse shared by several runs (a
+// live one) never sees one run's slices in another.
+var tenant = fmt.Sprintf("tenant-%d-%d", time.Now().UnixNano(), os.Getpid())
+
 // source writes files into a fresh mem:// folder and opens it.
 func source(t *testing.T, files map[string]string) (*folder.Source, []folder.Object, string) {
 	t.Helper()
@@ -168,8 +173,11 @@ func newScope() string {
 	return fmt.Sprintf("fleet_s3:mem://warehousetest-scope-%d/in", folderSeq.Add(1))
 }
 
+// Tenant is the tenant every slice of the suite belongs to.
+func Tenant() string { return tenant }
+
 func slice(scope string, batchID, gen int64) warehouse.Slice {
-	return warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: batchID, Generation: gen}
+	return warehouse.Slice{TenantID: tenant, SourceScope: scope, BatchID: batchID, Generation: gen}
 }
 
 // rows returns n CSV rows under a header, tagged with tag.
@@ -400,7 +408,7 @@ func testPublishRefused(t *testing.T, h Harness) {
 	load(t, h, slice(scope, 2, 1), map[string]string{"x.csv": rows("x", 2)})
 	_, err = h.Warehouse.Publish(ctx, slice(scope, 1, 1), time.Hour, nil)
 	require.ErrorIs(t, err, warehouse.ErrSliceSuperseded)
-	pubs, err := h.Publications(ctx, "tenant-1", scope)
+	pubs, err := h.Publications(ctx, tenant, scope)
 	require.NoError(t, err)
 	require.Empty(t, pubs)
 }
