@@ -17,8 +17,6 @@ const (
 	// UploadPartBytesDefault is the multipart upload chunk of a staging part
 	// (S3's minimum is 5 MiB).
 	UploadPartBytesDefault int64 = 5 << 20
-	// UploadConcurrencyDefault is how many chunks of a part upload at once.
-	UploadConcurrencyDefault = 2
 	// LoadTimeoutDefault is how long a load's transaction is awaited.
 	LoadTimeoutDefault = time.Hour
 	// QueryTimeoutDefault is how long a stamp read, a publication or a
@@ -70,12 +68,9 @@ type Config struct {
 	// PartBytes bounds one compressed staging part. Defaults to
 	// PartBytesDefault (64 MiB).
 	PartBytes int64
-	// UploadPartBytes is the multipart chunk size. Defaults to
-	// UploadPartBytesDefault (5 MiB).
+	// UploadPartBytes is the multipart chunk size, and so the memory one
+	// staging part costs. Defaults to UploadPartBytesDefault (5 MiB).
 	UploadPartBytes int64
-	// UploadConcurrency is how many chunks of a part upload at once.
-	// Defaults to UploadConcurrencyDefault.
-	UploadConcurrency int
 	// LoadTimeout bounds how long a load's transaction is awaited before
 	// its outcome is read from the stamp. Defaults to LoadTimeoutDefault.
 	LoadTimeout time.Duration
@@ -165,7 +160,7 @@ func (c Config) Validate() error {
 		return bad("part-bytes", "must be at least twice the record limit plus 1 MiB (%d bytes)", 2*int64(cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault))+1<<20)
 	case c.UploadPartBytes != 0 && c.UploadPartBytes < 5<<20:
 		return bad("upload-part-bytes", "S3 multipart chunks are at least 5 MiB")
-	case c.UploadConcurrency < 0 || c.LoadTimeout < 0:
+	case c.LoadTimeout < 0:
 		return bad("timeouts", "must not be negative")
 	case c.MaxRecordBytes < 0 || c.MaxStringBytes < 0 || c.MaxDepth < 0:
 		return bad("limits", "must not be negative")
@@ -208,9 +203,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.UploadPartBytes == 0 {
 		c.UploadPartBytes = UploadPartBytesDefault
-	}
-	if c.UploadConcurrency == 0 {
-		c.UploadConcurrency = UploadConcurrencyDefault
 	}
 	if c.LoadTimeout == 0 {
 		c.LoadTimeout = LoadTimeoutDefault

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
 	"github.com/aws/aws-sdk-go-v2/service/redshiftdata"
 	"github.com/aws/aws-sdk-go-v2/service/redshiftdata/types"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -24,7 +24,7 @@ import (
 type Warehouse struct {
 	dataAPI
 	s3     *s3.Client
-	tm     *transfermanager.Client
+	chunks sync.Pool // upload buffers of UploadPartBytes
 	bucket string
 	prefix string
 }
@@ -65,13 +65,7 @@ func New(cfg Config, data *redshiftdata.Client, s3Client *s3.Client) (*Warehouse
 	}
 	cfg = cfg.withDefaults()
 	bucket, prefix, _ := ParseStaging(cfg.Staging)
-	tm := transfermanager.New(s3Client, func(o *transfermanager.Options) {
-		o.PartSizeBytes = cfg.UploadPartBytes
-		o.MultipartUploadThreshold = cfg.UploadPartBytes
-		o.Concurrency = cfg.UploadConcurrency
-		o.FailTimeout = 30 * time.Second // abort a failed multipart upload even when the load's context ended
-	})
-	return &Warehouse{dataAPI: dataAPI{cfg: cfg, data: data}, s3: s3Client, tm: tm, bucket: bucket, prefix: prefix}, nil
+	return &Warehouse{dataAPI: dataAPI{cfg: cfg, data: data}, s3: s3Client, bucket: bucket, prefix: prefix}, nil
 }
 
 func sliceParams(s warehouse.Slice, kv ...string) []types.SqlParameter {

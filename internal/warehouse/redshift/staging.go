@@ -2,17 +2,17 @@ package redshift
 
 import (
 	"context"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/klauspost/compress/gzip"
@@ -83,7 +83,7 @@ func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.Rec
 		rotate  = w.cfg.PartBytes - int64(w.cfg.MaxRecordBytes) - 1<<20 // room for one more record and gzip's buffer
 		failing = func(err error) (staged, error) {
 			if part != nil {
-				part.abort(err)
+				part.abort()
 			}
 			return staged{}, err
 		}
@@ -105,6 +105,7 @@ func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.Rec
 		}
 		line = append(line, '\n')
 		if err := part.write(line); err != nil {
+			part = nil
 			return failing(err)
 		}
 		out.Records++
@@ -148,87 +149,159 @@ func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.Rec
 	return out, nil
 }
 
-// partWriter streams one gzip part into a multipart upload through the
-// transfer manager: memory stays at a few upload chunks whatever the part's
-// size.
+// partWriter streams one gzip part to S3. Its compressed bytes go into one
+// buffer of UploadPartBytes; each time it fills, it is sent as the next part
+// of a multipart upload. So a part of any size costs one upload chunk of
+// memory. (The SDK's transfer manager would buffer the first chunk and then
+// Concurrency+1 more to overlap compression and upload; staging a million
+// rows stays within 64 MiB only without them.) A part smaller than one chunk
+// is a single PutObject.
 type partWriter struct {
-	url  string
-	pw   *io.PipeWriter
-	cw   *countingWriter
-	gz   *gzip.Writer
-	done chan error
-	err  error
-	over bool
+	w        *Warehouse
+	ctx      context.Context
+	key, url string
+	buf      []byte
+	uploadID *string
+	parts    []s3types.CompletedPart
+	n        int64 // compressed bytes written
+	gz       *gzip.Writer
+	err      error
 }
 
 func (w *Warehouse) openPart(ctx context.Context, key string) *partWriter {
-	pr, pw := io.Pipe()
-	p := &partWriter{url: "s3://" + w.bucket + "/" + key, pw: pw, done: make(chan error, 1)}
-	p.cw = &countingWriter{w: pw}
-	p.gz, _ = gzip.NewWriterLevel(p.cw, gzip.DefaultCompression)
-	go func() {
-		_, err := w.tm.UploadObject(ctx, &transfermanager.UploadObjectInput{
-			Bucket: aws.String(w.bucket), Key: aws.String(key), Body: pr,
-			ContentType: aws.String("application/x-ndjson"), ContentEncoding: aws.String("gzip"),
-		})
-		if err != nil {
-			err = fmt.Errorf("uploading staging part %s: %w", p.url, err)
-		}
-		pr.CloseWithError(err) // unblocks the writer if the upload gave up
-		p.done <- err
-	}()
+	p := &partWriter{w: w, ctx: ctx, key: key, url: "s3://" + w.bucket + "/" + key, buf: w.chunk()}
+	p.gz, _ = gzip.NewWriterLevel((*partSink)(p), gzip.DefaultCompression)
 	return p
 }
 
-// wait returns the upload's outcome, once it has ended.
-func (p *partWriter) wait() error {
-	if !p.over {
-		p.err, p.over = <-p.done, true
+// chunk returns an upload buffer, reusing the last part's.
+func (w *Warehouse) chunk() []byte {
+	if b, ok := w.chunks.Get().(*[]byte); ok {
+		return (*b)[:0]
 	}
-	return p.err
+	return make([]byte, 0, w.cfg.UploadPartBytes)
+}
+
+// partSink receives the compressed bytes.
+type partSink partWriter
+
+func (s *partSink) Write(b []byte) (int, error) {
+	p := (*partWriter)(s)
+	if p.err != nil {
+		return 0, p.err
+	}
+	written := 0
+	for len(b) > 0 {
+		room := cap(p.buf) - len(p.buf)
+		if room == 0 {
+			if p.err = p.flush(); p.err != nil {
+				return written, p.err
+			}
+			room = cap(p.buf)
+		}
+		k := min(room, len(b))
+		p.buf = append(p.buf, b[:k]...)
+		b, written, p.n = b[k:], written+k, p.n+int64(k)
+	}
+	return written, nil
+}
+
+// flush sends the buffer as the next part of the multipart upload.
+func (p *partWriter) flush() error {
+	s3c, bucket := p.w.s3, aws.String(p.w.bucket)
+	if p.uploadID == nil {
+		out, err := s3c.CreateMultipartUpload(p.ctx, &s3.CreateMultipartUploadInput{
+			Bucket: bucket, Key: aws.String(p.key),
+			ContentType: aws.String("application/x-ndjson"), ContentEncoding: aws.String("gzip"),
+		})
+		if err != nil {
+			return fmt.Errorf("uploading staging part %s: %w", p.url, err)
+		}
+		p.uploadID = out.UploadId
+	}
+	num := int32(len(p.parts) + 1)
+	out, err := s3c.UploadPart(p.ctx, &s3.UploadPartInput{
+		Bucket: bucket, Key: aws.String(p.key), UploadId: p.uploadID, PartNumber: aws.Int32(num),
+		Body: bytes.NewReader(p.buf), ContentLength: aws.Int64(int64(len(p.buf))),
+	})
+	if err != nil {
+		return fmt.Errorf("uploading chunk %d of staging part %s: %w", num, p.url, err)
+	}
+	p.parts = append(p.parts, s3types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(num),
+		ChecksumCRC32: out.ChecksumCRC32, ChecksumCRC32C: out.ChecksumCRC32C, ChecksumCRC64NVME: out.ChecksumCRC64NVME,
+		ChecksumSHA1: out.ChecksumSHA1, ChecksumSHA256: out.ChecksumSHA256})
+	p.buf = p.buf[:0]
+	return nil
 }
 
 func (p *partWriter) write(b []byte) error {
 	if _, err := p.gz.Write(b); err != nil {
-		p.pw.CloseWithError(err)
-		if uerr := p.wait(); uerr != nil {
-			return uerr // the upload's failure is why the write failed
-		}
+		p.abort()
 		return err
 	}
 	return nil
 }
 
-func (p *partWriter) compressed() int64 { return p.cw.n }
+func (p *partWriter) compressed() int64 { return p.n }
 
-// close finishes the part and waits for its upload.
+// close finishes the part: the last chunk and the multipart completion, or
+// one PutObject for a part smaller than a chunk.
 func (p *partWriter) close() (ManifestEntry, error) {
-	err := p.gz.Close()
-	p.pw.CloseWithError(err)
-	if uerr := p.wait(); uerr != nil {
-		return ManifestEntry{}, uerr
-	}
-	if err != nil {
+	defer p.release()
+	if err := p.gz.Close(); err != nil {
+		p.abort()
 		return ManifestEntry{}, err
 	}
-	return ManifestEntry{URL: p.url, Mandatory: true, Meta: ManifestMeta{ContentLength: p.cw.n}}, nil
+	s3c, bucket, key := p.w.s3, aws.String(p.w.bucket), aws.String(p.key)
+	if p.uploadID == nil {
+		_, err := s3c.PutObject(p.ctx, &s3.PutObjectInput{
+			Bucket: bucket, Key: key, Body: bytes.NewReader(p.buf), ContentLength: aws.Int64(int64(len(p.buf))),
+			ContentType: aws.String("application/x-ndjson"), ContentEncoding: aws.String("gzip"),
+		})
+		if err != nil {
+			return ManifestEntry{}, fmt.Errorf("uploading staging part %s: %w", p.url, err)
+		}
+	} else {
+		if len(p.buf) > 0 {
+			if err := p.flush(); err != nil {
+				p.abort()
+				return ManifestEntry{}, err
+			}
+		}
+		_, err := s3c.CompleteMultipartUpload(p.ctx, &s3.CompleteMultipartUploadInput{
+			Bucket: bucket, Key: key, UploadId: p.uploadID, MultipartUpload: &s3types.CompletedMultipartUpload{Parts: p.parts},
+		})
+		if err != nil {
+			p.abort()
+			return ManifestEntry{}, fmt.Errorf("completing staging part %s: %w", p.url, err)
+		}
+	}
+	return ManifestEntry{URL: p.url, Mandatory: true, Meta: ManifestMeta{ContentLength: p.n}}, nil
 }
 
-// abort stops the upload; the transfer manager aborts its multipart upload.
-func (p *partWriter) abort(err error) {
-	p.pw.CloseWithError(err)
-	_ = p.wait()
+// abort gives up the part: an open multipart upload is aborted, so S3 keeps
+// none of its chunks.
+func (p *partWriter) abort() {
+	if p.uploadID != nil {
+		ctx, done := context.WithTimeout(context.WithoutCancel(p.ctx), 30*time.Second)
+		defer done()
+		if _, err := p.w.s3.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{
+			Bucket: aws.String(p.w.bucket), Key: aws.String(p.key), UploadId: p.uploadID,
+		}); err != nil {
+			p.w.cfg.Logger.Warn("aborting staging upload", "part", p.url, "error", err)
+		}
+		p.uploadID = nil
+	}
+	p.release()
 }
 
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(b []byte) (int, error) {
-	n, err := c.w.Write(b)
-	c.n += int64(n)
-	return n, err
+// release returns the buffer for the next part.
+func (p *partWriter) release() {
+	if p.buf != nil {
+		b := p.buf[:0]
+		p.w.chunks.Put(&b)
+		p.buf = nil
+	}
 }
 
 // lineEncoder writes a record as the curated row COPY … FORMAT JSON 'auto'
