@@ -168,4 +168,3 @@ func countStaged(t *testing.T, ctx context.Context, client *s3.Client, manifestK
 	}
 	return lines, raw, compressed
 }
-
