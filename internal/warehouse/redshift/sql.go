@@ -1,9 +1,5 @@
 package redshift
 
-import (
-	"strings"
-)
-
 // The SQL of the Redshift warehouse. Values travel as Data API parameters
 // (:name). The only values written into statement text are the COPY's
 // manifest URL and IAM role: COPY takes no bind parameters, so both are
@@ -118,6 +114,3 @@ func migrationSQL(statements []string) []string {
 	sqls = append(sqls, statements...)
 	return append(sqls, `INSERT INTO `+migrationsTable+` (version, name) VALUES (CAST(:version AS BIGINT), :name)`)
 }
-
-// oneLine squeezes a statement for logs.
-func oneLine(sql string) string { return strings.Join(strings.Fields(sql), " ") }
