@@ -198,38 +198,15 @@ func ParseStaging(raw string) (bucket, prefix string, err error) {
 
 // withDefaults returns c with every zero setting at its default.
 func (c Config) withDefaults() Config {
-	if c.PartBytes == 0 {
-		c.PartBytes = PartBytesDefault
-	}
-	if c.UploadPartBytes == 0 {
-		c.UploadPartBytes = UploadPartBytesDefault
-	}
-	if c.LoadTimeout == 0 {
-		c.LoadTimeout = LoadTimeoutDefault
-	}
-	if c.QueryTimeout == 0 {
-		c.QueryTimeout = QueryTimeoutDefault
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = PollIntervalDefault
-	}
-	if c.PollMax == 0 {
-		c.PollMax = PollMaxDefault
-	}
-	if c.PollMax < c.PollInterval {
-		c.PollMax = c.PollInterval
-	}
-	if c.MaxRecordBytes == 0 {
-		c.MaxRecordBytes = MaxRecordBytesDefault
-	}
-	if c.MaxStringBytes == 0 {
-		c.MaxStringBytes = MaxStringBytesDefault
-	}
-	if c.MaxDepth == 0 {
-		c.MaxDepth = MaxDepthDefault
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.PartBytes = cmp.Or(c.PartBytes, PartBytesDefault)
+	c.UploadPartBytes = cmp.Or(c.UploadPartBytes, UploadPartBytesDefault)
+	c.LoadTimeout = cmp.Or(c.LoadTimeout, LoadTimeoutDefault)
+	c.QueryTimeout = cmp.Or(c.QueryTimeout, QueryTimeoutDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.PollMax = max(cmp.Or(c.PollMax, PollMaxDefault), c.PollInterval)
+	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault)
+	c.MaxStringBytes = cmp.Or(c.MaxStringBytes, MaxStringBytesDefault)
+	c.MaxDepth = cmp.Or(c.MaxDepth, MaxDepthDefault)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }

@@ -534,3 +534,22 @@ func TestConfigValidation(t *testing.T) {
 	require.Equal(t, "fleet-staging", bucket)
 	require.Equal(t, "loads/", prefix)
 }
+
+// TestStagingThrottledIsTransient: S3 throttling the staging uploads past
+// the SDK's retries fails the load as transient, before anything is
+// submitted; once S3 answers, the load goes through.
+func TestStagingThrottledIsTransient(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://slow-staging/x", BatchID: 1, Generation: 1}
+	e.s3.Throttle(stagingBucket, 1_000)
+	_, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 3)})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "SlowDown")
+	require.True(t, pipeline.IsTransient(err), "%v", err)
+	require.Zero(t, e.loadSubmissions())
+	e.s3.Throttle(stagingBucket, 0)
+	st, err := e.load(t, warehouse.Slice{TenantID: s.TenantID, SourceScope: s.SourceScope, BatchID: 1, Generation: 2}, map[string]string{"x.csv": csvRows("a", 3)})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), st.RecordCount)
+}
