@@ -97,7 +97,7 @@ func redshiftWarehouse(t *testing.T) (env, flags []string, pool *pgxpool.Pool) {
 	srv := s3test.Start(t)
 	srv.CreateBucket(t, "chaos-staging")
 	double := redshifttest.Start(t, redshifttest.Options{
-		DatabaseURL: pgtest.NewEmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "chaos", Database: "dev",
+		DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "chaos", Database: "dev",
 	})
 	env = append(srv.Env(), double.Env()...)
 	flags = []string{"--warehouse", "redshift", "--redshift-workgroup", "chaos", "--redshift-database", "dev",

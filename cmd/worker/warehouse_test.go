@@ -84,7 +84,7 @@ func TestRunRedshiftInvalidInput(t *testing.T) {
 // It sets the AWS environment, so it does not run in parallel.
 func TestMigrateRedshift(t *testing.T) {
 	srv := s3test.Start(t)
-	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.NewEmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "fleet", Database: "dev"})
+	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "fleet", Database: "dev"})
 	for _, kv := range append(srv.Env(), double.Env()...) {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)

@@ -85,7 +85,7 @@ func TestPipelineOnRedshift(t *testing.T) {
 	for k, v := range sampleFiles {
 		s3srv.Put(t, "fleet-rs-source", "tenants/a/upload/"+k, []byte(v))
 	}
-	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.NewEmptyDatabaseURL(t), S3: s3srv.Client(), Workgroup: "fleet", Database: "dev"})
+	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: s3srv.Client(), Workgroup: "fleet", Database: "dev"})
 	wh, err := redshift.New(redshift.Config{
 		WorkgroupName: "fleet", Database: "dev", IAMRole: "arn:aws:iam::123456789012:role/fleet-copy",
 		Staging: "s3://fleet-rs-staging/loads/", PollInterval: 5 * time.Millisecond, PollMax: 20 * time.Millisecond,

@@ -68,11 +68,9 @@ var (
 )
 
 // Opener opens the buckets behind folders: s3:// through the AWS SDK's
-// default configuration (credential chain, AWS_REGION, and an endpoint
-// override such as AWS_ENDPOINT_URL_S3 for S3-compatible servers, which are
-// addressed path-style when the endpoint is an IP address), file:// on the
-// local file system, and mem:// as process-wide named in-memory buckets that
-// tests and the demo can fill with MemBucket.
+// default credential chain and region (AWS_REGION), file:// on the local
+// file system, and mem:// as process-wide named in-memory buckets that tests
+// and the demo can fill with MemBucket.
 type Opener struct{}
 
 // Open returns a Source reading f.

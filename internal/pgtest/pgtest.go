@@ -166,10 +166,9 @@ func newDatabase(t testing.TB, m pgtestdb.Migrator) string {
 	return u.String()
 }
 
-// NewEmptyDatabaseURL returns the URL of a fresh database with no
-// migrations applied, for stand-ins of other databases (the Redshift Data
-// API double keeps its warehouse in one).
-func NewEmptyDatabaseURL(t testing.TB) string {
+// EmptyDatabaseURL returns the URL of a fresh database without any
+// migration (the Redshift Data API double keeps its warehouse in one).
+func EmptyDatabaseURL(t testing.TB) string {
 	t.Helper()
 	return newDatabase(t, pgtestdb.NoopMigrator{})
 }

@@ -54,7 +54,7 @@ func newEnv(t *testing.T, adjust ...func(*redshift.Config)) *env {
 	e := &env{s3: s3test.Start(t), cfg: testConfig()}
 	e.s3.CreateBucket(t, stagingBucket)
 	e.double = redshifttest.Start(t, redshifttest.Options{
-		DatabaseURL: pgtest.NewEmptyDatabaseURL(t), S3: e.s3.Client(), Workgroup: testWorkgroup, Database: testDatabase,
+		DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: e.s3.Client(), Workgroup: testWorkgroup, Database: testDatabase,
 	})
 	for _, f := range adjust {
 		f(&e.cfg)

@@ -65,7 +65,7 @@ func TestStagingAMillionRowsWithBoundedMemory(t *testing.T) {
 	url := writeRowsFolder(t, stagingRows)
 	srv := s3test.Start(t)
 	srv.CreateBucket(t, stagingBucket)
-	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.NewEmptyDatabaseURL(t), S3: srv.Client(), Workgroup: testWorkgroup, Database: testDatabase})
+	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: testWorkgroup, Database: testDatabase})
 	migrator, err := redshift.NewMigrator(testConfig(), double.Client())
 	require.NoError(t, err)
 	_, err = migrator.Migrate(context.Background())
