@@ -119,6 +119,7 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only 
 		{"conflict path", benchConflict},
 		{"lease operations", benchLeases},
 		{"load phase", benchLoad},
+		{"staging", benchStaging},
 		{"worker idle cost", benchIdle},
 		{"end to end", benchEndToEnd},
 		{"takeover latency", func(e *env) error { return benchTakeover(e, trials) }},

@@ -20,6 +20,9 @@ import (
 
 	"github.com/fleet/ingest/internal/chaos"
 	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
 )
 
 var chaosFull = flag.Bool("chaos.full", false, "run the full chaos suite (make chaos) instead of the reduced one")
@@ -39,6 +42,10 @@ type chaosConfig struct {
 	// after it the scenario drains until deadline.
 	duration time.Duration
 	deadline time.Duration
+	// warehouse is "postgres" (the local warehouse in the operational
+	// database, the default) or "redshift": the workers load through the
+	// Redshift Data API double, staging in an in-process S3 server.
+	warehouse string
 }
 
 const chaosTTL = 3 * time.Second
@@ -53,7 +60,7 @@ func chaosScenarios() []chaosConfig {
 			name: "reduced", workers: 3, tenants: 4, folders: 5, badFolders: 1, minRows: 40_000, maxRows: 120_000,
 			duplicates: 3, faultEvery: time.Second, faults: all, restartDatabaseAfter: 9 * time.Second,
 			duration: 20 * time.Second, deadline: 3 * time.Minute,
-		}}
+		}, redshiftScenario}
 	}
 	return []chaosConfig{
 		{name: "processes", workers: 3, tenants: 6, folders: 8, badFolders: 2, minRows: 40_000, maxRows: 200_000,
@@ -65,7 +72,37 @@ func chaosScenarios() []chaosConfig {
 		{name: "everything", workers: 4, tenants: 8, folders: 8, badFolders: 3, minRows: 40_000, maxRows: 200_000,
 			duplicates: 4, faultEvery: 500 * time.Millisecond, faults: all, restartDatabaseAfter: 25 * time.Second,
 			duration: 75 * time.Second, deadline: 6 * time.Minute},
+		redshiftScenario,
 	}
+}
+
+// redshiftScenario is the reduced scenario with Redshift as the warehouse:
+// real worker processes configured with --warehouse redshift, reaching the
+// in-test Data API double and S3 server through endpoint overrides. It is
+// smaller than the PostgreSQL one: what it adds is the staging and the
+// asynchronous commit, not volume.
+var redshiftScenario = chaosConfig{
+	name: "reduced-redshift", warehouse: "redshift", workers: 3, tenants: 3, folders: 4, badFolders: 1, minRows: 10_000, maxRows: 40_000,
+	duplicates: 3, faultEvery: time.Second, faults: []string{"kill", "stop", "terminate", "stall", "cut"}, restartDatabaseAfter: 9 * time.Second,
+	duration: 20 * time.Second, deadline: 3 * time.Minute,
+}
+
+// redshiftWarehouse starts what --warehouse redshift reaches in a chaos
+// scenario: an S3 server with the staging bucket and the Data API double,
+// whose database lives on the test server (the chaos cluster restarts; the
+// warehouse does not). It returns the workers' extra environment and flags
+// and the double's database.
+func redshiftWarehouse(t *testing.T) (env, flags []string, pool *pgxpool.Pool) {
+	t.Helper()
+	srv := s3test.Start(t)
+	srv.CreateBucket(t, "chaos-staging")
+	double := redshifttest.Start(t, redshifttest.Options{
+		DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "chaos", Database: "dev",
+	})
+	env = append(srv.Env(), double.Env()...)
+	flags = []string{"--warehouse", "redshift", "--redshift-workgroup", "chaos", "--redshift-database", "dev",
+		"--redshift-iam-role", "arn:aws:iam::123456789012:role/chaos-copy", "--redshift-staging", "s3://chaos-staging/fleet/"}
+	return env, flags, double.Pool
 }
 
 // TestChaos runs workers and an enqueue driver against a throwaway
@@ -126,6 +163,8 @@ type supervisedWorker struct {
 	t       *testing.T
 	name    string
 	url     string
+	env     []string // beyond DATABASE_URL
+	flags   []string // beyond the chaos flags
 	proxy   *chaos.Proxy
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -137,8 +176,9 @@ type supervisedWorker struct {
 func (w *supervisedWorker) run() {
 	defer close(w.exited)
 	for !w.stopped.Load() {
-		cmd := exec.Command(filepath.Join(binDir, "worker"), append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", w.name}, chaosWorkerFlags...)...)
-		cmd.Env = append(os.Environ(), "DATABASE_URL="+w.url)
+		args := append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", w.name}, chaosWorkerFlags...)
+		cmd := exec.Command(filepath.Join(binDir, "worker"), append(args, w.flags...)...)
+		cmd.Env = append(append(os.Environ(), "DATABASE_URL="+w.url), w.env...)
 		cmd.Stdout, cmd.Stderr = w.logs, w.logs
 		if err := cmd.Start(); err != nil {
 			w.t.Errorf("starting %s: %v", w.name, err)
@@ -172,11 +212,21 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 	require.NoError(t, err)
 	admin.Close()
 	dbURL := cluster.URL(db)
-	out, code := runWorkerCommand(t, dbURL, "migrate", "--log-level", "warn")
-	require.Equal(t, 0, code, out)
+	var whEnv, whFlags []string
+	var whPool *pgxpool.Pool
+	if cfg.warehouse == "redshift" {
+		whEnv, whFlags, whPool = redshiftWarehouse(t)
+	}
+	migrate := exec.Command(filepath.Join(binDir, "worker"), append([]string{"migrate", "--log-level", "warn"}, whFlags...)...)
+	migrate.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL), whEnv...)
+	out, err := migrate.CombinedOutput()
+	require.NoError(t, err, string(out))
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	defer pool.Close()
+	if whPool == nil {
+		whPool = pool
+	}
 
 	// The workload: tenants × folders, plus deliberately malformed folders.
 	rng := rand.New(rand.NewPCG(uint64(n)+1, 42))
@@ -207,7 +257,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		defer proxy.Close()
 		name := fmt.Sprintf("chaos%d-w%d", n, i)
 		workers[i] = &supervisedWorker{
-			t: t, name: name, proxy: proxy, logs: &syncBuffer{}, exited: make(chan struct{}),
+			t: t, name: name, proxy: proxy, logs: &syncBuffer{}, exited: make(chan struct{}), env: whEnv, flags: whFlags,
 			url: fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&application_name=%s", proxy.Addr(), db, name),
 		}
 		go workers[i].run()
@@ -346,7 +396,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 	for _, f := range folders {
 		expect = append(expect, chaos.Expectation{TenantID: f.tenant, Scope: f.scope, Records: int64(f.rows), Bad: f.bad})
 	}
-	report, err := chaos.Check(ctx, pool, expect)
+	report, err := chaos.CheckWith(ctx, pool, whPool, expect)
 	require.NoError(t, err)
 	faults = 0
 	for _, c := range kinds {

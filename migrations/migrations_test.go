@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/stdlib"
@@ -129,4 +130,26 @@ func TestHashIsStable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, a, b)
 	require.Len(t, a, 64)
+}
+
+func TestRedshiftWarehouseMigrations(t *testing.T) {
+	t.Parallel()
+	ms, err := migrations.RedshiftWarehouse()
+	require.NoError(t, err)
+	require.NotEmpty(t, ms)
+	require.Equal(t, int64(1), ms[0].Version)
+	require.Equal(t, "00001_curated_fleet.sql", ms[0].Name)
+	require.Len(t, ms[0].Statements, 5)
+	require.Equal(t, "CREATE SCHEMA IF NOT EXISTS curated", ms[0].Statements[0])
+	records := ms[0].Statements[1]
+	require.Contains(t, records, "CREATE TABLE IF NOT EXISTS curated.fleet_records")
+	require.Contains(t, records, "record           SUPER")
+	require.Contains(t, records, "DISTKEY (tenant_id)")
+	require.Contains(t, records, "COMPOUND SORTKEY (tenant_id, source_scope, batch_id)")
+	for _, m := range ms {
+		for _, s := range m.Statements {
+			require.NotContains(t, s, "--", "comments are dropped")
+			require.False(t, strings.HasSuffix(s, ";"))
+		}
+	}
 }

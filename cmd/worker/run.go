@@ -10,6 +10,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/warehouse/redshift"
 	"github.com/fleet/ingest/migrations"
 )
 
@@ -17,7 +18,7 @@ type workerCLI struct {
 	cli.Globals
 
 	Run     runCmd     `cmd:"" default:"withargs" help:"Run River workers for Fleet ingest jobs (the default command)."`
-	Migrate migrateCmd `cmd:"" help:"Apply the project's, River's and the local warehouse's migrations (idempotent) and print what was applied."`
+	Migrate migrateCmd `cmd:"" help:"Apply the project's and River's migrations and the warehouse schema (local PostgreSQL, or Redshift with --warehouse redshift), idempotently, and print what was applied."`
 }
 
 // run is the whole program, testable in-process: it parses args, runs the
@@ -43,12 +44,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 type migrateCmd struct {
-	WarehouseURL  string        `name:"warehouse-url" env:"WAREHOUSE_URL" help:"PostgreSQL connection string of the local warehouse (schema curated). Defaults to the operational database. Not used for Redshift, whose schema is managed there."`
-	SkipWarehouse bool          `name:"skip-warehouse" help:"Do not migrate the local warehouse schema (production on Redshift)."`
+	SkipWarehouse bool          `name:"skip-warehouse" help:"Apply only the operational database's migrations (project and River), not the warehouse schema."`
 	Timeout       time.Duration `default:"5m" help:"Give up after this long."`
+
+	warehouseFlags
 }
 
 func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
+	if err := m.warehouseFlags.validate(false); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(e.Ctx, m.Timeout)
 	defer cancel()
 	pool, err := g.Connect(ctx, 10*time.Second)
@@ -69,7 +74,25 @@ func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
 	for _, v := range report.River {
 		fmt.Fprintf(e.Stdout, "applied River migration %d %s (%s)\n", v.Version, v.Name, v.Duration.Round(time.Millisecond))
 	}
-	if !m.SkipWarehouse {
+	switch {
+	case m.SkipWarehouse:
+	case m.Warehouse == warehouseRedshift:
+		migrator, err := redshift.OpenMigrator(ctx, m.Redshift.config(e.Logger))
+		if err != nil {
+			var ce *redshift.ConfigError
+			if errors.As(err, &ce) {
+				return invalid(err)
+			}
+			return err
+		}
+		applied, err := migrator.Migrate(ctx)
+		for _, a := range applied {
+			report.Warehouse = append(report.Warehouse, migrations.Applied{Version: a.Version, Source: "redshift/" + a.Name, Duration: a.Duration})
+		}
+		if err != nil {
+			return fmt.Errorf("redshift warehouse: %w", err)
+		}
+	default:
 		whPool := pool
 		if m.WarehouseURL != "" && m.WarehouseURL != g.DatabaseURL {
 			if whPool, err = cli.Connect(ctx, m.WarehouseURL, 10*time.Second, nil); err != nil {

@@ -21,7 +21,6 @@ import (
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pipeline"
-	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/migrations"
 )
 
@@ -31,7 +30,6 @@ type runCmd struct {
 	LeaseTTL             time.Duration `name:"lease-ttl" env:"LEASE_TTL" default:"30s" help:"Execution lease duration, on the database clock."`
 	LeaseRenewEvery      time.Duration `name:"lease-renew-every" env:"LEASE_RENEW_EVERY" default:"10s" help:"Heartbeat period; must be shorter than --lease-ttl."`
 	Concurrency          int           `name:"concurrency" env:"CONCURRENCY" default:"4" help:"Batches this process works at once."`
-	WarehouseURL         string        `name:"warehouse-url" env:"WAREHOUSE_URL" help:"PostgreSQL connection string of the warehouse (schema curated). Defaults to the operational database."`
 	ShutdownGrace        time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"25s" help:"On SIGTERM, how long running batches may finish before they are cancelled and left resumable."`
 	SweepInterval        time.Duration `name:"sweep-interval" env:"SWEEP_INTERVAL" default:"5s" help:"How often to look for Running batches whose lease expired (crashed workers) or that are orphaned."`
 	OrphanAfter          time.Duration `name:"orphan-after" env:"ORPHAN_AFTER" default:"1m" help:"Re-deliver a Running batch without a lease and without a queued job after it has been untouched this long."`
@@ -43,6 +41,8 @@ type runCmd struct {
 	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
 	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
 	MaxColumns           int           `name:"max-columns" env:"MAX_COLUMNS" default:"4096" help:"Most columns of a CSV record; a folder with more fails failed_pre_commit."`
+
+	warehouseFlags
 }
 
 func (r *runCmd) validate() error {
@@ -62,11 +62,15 @@ func (r *runCmd) validate() error {
 	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.ProgressEvery <= 0 || r.RescueStuckJobsAfter <= 0:
 		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval, --progress-every and --rescue-stuck-jobs-after must be positive")
 	}
-	return nil
+	return r.warehouseFlags.validate(true)
 }
 
 func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	if err := r.validate(); err != nil {
+		var coded cli.ExitError
+		if errors.As(err, &coded) {
+			return err
+		}
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	if g.DatabaseURL == "" {
@@ -96,15 +100,11 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		return err
 	}
 	defer hbPool.Close()
-	whURL := r.WarehouseURL
-	if whURL == "" {
-		whURL = g.DatabaseURL
-	}
-	whPool, err := cli.Connect(ctx, whURL, 10*time.Second, sized(int32(r.Concurrency+1)))
+	wh, whName, closeWarehouse, err := r.warehouseFlags.open(ctx, g.DatabaseURL, int32(r.Concurrency+1), log)
 	if err != nil {
-		return fmt.Errorf("warehouse: %w", err)
+		return err
 	}
-	defer whPool.Close()
+	defer closeWarehouse()
 
 	m := metrics.New()
 	worker, err := jobs.NewIngestWorker(jobs.WorkerConfig{
@@ -113,7 +113,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		Pipelines: pipeline.Registry{
 			batch.SourceTypeFleetS3: &fleet.Pipeline{
 				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns}},
-				Warehouse: warehouse.NewPostgres(whPool), PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
+				Warehouse: wh, PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
 				ProgressEvery: r.ProgressEvery,
 			},
 		},
@@ -159,7 +159,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	go jobs.RunStats(bg, pool, m, r.StatsInterval, log)
 	ready.Store(true)
 	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl", r.LeaseTTL, "lease_renew_every", r.LeaseRenewEvery,
-		"database", cli.Redact(g.DatabaseURL), "warehouse", cli.Redact(whURL))
+		"database", cli.Redact(g.DatabaseURL), "warehouse", whName)
 
 	<-ctx.Done()
 	ready.Store(false)

@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -256,5 +257,85 @@ func TestChartLints(t *testing.T) {
 	res := lint.AllWithKubeVersion(chartDir, map[string]any{}, "fleet", nil)
 	for _, msg := range res.Messages {
 		require.Less(t, msg.Severity, support.WarningSev, "%s", msg.Error())
+	}
+}
+
+func envValue(c corev1.Container, name string) (string, bool) {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom == nil {
+			return e.Value, true
+		}
+	}
+	return "", false
+}
+
+// TestChartRedshiftWarehouse: warehouse.type redshift configures the
+// worker and the migrate Job through REDSHIFT_* variables, and refuses an
+// incomplete configuration.
+func TestChartRedshiftWarehouse(t *testing.T) {
+	t.Parallel()
+	redshift := map[string]any{
+		"workgroup": "fleet-prod", "database": "analytics", "secretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:fleet",
+		"iamRole": "arn:aws:iam::123456789012:role/fleet-copy", "staging": "s3://fleet-staging/loads/",
+		"loadTimeout": "30m", "region": "eu-west-1",
+	}
+	docs := mustRender(t, map[string]any{"warehouse": map[string]any{"type": "redshift", "redshift": redshift}})
+	worker := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"]).Spec.Template.Spec.Containers[0]
+	job := decode[batchv1.Job](t, docs["Job/prod-fleet-ingest-migrate"]).Spec.Template.Spec.Containers[0]
+	for _, c := range []corev1.Container{worker, job} {
+		for name, want := range map[string]string{
+			"WAREHOUSE": "redshift", "REDSHIFT_WORKGROUP": "fleet-prod", "REDSHIFT_DATABASE": "analytics",
+			"REDSHIFT_SECRET_ARN": redshift["secretArn"].(string), "REDSHIFT_IAM_ROLE": redshift["iamRole"].(string),
+			"REDSHIFT_STAGING": "s3://fleet-staging/loads/", "REDSHIFT_LOAD_TIMEOUT": "30m", "REDSHIFT_QUERY_TIMEOUT": "2m",
+			"AWS_REGION": "eu-west-1",
+		} {
+			got, ok := envValue(c, name)
+			require.True(t, ok, "%s: %s", c.Name, name)
+			require.Equal(t, want, got, "%s: %s", c.Name, name)
+		}
+		for _, absent := range []string{"REDSHIFT_CLUSTER_ID", "REDSHIFT_DB_USER", "WAREHOUSE_URL"} {
+			_, ok := envValue(c, absent)
+			require.False(t, ok, "%s: %s", c.Name, absent)
+		}
+	}
+	require.Equal(t, []string{"migrate"}, job.Args, "the Job applies the Redshift schema")
+
+	// Applying the Redshift schema goes through the Data API: the migrate
+	// Job gets the worker's AWS identity and HTTPS egress, and only then.
+	const irsa = "eks.amazonaws.com/role-arn"
+	withIdentity := func(skip bool) map[string]manifest {
+		return mustRender(t, map[string]any{
+			"warehouse": map[string]any{"type": "redshift", "redshift": redshift},
+			"worker":    map[string]any{"serviceAccount": map[string]any{"annotations": map[string]any{irsa: "arn:aws:iam::1:role/fleet-worker"}}},
+			"migration": map[string]any{"skipWarehouse": skip},
+		})
+	}
+	docs = withIdentity(false)
+	sa := decode[corev1.ServiceAccount](t, docs["ServiceAccount/prod-fleet-ingest-migrate"])
+	require.Equal(t, "arn:aws:iam::1:role/fleet-worker", sa.Annotations[irsa])
+	np := decode[networkingv1.NetworkPolicy](t, docs["NetworkPolicy/prod-fleet-ingest-migrate"]).Spec
+	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "UDP/53"}, allPorts(rulesOf(np.Egress)))
+	docs = withIdentity(true)
+	sa = decode[corev1.ServiceAccount](t, docs["ServiceAccount/prod-fleet-ingest-migrate"])
+	require.NotContains(t, sa.Annotations, irsa, "--skip-warehouse: migrate needs no AWS identity")
+	np = decode[networkingv1.NetworkPolicy](t, docs["NetworkPolicy/prod-fleet-ingest-migrate"]).Spec
+	require.Equal(t, []string{"TCP/53", "TCP/5432", "UDP/53"}, allPorts(rulesOf(np.Egress)))
+
+	defaults := decode[appsv1.Deployment](t, mustRender(t, nil)["Deployment/prod-fleet-ingest-worker"]).Spec.Template.Spec.Containers[0]
+	got, _ := envValue(defaults, "WAREHOUSE")
+	require.Equal(t, "postgres", got)
+
+	for _, c := range []struct {
+		values map[string]any
+		want   string
+	}{
+		{map[string]any{"type": "redshift", "redshift": map[string]any{"database": "d", "iamRole": "default", "staging": "s3://b/p/"}}, "workgroup or warehouse.redshift.clusterId is required"},
+		{map[string]any{"type": "redshift", "redshift": map[string]any{"workgroup": "w", "clusterId": "c", "database": "d", "iamRole": "default", "staging": "s3://b/p/"}}, "only one of"},
+		{map[string]any{"type": "redshift", "redshift": map[string]any{"workgroup": "w", "database": "d", "iamRole": "default"}}, "staging are required"},
+		{map[string]any{"type": "redshift", "existingSecret": "wh", "redshift": map[string]any{"workgroup": "w", "database": "d", "iamRole": "default", "staging": "s3://b/p/"}}, "existingSecret is for warehouse.type postgres"},
+		{map[string]any{"type": "bigquery"}, "warehouse.type must be postgres or redshift"},
+	} {
+		_, err := render(t, map[string]any{"warehouse": c.values})
+		require.ErrorContains(t, err, c.want)
 	}
 }

@@ -48,6 +48,12 @@ func (r *Report) violate(format string, args ...any) {
 //     slice holds exactly the folder's records, once, stamped with that
 //     batch, which was published exactly once; bad folders leave no slice.
 func Check(ctx context.Context, pool *pgxpool.Pool, expect []Expectation) (Report, error) {
+	return CheckWith(ctx, pool, pool, expect)
+}
+
+// CheckWith is Check for a warehouse in another database: its curated
+// tables are read through warehouse (the Redshift Data API double's).
+func CheckWith(ctx context.Context, pool, warehouse *pgxpool.Pool, expect []Expectation) (Report, error) {
 	var r Report
 	rows, err := pool.Query(ctx, `
 		SELECT id, tenant_id, source_scope, status, details
@@ -128,7 +134,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, expect []Expectation) (Repor
 			total, distinct, minB, maxB int64
 			pubs                        int64
 		)
-		err := pool.QueryRow(ctx, `
+		err := warehouse.QueryRow(ctx, `
 			SELECT (SELECT batch_id FROM curated.fleet_slices WHERE tenant_id = $1 AND source_scope = $2),
 			       (SELECT record_count FROM curated.fleet_slices WHERE tenant_id = $1 AND source_scope = $2),
 			       count(*), count(DISTINCT (object_key, line_number)), COALESCE(min(batch_id), 0), COALESCE(max(batch_id), 0)
@@ -158,7 +164,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, expect []Expectation) (Repor
 		case minB != b.id || maxB != b.id:
 			r.violate("folder %s of %s: records stamped with batches %d..%d, want only %d", e.Scope, e.TenantID, minB, maxB, b.id)
 		}
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM curated.fleet_publications WHERE batch_id = $1`, b.id).Scan(&pubs); err != nil {
+		if err := warehouse.QueryRow(ctx, `SELECT count(*) FROM curated.fleet_publications WHERE batch_id = $1`, b.id).Scan(&pubs); err != nil {
 			return r, err
 		}
 		if pubs != 1 {

@@ -156,6 +156,9 @@ func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 			break
 		}
 		if err != nil {
+			if s.Folder.Scheme == SchemeS3 && IsNotFound(err) {
+				return nil, fmt.Errorf("listing %s: bucket %q does not exist (or is not visible to these credentials): %w", s.Folder, s.Folder.Bucket, err)
+			}
 			return nil, fmt.Errorf("listing %s: %w", s.Folder, err)
 		}
 		if o.IsDir || IsMarker(strings.TrimPrefix(o.Key, s.keyPrefix)) {
@@ -193,9 +196,11 @@ func readableTree(root string) error {
 // does not exist.
 func IsNotFound(err error) bool { return gcerrors.Code(err) == gcerrors.NotFound }
 
-// IsTransient reports whether a storage error may succeed if retried:
-// throttling, timeouts, server errors, and a process or system out of file
-// descriptors.
+// IsTransient reports whether a storage error may succeed if retried, by
+// the portable blob error codes (throttling, timeouts, server errors) and a
+// process or system out of file descriptors. AWS errors (S3's 503 SlowDown,
+// 5xx) are classified by pipeline.IsTransient, which sees through the blob
+// wrapping.
 func IsTransient(err error) bool {
 	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
 		return true

@@ -133,7 +133,8 @@ func NewDatabaseURLAt(t testing.TB, version int64) string {
 }
 
 // EmptyDatabaseURL returns the URL of a fresh database without any
-// migration, as an operator would have before "worker migrate".
+// migration, as an operator would have before "worker migrate" (the
+// Redshift Data API double also keeps its warehouse in one).
 func EmptyDatabaseURL(t testing.TB) string {
 	t.Helper()
 	return newDatabase(t, empty{})

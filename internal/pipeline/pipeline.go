@@ -17,9 +17,15 @@
 //
 // Pipelines decide with IsTransient: connection-level failures (refused,
 // reset, timeouts, SQLSTATE class 08), serialization failures and deadlocks
-// (40001, 40P01), server shutdown or overload (57P01–57P03, 53300) and
-// storage unavailability are transient; everything else (bad data, missing
-// folders, permission errors, constraint or trigger errors) is terminal.
+// (40001, 40P01), server shutdown or overload (57P01–57P03, 53300), storage
+// unavailability, AWS errors the AWS SDK itself would retry (throttling such
+// as S3's 503 SlowDown or the Data API's ThrottlingException, 5xx answers,
+// request timeouts) or that report a busy Redshift Data API (too many active
+// statements or sessions, internal errors), and warehouse failures marked
+// warehouse.ErrTransient (Redshift's serializable isolation violation 1023,
+// an aborted statement, a statement whose outcome is unknown) are transient;
+// everything else (bad data, missing folders or buckets, permission errors,
+// constraint or trigger errors) is terminal.
 package pipeline
 
 import (
@@ -30,11 +36,15 @@ import (
 	"net"
 	"syscall"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/smithy-go"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/warehouse"
 )
 
 // Pipeline does the work of one source type for a Running batch.
@@ -226,6 +236,9 @@ func IsTransient(err error) bool {
 	if errors.As(err, &failure) || errors.Is(err, folder.ErrMalformed) {
 		return false
 	}
+	if errors.Is(err, warehouse.ErrTransient) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
@@ -253,6 +266,31 @@ func IsTransient(err error) bool {
 		return true
 	case errors.Is(err, context.DeadlineExceeded):
 		return true
+	case isTransientAWS(err):
+		return true
 	}
 	return folder.IsTransient(err)
+}
+
+// busyDataAPI are the Redshift Data API's errors for a warehouse that is
+// busy or briefly unavailable rather than refusing the request.
+var busyDataAPI = map[string]bool{
+	"ActiveStatementsExceededException": true,
+	"ActiveSessionsExceededException":   true,
+	"InternalServerException":           true,
+	"DatabaseConnectionException":       true,
+}
+
+// isTransientAWS reports whether err is an AWS API error the SDK's standard
+// retryer would retry (throttling codes such as SlowDown and
+// ThrottlingException, HTTP 500/502/503/504, request timeouts, connection
+// errors) or a busy Redshift Data API. The SDK retries these itself a few
+// times; what reaches here has outlasted those retries, and the delivery is
+// retried later with a longer backoff.
+func isTransientAWS(err error) bool {
+	var apiErr smithy.APIError
+	if errors.As(err, &apiErr) && busyDataAPI[apiErr.ErrorCode()] {
+		return true
+	}
+	return retry.IsErrorRetryables(retry.DefaultRetryables).IsErrorRetryable(err) == aws.TrueTernary
 }

@@ -7,8 +7,10 @@
 // COPY … FROM 's3://…' IAM_ROLE … (ideally from a MANIFEST naming exactly the
 // batch's objects) inside a BEGIN … END that also deletes the old slice and
 // stamps the new one. The local implementation, Postgres, streams the same
-// objects through COPY FROM STDIN (pgx CopyFrom) inside one transaction. Both
-// fit this interface.
+// objects through COPY FROM STDIN (pgx CopyFrom) inside one transaction; the
+// production one, package redshift, stages them in S3 and loads them with
+// COPY … MANIFEST through the Redshift Data API. Both pass the same contract
+// suite (package warehousetest).
 //
 // A Redshift COPY can commit after its client session died, so commit
 // detection never trusts the client's view: callers read the stamp back
@@ -62,6 +64,12 @@ var (
 	// ErrPublicationExpired means the slice was committed longer ago than
 	// the publication window allows.
 	ErrPublicationExpired = errors.New("publication window has passed")
+	// ErrTransient is wrapped by warehouse failures that may go away when the
+	// same load or publication is retried: a serialization conflict with a
+	// concurrent transaction, an aborted statement, or a statement whose
+	// outcome is not known yet (read the stamp back before anything else).
+	// pipeline.IsTransient recognises it.
+	ErrTransient = errors.New("transient warehouse failure")
 )
 
 // Warehouse is where Fleet folders are loaded and published.

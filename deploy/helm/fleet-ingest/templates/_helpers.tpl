@@ -109,3 +109,33 @@ and the pod name.
 {{- end -}}
 {{- $term -}}
 {{- end -}}
+
+{{/* The warehouse settings of worker run and worker migrate. */}}
+{{- define "fleet-ingest.warehouseEnv" -}}
+{{- $w := .Values.warehouse -}}
+- name: WAREHOUSE
+  value: {{ $w.type | quote }}
+{{- if eq $w.type "redshift" }}
+{{- $r := $w.redshift }}
+{{- if and (not $r.workgroup) (not $r.clusterId) }}
+{{- fail "warehouse.redshift.workgroup or warehouse.redshift.clusterId is required with warehouse.type redshift" }}
+{{- end }}
+{{- if and $r.workgroup $r.clusterId }}
+{{- fail "set only one of warehouse.redshift.workgroup and warehouse.redshift.clusterId" }}
+{{- end }}
+{{- if or (not $r.database) (not $r.iamRole) (not $r.staging) }}
+{{- fail "warehouse.redshift.database, iamRole and staging are required with warehouse.type redshift" }}
+{{- end }}
+{{- if $w.existingSecret }}
+{{- fail "warehouse.existingSecret is for warehouse.type postgres" }}
+{{- end }}
+{{- range $name, $value := dict "REDSHIFT_WORKGROUP" $r.workgroup "REDSHIFT_CLUSTER_ID" $r.clusterId "REDSHIFT_DATABASE" $r.database "REDSHIFT_SECRET_ARN" $r.secretArn "REDSHIFT_DB_USER" $r.dbUser "REDSHIFT_IAM_ROLE" $r.iamRole "REDSHIFT_STAGING" $r.staging "REDSHIFT_LOAD_TIMEOUT" $r.loadTimeout "REDSHIFT_QUERY_TIMEOUT" $r.queryTimeout "AWS_REGION" $r.region }}
+{{- if $value }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
+{{- else if ne $w.type "postgres" }}
+{{- fail "warehouse.type must be postgres or redshift" }}
+{{- end }}
+{{- end -}}

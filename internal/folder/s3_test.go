@@ -1,0 +1,129 @@
+package folder_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/s3test"
+)
+
+// s3srv is the S3-compatible server every s3:// folder of these tests lives
+// on; TestMain points the AWS SDK at it through AWS_ENDPOINT_URL_S3, exactly
+// as a deployment would point it at S3.
+var s3srv *s3test.Server
+
+func TestMain(m *testing.M) {
+	s3srv = s3test.New()
+	s3srv.SetEnv()
+	code := m.Run()
+	s3srv.Close()
+	os.Exit(code)
+}
+
+func openS3(t *testing.T, url string) *folder.Source {
+	t.Helper()
+	f, err := folder.Canonicalize(url)
+	require.NoError(t, err)
+	src, err := folder.Opener{}.Open(context.Background(), f)
+	require.NoError(t, err)
+	t.Cleanup(func() { src.Close() })
+	return src
+}
+
+// TestS3FolderOfMoreThanAThousandObjects lists past S3's 1,000-key page.
+func TestS3FolderOfMoreThanAThousandObjects(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const n = 1_050
+	s3srv.CreateBucket(t, "paginated")
+	client := s3srv.Client()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 8)
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			_, err := client.PutObject(ctx, &s3.PutObjectInput{
+				Bucket: aws.String("paginated"), Key: aws.String(fmt.Sprintf("tenants/t1/up/part-%05d.csv", i)),
+				Body: strings.NewReader(fmt.Sprintf("id,seq\nrow-%d,%d\n", i, i)),
+			})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	s3srv.Put(t, "paginated", "tenants/t1/up/_SUCCESS", nil)
+	s3srv.Put(t, "paginated", "tenants/t1/upper/not-this-folder.csv", []byte("id\nx\n"))
+
+	src := openS3(t, "s3://paginated/tenants/t1/up")
+	objs, err := src.Objects(ctx)
+	require.NoError(t, err)
+	require.Len(t, objs, n)
+	for i, o := range objs {
+		require.Equal(t, fmt.Sprintf("tenants/t1/up/part-%05d.csv", i), o.Key)
+	}
+	require.GreaterOrEqual(t, s3srv.Requests("paginated", "ListObjectsV2"), 2, "more than one page was listed")
+
+	rr := src.Records(ctx, objs)
+	defer rr.Close()
+	var last folder.Record
+	for rr.Next() {
+		last = rr.Record()
+	}
+	require.NoError(t, rr.Err())
+	require.Equal(t, int64(n), rr.Count())
+	require.Equal(t, "tenants/t1/up/part-01049.csv", last.ObjectKey)
+	require.JSONEq(t, `{"id":"row-1049","seq":"1049"}`, string(last.JSON))
+}
+
+// TestS3MissingBucketIsTerminal: a folder in a bucket that does not exist
+// fails with an error naming the bucket, which is not retried.
+func TestS3MissingBucketIsTerminal(t *testing.T) {
+	t.Parallel()
+	src := openS3(t, "s3://no-such-bucket/tenants/t1/up")
+	_, err := src.Objects(context.Background())
+	require.Error(t, err)
+	require.True(t, folder.IsNotFound(err), "%v", err)
+	require.Contains(t, err.Error(), `bucket "no-such-bucket" does not exist`)
+	require.False(t, pipeline.IsTransient(err), "a missing bucket is terminal: %v", err)
+}
+
+// TestS3SlowDownIsTransient: S3 throttling that outlasts the SDK's own
+// retries is transient; once S3 answers again, the folder reads.
+func TestS3SlowDownIsTransient(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s3srv.CreateBucket(t, "throttled")
+	s3srv.Put(t, "throttled", "up/a.ndjson", []byte(`{"id":1}`+"\n"))
+	src := openS3(t, "s3://throttled/up")
+
+	s3srv.Throttle("throttled", 1_000)
+	_, err := src.Objects(ctx)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "SlowDown")
+	require.True(t, pipeline.IsTransient(err), "throttling is transient: %v", err)
+	require.False(t, folder.IsNotFound(err))
+
+	s3srv.Throttle("throttled", 0)
+	objs, err := src.Objects(ctx)
+	require.NoError(t, err)
+	s3srv.Throttle("throttled", 1_000)
+	rr := src.Records(ctx, objs)
+	require.False(t, rr.Next())
+	require.True(t, pipeline.IsTransient(rr.Err()), "a throttled read is transient: %v", rr.Err())
+	require.NoError(t, rr.Close())
+}

@@ -1,0 +1,70 @@
+package s3test_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/s3test"
+)
+
+// TestMultipartUploadThroughTheTransferManager proves the server takes a
+// streamed multipart upload from the SDK's transfer manager intact.
+func TestMultipartUploadThroughTheTransferManager(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := s3test.Start(t)
+	srv.CreateBucket(t, "mpart")
+	body := make([]byte, 12<<20) // three 5 MiB parts, the last one short
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range body {
+		body[i] = byte(r.IntN(256))
+	}
+	tm := transfermanager.New(srv.Client(), func(o *transfermanager.Options) {
+		o.PartSizeBytes = 5 << 20
+		o.MultipartUploadThreshold = 5 << 20
+		o.Concurrency = 2
+	})
+	_, err := tm.UploadObject(ctx, &transfermanager.UploadObjectInput{
+		Bucket: aws.String("mpart"), Key: aws.String("big.bin"), Body: io.NopCloser(bytes.NewReader(body)),
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, srv.Requests("mpart", "CreateMultipartUpload"))
+	require.Equal(t, 3, srv.Requests("mpart", "UploadPart"))
+	require.Equal(t, 1, srv.Requests("mpart", "CompleteMultipartUpload"))
+
+	out, err := srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("mpart"), Key: aws.String("big.bin")})
+	require.NoError(t, err)
+	got, err := io.ReadAll(out.Body)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(body, got), "the object reads back as written")
+}
+
+// TestThrottleAnswersSlowDown proves injected throttling reaches the SDK as
+// S3's SlowDown error once the SDK's own retries are spent.
+func TestThrottleAnswersSlowDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := s3test.Start(t)
+	srv.CreateBucket(t, "slow")
+	srv.Put(t, "slow", "k", []byte("v"))
+	srv.Throttle("slow", 100)
+	_, err := srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("slow"), Key: aws.String("k")},
+		func(o *s3.Options) { o.RetryMaxAttempts = 2 })
+	var apiErr smithy.APIError
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, "SlowDown", apiErr.ErrorCode())
+	require.Equal(t, 2, srv.Requests("slow", "GetObject"))
+
+	srv.Throttle("slow", 0)
+	_, err = srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("slow"), Key: aws.String("k")})
+	require.NoError(t, err)
+}

@@ -1,0 +1,43 @@
+package warehouse_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/warehouse"
+	"github.com/fleet/ingest/internal/warehouse/warehousetest"
+)
+
+// TestPostgresContract holds the local warehouse to the Warehouse contract.
+func TestPostgresContract(t *testing.T) {
+	t.Parallel()
+	warehousetest.Exercise(t, func(t *testing.T) warehousetest.Harness {
+		pool := pgtest.NewPool(t)
+		wh := warehouse.NewPostgres(pool)
+		records, pubs, age := warehousetest.PoolReaders(pool)
+		return warehousetest.Harness{
+			Warehouse: wh, Records: records, Publications: pubs, AgeCommit: age,
+			// The client dies just before the commit: its context ends, and
+			// the transaction goes with its session.
+			DyingLoad: func(t *testing.T, s warehouse.Slice, src *folder.Source, objs []folder.Object) func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				calls := 0
+				_, err := wh.Load(ctx, s, src, objs, func(context.Context) error {
+					if calls++; calls == 2 {
+						cancel()
+					}
+					return nil
+				})
+				require.Error(t, err)
+				require.Equal(t, 2, calls, "the load reached its commit")
+				return func() {}
+			},
+			OrphanCommits: false,
+		}
+	})
+}

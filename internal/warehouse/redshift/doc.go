@@ -1,0 +1,98 @@
+// Package redshift is the production warehouse.Warehouse: schema curated in
+// Amazon Redshift (Serverless workgroup or provisioned cluster), reached
+// through the Redshift Data API, loaded by server-side COPY from staging
+// objects in S3. Redshift has no COPY … FROM STDIN, so a load is staged,
+// not streamed.
+//
+// # A load
+//
+//	read stamp ── newer batch/generation? ──▶ ErrSliceSuperseded (nothing staged)
+//	    │
+//	stage: records ─▶ gzip NDJSON parts (≤ PartBytes, multipart uploads) ─▶ manifest.json
+//	    │   (a record Redshift could not load ─▶ folder.ErrMalformed, naming object and line)
+//	beforeCommit (lease check)
+//	    │
+//	BatchExecuteStatement, one transaction:
+//	    LOCK curated.fleet_writer_lock
+//	    guard: no newer batch, no later generation      (fails the transaction)
+//	    DELETE the slice's records
+//	    COPY … FROM '<manifest>' IAM_ROLE … MANIFEST FORMAT AS JSON 'auto' GZIP
+//	    guard: the slice holds exactly the staged count
+//	    DELETE + INSERT the stamp (committed_at = SYSDATE)
+//	    │
+//	DescribeStatement until FINISHED, FAILED or ABORTED, or LoadTimeout
+//	    │
+//	read the stamp back ─▶ the outcome
+//
+// Staging objects live under <prefix>batch-<id>/gen-<lease generation>/: a
+// retried delivery stages under its own generation and never overwrites
+// what an older, possibly still running, COPY reads. Each line is the
+// curated row FORMAT JSON 'auto' maps onto curated.fleet_records: tenant_id,
+// source_scope, batch_id, lease_generation, object_key, line_number, and
+// record, the record itself as a JSON object loaded into a SUPER column.
+// The manifest names exactly the parts of the load, each "mandatory" with
+// its meta.content_length, so a missing part fails the COPY and with it the
+// transaction. A load with no records stages nothing and runs no COPY.
+//
+// Values reach Redshift as Data API parameters. COPY takes none, so its
+// manifest URL and IAM role are written into the statement; both come from
+// configuration held to patterns without quotes or backslashes.
+//
+// Limits checked before staging: a staged line over MaxRecordBytes (COPY
+// reads at most 4 MB of one JSON object), a string over MaxStringBytes
+// (65,535 bytes in a SUPER value unless the cluster opted into 16,000,000),
+// nesting deeper than MaxDepth (1,000), invalid UTF-8.
+//
+// # Commit detection
+//
+// A Data API statement runs on the server whatever its client does next,
+// and may commit after the client gave up or died. So the outcome of a load
+// is always the stamp read back, never the client's view: after FINISHED, and
+// after FAILED, ABORTED, a DescribeStatement error or LoadTimeout. Stamped
+// with this batch (by this load or an earlier generation of it) means
+// committed; stamped with a newer batch or later generation means
+// ErrSliceSuperseded; otherwise the statement's failure is returned
+// (*StatementError), or, when the outcome is unknown, an error wrapping
+// warehouse.ErrTransient: the next delivery reads the stamp before it loads
+// again (see package fleet). Redshift's serializable isolation violation
+// (1023), an aborted statement and throttling are transient
+// (pipeline.IsTransient).
+//
+// # Fencing and the residual window
+//
+// The operational lease cannot fence a Redshift transaction. The guard
+// refuses to replace a newer stamp; beforeCommit (the lease check) runs
+// just before the transaction is submitted, and a delivery whose context
+// ends while it waits (its heartbeat found the lease lost, or the worker is
+// stopping) cancels its statement. What remains is a delivery that loses its
+// lease while its COPY runs and cannot cancel it — a paused or partitioned
+// worker. Its transaction may still commit, stamped with its older
+// generation of the same batch and the same folder: if the newer delivery
+// committed first, the guard refuses it; if not, the newer delivery's load
+// replaces it. A publication has the same window; it can only publish the
+// batch the slice is stamped with, once.
+//
+// # Publication
+//
+// One transaction: lock, guard (stamped with this batch; published already
+// or committed within the window, on the warehouse clock), set published_at,
+// append the outbox row unless the batch has one. The stamp read back is the
+// outcome, as for loads.
+//
+// # Staging cleanup
+//
+// Once a commit is confirmed (by a load, a later load settling on the stamp,
+// or a publication) the batch's staging objects of that and older
+// generations are deleted; newer generations are left to their own delivery.
+// Deletion failures are logged, not returned. A lifecycle rule on the
+// staging prefix is the backstop for batches that never commit.
+//
+// # Schema
+//
+// Migrator applies migrations/warehouse/redshift through the Data API, each
+// file in one transaction with its row in curated.fleet_warehouse_migrations,
+// re-checking the version under a lock so concurrent migrators apply it once.
+//
+// Tests run the warehouse against redshifttest, a Data API double backed by
+// PostgreSQL; its package comment says what it does not emulate.
+package redshift

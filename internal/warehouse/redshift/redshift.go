@@ -1,0 +1,315 @@
+package redshift
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/redshiftdata"
+	"github.com/aws/aws-sdk-go-v2/service/redshiftdata/types"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+// Warehouse is the production warehouse: schema curated in Amazon Redshift,
+// reached through the Redshift Data API, loaded by server-side COPY from
+// staging objects in S3. It is safe for concurrent use.
+type Warehouse struct {
+	dataAPI
+	s3     *s3.Client
+	chunks sync.Pool // upload buffers of UploadPartBytes
+	bucket string
+	prefix string
+}
+
+var _ warehouse.Warehouse = (*Warehouse)(nil)
+
+// Open returns the warehouse cfg describes, with AWS clients from the
+// standard configuration chain (environment, shared files, web identity,
+// instance or task role; AWS_REGION; endpoint overrides such as
+// AWS_ENDPOINT_URL_REDSHIFT_DATA and AWS_ENDPOINT_URL_S3).
+func Open(ctx context.Context, cfg Config) (*Warehouse, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	awsCfg, err := loadAWS(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return New(cfg, redshiftdata.NewFromConfig(awsCfg), s3.NewFromConfig(awsCfg))
+}
+
+// loadAWS loads the standard AWS configuration and insists on a region.
+func loadAWS(ctx context.Context) (aws.Config, error) {
+	awsCfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return aws.Config{}, fmt.Errorf("loading AWS configuration: %w", err)
+	}
+	if awsCfg.Region == "" {
+		return aws.Config{}, &ConfigError{Field: "region", Reason: "no AWS region: set AWS_REGION (or a profile's region)"}
+	}
+	return awsCfg, nil
+}
+
+// New returns the warehouse cfg describes on the given clients.
+func New(cfg Config, data *redshiftdata.Client, s3Client *s3.Client) (*Warehouse, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	bucket, prefix, _ := ParseStaging(cfg.Staging)
+	return &Warehouse{dataAPI: dataAPI{cfg: cfg, data: data}, s3: s3Client, bucket: bucket, prefix: prefix}, nil
+}
+
+func sliceParams(s warehouse.Slice, kv ...string) []types.SqlParameter {
+	return params(append([]string{
+		"tenant_id", s.TenantID, "source_scope", s.SourceScope,
+		"batch_id", strconv.FormatInt(s.BatchID, 10), "generation", strconv.FormatInt(s.Generation, 10),
+	}, kv...)...)
+}
+
+func checkSlice(s warehouse.Slice) error {
+	if s.TenantID == "" || s.SourceScope == "" || s.BatchID <= 0 || s.Generation < 0 {
+		return fmt.Errorf("invalid warehouse slice %+v", s)
+	}
+	return nil
+}
+
+// newer reports whether st was stamped by a newer batch, or by a later
+// generation of s's batch.
+func newer(st warehouse.Stamp, s warehouse.Slice) bool {
+	return st.BatchID > s.BatchID || (st.BatchID == s.BatchID && st.Generation > s.Generation)
+}
+
+// Load implements warehouse.Warehouse.
+//
+// It reads the stamp first and refuses a slice a newer batch or generation
+// holds before staging anything. It then stages the records (gzip NDJSON
+// parts and a manifest under batch-{id}/gen-{generation}/), calls
+// beforeCommit (the lease check), and submits one transaction: lock, guard
+// against a newer stamp, delete the slice, COPY the manifest, check the
+// count, replace the stamp. It awaits the transaction for LoadTimeout.
+//
+// Commit detection reads the stamp back. Whenever the transaction failed,
+// was aborted, or was not seen to end, the stamp decides: stamped with this
+// batch means committed (by this load or an earlier generation of the same
+// batch), stamped with a newer batch or generation means
+// ErrSliceSuperseded; otherwise the statement's failure is returned, or,
+// when its outcome is unknown, an error wrapping warehouse.ErrTransient (the
+// statement may still commit; the next delivery reads the stamp before
+// loading again). When ctx ends while the transaction runs (the lease was
+// lost or the worker is stopping) the statement is cancelled, best effort.
+//
+// Residual window: beforeCommit runs before the transaction is submitted,
+// not at its commit, which happens on the server. A delivery that loses its
+// lease while its COPY runs, and cannot cancel it (a paused or partitioned
+// worker), may still commit. Such a commit loads the same batch's folder and
+// is stamped with its older generation: a newer generation's load replaces
+// it, or, if the newer one committed first, the guard refuses it.
+func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Source, objects []folder.Object, beforeCommit func(context.Context) error) (warehouse.Stamp, error) {
+	if err := checkSlice(s); err != nil {
+		return warehouse.Stamp{}, err
+	}
+	log := w.cfg.Logger.With("batch_id", s.BatchID, "tenant_id", s.TenantID, "lease_generation", s.Generation)
+	cur, _, found, err := w.stamp(ctx, s.TenantID, s.SourceScope)
+	if err != nil {
+		return warehouse.Stamp{}, err
+	}
+	if found && newer(cur, s) {
+		return warehouse.Stamp{}, fmt.Errorf("%w: batch %d generation %d holds it", warehouse.ErrSliceSuperseded, cur.BatchID, cur.Generation)
+	}
+
+	rr := src.Records(ctx, objects)
+	st, err := w.stage(ctx, s, rr)
+	rr.Close()
+	if err != nil {
+		w.deleteStaging(ctx, s.BatchID, s.Generation)
+		return warehouse.Stamp{}, err
+	}
+	log.Info("load staged", "records", st.Records, "parts", st.Parts, "bytes", st.Bytes, "compressed_bytes", st.Compressed, "manifest", st.ManifestURL)
+	if beforeCommit != nil {
+		if err := beforeCommit(ctx); err != nil {
+			w.deleteStaging(ctx, s.BatchID, s.Generation)
+			return warehouse.Stamp{}, err
+		}
+	}
+
+	name := fmt.Sprintf("fleet-load-%d-%d", s.BatchID, s.Generation)
+	id, err := w.submitBatch(ctx, name, loadSQL(st.ManifestURL, w.cfg.IAMRole), sliceParams(s, "record_count", strconv.FormatInt(st.Records, 10)))
+	if err != nil {
+		// The submission may have been accepted even so: settle by the stamp.
+		return w.settleLoad(ctx, s, err)
+	}
+	log.Info("load submitted", "statement_id", id)
+	d, err := w.await(ctx, id, w.cfg.LoadTimeout)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		w.cancel(id)
+		return warehouse.Stamp{}, fmt.Errorf("load of batch %d cancelled; the stamp tells whether statement %s committed: %w", s.BatchID, id, err)
+	case err != nil:
+		return w.settleLoad(ctx, s, err)
+	}
+	if err := interpretStatement(d); err != nil {
+		stamp, serr := w.settleLoad(ctx, s, err)
+		if serr != nil {
+			w.deleteStaging(ctx, s.BatchID, s.Generation) // the statement ended: its staging is garbage
+		}
+		return stamp, serr
+	}
+	return w.settleLoad(ctx, s, nil)
+}
+
+// settleLoad reads the stamp to learn a load's outcome. cause is why the
+// load's own view is not enough (nil after FINISHED).
+func (w *Warehouse) settleLoad(ctx context.Context, s warehouse.Slice, cause error) (warehouse.Stamp, error) {
+	cur, _, found, err := w.stamp(ctx, s.TenantID, s.SourceScope)
+	switch {
+	case err != nil && cause != nil:
+		return warehouse.Stamp{}, fmt.Errorf("%w: %w (and the stamp could not be read: %v)", warehouse.ErrTransient, cause, err)
+	case err != nil:
+		return warehouse.Stamp{}, fmt.Errorf("%w: load finished but its stamp could not be read: %w", warehouse.ErrTransient, err)
+	case found && newer(cur, s):
+		return warehouse.Stamp{}, fmt.Errorf("%w: batch %d generation %d holds it", warehouse.ErrSliceSuperseded, cur.BatchID, cur.Generation)
+	case found && cur.BatchID == s.BatchID:
+		if cause != nil {
+			w.cfg.Logger.Warn("load committed although its client saw it fail or did not see it end",
+				"batch_id", s.BatchID, "lease_generation", s.Generation, "stamp_generation", cur.Generation, "cause", cause)
+		}
+		w.deleteStaging(ctx, s.BatchID, cur.Generation)
+		return cur, nil
+	case cause != nil:
+		return warehouse.Stamp{}, cause
+	default:
+		return warehouse.Stamp{}, fmt.Errorf("%w: load of batch %d finished but the slice is not stamped with it", warehouse.ErrTransient, s.BatchID)
+	}
+}
+
+// Stamp implements warehouse.Warehouse.
+func (w *Warehouse) Stamp(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, bool, error) {
+	st, _, found, err := w.stamp(ctx, tenantID, sourceScope)
+	return st, found, err
+}
+
+// stamp reads the slice's stamp and its age in seconds on the warehouse
+// clock.
+func (w *Warehouse) stamp(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, int64, bool, error) {
+	rows, err := w.query(ctx, "fleet-stamp", readStamp, params("tenant_id", tenantID, "source_scope", sourceScope))
+	if err != nil {
+		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %w", err)
+	}
+	switch {
+	case len(rows) == 0:
+		return warehouse.Stamp{}, 0, false, nil
+	case len(rows) > 1:
+		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: the slice has %d stamps", len(rows))
+	case len(rows[0]) != 6:
+		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %d columns", len(rows[0]))
+	}
+	r := rows[0]
+	var (
+		st   warehouse.Stamp
+		age  int64
+		errs [6]error
+		at   *time.Time
+	)
+	st.BatchID, errs[0] = fieldInt(r[0])
+	st.Generation, errs[1] = fieldInt(r[1])
+	st.RecordCount, errs[2] = fieldInt(r[2])
+	at, errs[3] = fieldTime(r[3])
+	st.PublishedAt, errs[4] = fieldTime(r[4])
+	age, errs[5] = fieldInt(r[5])
+	if err := errors.Join(errs[:]...); err != nil {
+		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %w", err)
+	}
+	if at == nil {
+		return warehouse.Stamp{}, 0, false, errors.New("reading warehouse stamp: no commit time")
+	}
+	st.CommittedAt = *at
+	return st, age, true, nil
+}
+
+// Publish implements warehouse.Warehouse.
+//
+// It reads the stamp first (missing, superseded, expired on the warehouse
+// clock, or already published), then calls beforeCommit (the lease check)
+// and submits one transaction: lock, guard (stamped with this batch and
+// published or within the window), stamp published_at, append the outbox
+// row unless the batch has one. The stamp read back is the outcome. The
+// residual window of Load applies: beforeCommit runs before submission. A
+// stale holder's publication that slips through it publishes the batch the
+// slice is stamped with, once: it cannot publish another batch's data or
+// publish twice.
+//
+// Once published, the batch's staging objects of this and older
+// generations are deleted.
+func (w *Warehouse) Publish(ctx context.Context, s warehouse.Slice, window time.Duration, beforeCommit func(context.Context) error) (warehouse.Stamp, error) {
+	if err := checkSlice(s); err != nil {
+		return warehouse.Stamp{}, err
+	}
+	cur, age, found, err := w.stamp(ctx, s.TenantID, s.SourceScope)
+	if err != nil {
+		return warehouse.Stamp{}, err
+	}
+	if err := publishable(cur, age, found, s, window); err != nil {
+		return warehouse.Stamp{}, err
+	}
+	if beforeCommit != nil {
+		if err := beforeCommit(ctx); err != nil {
+			return warehouse.Stamp{}, err
+		}
+	}
+	if cur.PublishedAt != nil {
+		w.deleteStaging(ctx, s.BatchID, s.Generation)
+		return cur, nil
+	}
+	seconds := max(int64(window/time.Second), 1)
+	qctx, done := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer done()
+	name := fmt.Sprintf("fleet-publish-%d-%d", s.BatchID, s.Generation)
+	id, err := w.submitBatch(qctx, name, publishSQL, sliceParams(s, "window_seconds", strconv.FormatInt(seconds, 10)))
+	var cause error
+	if err != nil {
+		cause = err
+	} else if d, err := w.await(qctx, id, w.cfg.QueryTimeout); err != nil {
+		cause = err
+	} else {
+		cause = interpretStatement(d)
+	}
+	cur, age, found, err = w.stamp(ctx, s.TenantID, s.SourceScope)
+	switch {
+	case err != nil && cause != nil:
+		return warehouse.Stamp{}, fmt.Errorf("%w: %w (and the stamp could not be read: %v)", warehouse.ErrTransient, cause, err)
+	case err != nil:
+		return warehouse.Stamp{}, fmt.Errorf("%w: publication finished but its stamp could not be read: %w", warehouse.ErrTransient, err)
+	case found && cur.BatchID == s.BatchID && cur.PublishedAt != nil:
+		w.deleteStaging(ctx, s.BatchID, s.Generation)
+		return cur, nil
+	}
+	if err := publishable(cur, age, found, s, window); err != nil {
+		return warehouse.Stamp{}, err
+	}
+	if cause == nil {
+		cause = fmt.Errorf("%w: publication of batch %d finished but the slice is not published", warehouse.ErrTransient, s.BatchID)
+	}
+	return warehouse.Stamp{}, cause
+}
+
+// publishable explains why a slice cannot be published by s, or nil.
+func publishable(cur warehouse.Stamp, age int64, found bool, s warehouse.Slice, window time.Duration) error {
+	switch {
+	case !found:
+		return warehouse.ErrSliceMissing
+	case cur.BatchID != s.BatchID:
+		return fmt.Errorf("%w: batch %d holds it", warehouse.ErrSliceSuperseded, cur.BatchID)
+	case cur.PublishedAt == nil && time.Duration(age)*time.Second > window:
+		return fmt.Errorf("%w: committed at %s", warehouse.ErrPublicationExpired, cur.CommittedAt.Format(time.RFC3339))
+	}
+	return nil
+}

@@ -1,0 +1,555 @@
+package redshift_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/klauspost/compress/gzip"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/warehouse"
+	"github.com/fleet/ingest/internal/warehouse/redshift"
+	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
+)
+
+var folderSeq atomic.Int64
+
+// memFolder writes files into a fresh mem:// folder and opens it.
+func memFolder(t *testing.T, files map[string]string) (*folder.Source, []folder.Object, string) {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("redshift-test-%d", folderSeq.Add(1))
+	for k, v := range files {
+		require.NoError(t, folder.MemBucket(name).WriteAll(ctx, "in/"+k, []byte(v), nil))
+	}
+	f, err := folder.Canonicalize("mem://" + name + "/in")
+	require.NoError(t, err)
+	src, err := folder.Opener{}.Open(ctx, f)
+	require.NoError(t, err)
+	t.Cleanup(func() { src.Close() })
+	objs, err := src.Objects(ctx)
+	require.NoError(t, err)
+	return src, objs, f.Scope()
+}
+
+func csvRows(tag string, n int) string {
+	var b strings.Builder
+	b.WriteString("id,tag\n")
+	for i := range n {
+		fmt.Fprintf(&b, "%d,%s\n", i, tag)
+	}
+	return b.String()
+}
+
+func (e *env) load(t *testing.T, s warehouse.Slice, files map[string]string) (warehouse.Stamp, error) {
+	t.Helper()
+	src, objs, _ := memFolder(t, files)
+	return e.wh.Load(context.Background(), s, src, objs, nil)
+}
+
+// stagingKeys lists the staging objects left under the prefix.
+func (e *env) stagingKeys(t *testing.T) []string {
+	t.Helper()
+	out, err := e.s3.Client().ListObjectsV2(context.Background(), &s3.ListObjectsV2Input{Bucket: aws.String(stagingBucket)})
+	require.NoError(t, err)
+	var keys []string
+	for _, o := range out.Contents {
+		keys = append(keys, aws.ToString(o.Key))
+	}
+	return keys
+}
+
+func (e *env) get(t *testing.T, key string) []byte {
+	t.Helper()
+	out, err := e.s3.Client().GetObject(context.Background(), &s3.GetObjectInput{Bucket: aws.String(stagingBucket), Key: aws.String(key)})
+	require.NoError(t, err)
+	defer out.Body.Close()
+	b, err := io.ReadAll(out.Body)
+	require.NoError(t, err)
+	return b
+}
+
+// loadSubmissions counts the load transactions submitted to the double.
+func (e *env) loadSubmissions() int {
+	n := 0
+	for _, s := range e.double.Submissions() {
+		if strings.HasPrefix(s.Name, "fleet-load-") {
+			n++
+		}
+	}
+	return n
+}
+
+func mustStamp(t *testing.T, wh warehouse.Warehouse, s warehouse.Slice) warehouse.Stamp {
+	t.Helper()
+	st, found, err := wh.Stamp(context.Background(), s.TenantID, s.SourceScope)
+	require.NoError(t, err)
+	require.True(t, found)
+	return st
+}
+
+// TestStagingManifestAndCleanup: a load stages gzip NDJSON parts and a
+// manifest naming exactly those parts (mandatory, with their sizes) under
+// batch-{id}/gen-{generation}/, sends one transaction to the configured
+// target, and deletes its staging once the commit is confirmed.
+func TestStagingManifestAndCleanup(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	src, objs, scope := memFolder(t, map[string]string{"a.csv": "id,name\n1,Ann\n2,Bo\n", "b.ndjson": `{"deep":{"x":[1,{"y":"z"}]}}` + "\n"})
+	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 41, Generation: 3}
+	var seen []string
+	var man redshift.Manifest
+	st, err := e.wh.Load(context.Background(), s, src, objs, func(context.Context) error {
+		seen = e.stagingKeys(t)
+		require.NoError(t, json.Unmarshal(e.get(t, "fleet/staging/batch-41/gen-3/manifest.json"), &man))
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), st.RecordCount)
+	require.Equal(t, []string{"fleet/staging/batch-41/gen-3/manifest.json", "fleet/staging/batch-41/gen-3/part-00000.ndjson.gz"}, seen)
+	require.Len(t, man.Entries, 1)
+	entry := man.Entries[0]
+	require.Equal(t, "s3://"+stagingBucket+"/fleet/staging/batch-41/gen-3/part-00000.ndjson.gz", entry.URL)
+	require.True(t, entry.Mandatory)
+	require.Positive(t, entry.Meta.ContentLength)
+
+	require.Empty(t, e.stagingKeys(t), "staging is deleted once the commit is confirmed")
+
+	subs := e.double.Submissions()
+	var load redshifttest.Submission
+	for _, sub := range subs {
+		if sub.Name == "fleet-load-41-3" {
+			load = sub
+		}
+	}
+	require.Equal(t, testWorkgroup, load.Workgroup)
+	require.Equal(t, testDatabase, load.Database)
+	require.Equal(t, map[string]string{"tenant_id": "tenant-1", "source_scope": scope, "batch_id": "41", "generation": "3", "record_count": "3"}, load.Params)
+	copySQL := ""
+	for _, q := range load.SQLs {
+		if strings.HasPrefix(q, "COPY") {
+			copySQL = q
+		}
+		require.NotContains(t, q, "tenant-1", "values travel as parameters, never in the SQL text")
+	}
+	require.Contains(t, copySQL, "FROM 's3://"+stagingBucket+"/fleet/staging/batch-41/gen-3/manifest.json'")
+	require.Contains(t, copySQL, "IAM_ROLE '"+testRole+"'")
+	require.Contains(t, copySQL, "MANIFEST")
+	require.Contains(t, copySQL, "FORMAT AS JSON 'auto'")
+	require.Contains(t, copySQL, "GZIP")
+}
+
+// TestStagedLinesAreCuratedRows: each staged line carries the columns of
+// curated.fleet_records, the record itself as a nested object.
+func TestStagedLinesAreCuratedRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	src, objs, scope := memFolder(t, map[string]string{"a.csv": "id,note\n1,\"say \"\"hi\"\"\"\n"})
+	s := warehouse.Slice{TenantID: `tenant "q"`, SourceScope: scope, BatchID: 5, Generation: 1}
+	var line map[string]any
+	_, err := e.wh.Load(context.Background(), s, src, objs, func(context.Context) error {
+		zr, err := gzip.NewReader(bytes.NewReader(e.get(t, "fleet/staging/batch-5/gen-1/part-00000.ndjson.gz")))
+		require.NoError(t, err)
+		sc := bufio.NewScanner(zr)
+		require.True(t, sc.Scan())
+		dec := json.NewDecoder(bytes.NewReader(sc.Bytes()))
+		dec.UseNumber()
+		require.NoError(t, dec.Decode(&line))
+		require.False(t, sc.Scan(), "one record, one line")
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, map[string]any{
+		"tenant_id": `tenant "q"`, "source_scope": scope, "batch_id": json.Number("5"), "lease_generation": json.Number("1"),
+		"object_key": "in/a.csv", "line_number": json.Number("2"), "record": map[string]any{"id": "1", "note": `say "hi"`},
+	}, line)
+}
+
+// TestStagingPartsAreBoundedAndUploadedInParts: a load larger than a part
+// is split into several parts, none over PartBytes, each uploaded as a
+// multipart upload once it outgrows one chunk; all records load.
+func TestStagingPartsAreBoundedAndUploadedInParts(t *testing.T) {
+	t.Parallel()
+	const partBytes = 7 << 20
+	e := newEnv(t, func(c *redshift.Config) {
+		c.PartBytes = partBytes
+		c.MaxRecordBytes = 1 << 20
+	})
+	// Random hex compresses to about half: ~20 MB of NDJSON, ~8 MB gzip, in
+	// parts that rotate past 5 MiB (one multipart chunk).
+	r := rand.New(rand.NewPCG(7, 11))
+	var b strings.Builder
+	b.WriteString("id,payload\n")
+	const n = 100_000
+	buf := make([]byte, 120)
+	for i := range n {
+		for j := range buf {
+			buf[j] = "0123456789abcdef"[r.IntN(16)]
+		}
+		fmt.Fprintf(&b, "%d,%s\n", i, buf)
+	}
+	src, objs, scope := memFolder(t, map[string]string{"big.csv": b.String()})
+	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 9, Generation: 1}
+	var man redshift.Manifest
+	st, err := e.wh.Load(context.Background(), s, src, objs, func(context.Context) error {
+		require.NoError(t, json.Unmarshal(e.get(t, "fleet/staging/batch-9/gen-1/manifest.json"), &man))
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(n), st.RecordCount)
+	require.GreaterOrEqual(t, len(man.Entries), 2, "more than one part")
+	for i, en := range man.Entries {
+		require.LessOrEqual(t, en.Meta.ContentLength, int64(partBytes), "part %d", i)
+		require.True(t, en.Mandatory)
+	}
+	require.GreaterOrEqual(t, e.s3.Requests(stagingBucket, "CreateMultipartUpload"), 1)
+	require.GreaterOrEqual(t, e.s3.Requests(stagingBucket, "UploadPart"), 2)
+	var count int64
+	require.NoError(t, e.double.Pool.QueryRow(context.Background(),
+		`SELECT count(DISTINCT line_number) FROM curated.fleet_records WHERE source_scope = $1`, scope).Scan(&count))
+	require.Equal(t, int64(n), count)
+}
+
+// TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging: records Redshift
+// could not load are malformed, named by object and line, before any COPY
+// is submitted, and leave no staging behind.
+func TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	long := strings.Repeat("x", 70_000)
+	deep := strings.Repeat(`{"a":`, 1001) + "1" + strings.Repeat("}", 1001)
+	huge := `{"blob":[` + strings.Repeat(`"`+strings.Repeat("y", 60_000)+`",`, 70) + `"end"]}`
+	cases := []struct {
+		name, body, want string
+	}{
+		{"long string", `{"ok":1}` + "\n" + `{"text":"` + long + `"}`, "string value of 70000 bytes"},
+		{"escaped long string", `{"ok":1}` + "\n" + `{"text":"` + strings.Repeat(`\u00e9`, 33_000) + `"}`, "string value of 66000 bytes"},
+		{"deep nesting", `{"ok":1}` + "\n" + deep, "nested more than 1000 levels"},
+		{"object over 4 MB", `{"ok":1}` + "\n" + huge, "over Redshift's limit of 4000000 bytes for one JSON object"},
+		{"invalid UTF-8", `{"ok":1}` + "\n" + "{\"bad\":\"\xff\xfe\"}", "invalid UTF-8"},
+	}
+	for i, c := range cases {
+		_, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: fmt.Sprintf("fleet_s3:mem://limits/%d", i), BatchID: int64(i + 1), Generation: 1},
+			map[string]string{"records.ndjson": c.body})
+		require.ErrorIs(t, err, folder.ErrMalformed, c.name)
+		require.Contains(t, err.Error(), "in/records.ndjson: line 2", c.name)
+		require.Contains(t, err.Error(), c.want, c.name)
+		require.False(t, pipeline.IsTransient(err), c.name)
+	}
+	require.Zero(t, e.loadSubmissions(), "nothing was submitted")
+	require.Empty(t, e.stagingKeys(t), "nothing is left staged")
+
+	// Just within the limits, the same shapes load.
+	st, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://limits/ok", BatchID: 99, Generation: 1},
+		map[string]string{"records.ndjson": `{"text":"` + strings.Repeat("x", 65_535) + `"}` + "\n" + strings.Repeat(`[`, 999) + strings.Repeat(`]`, 999) + "\n"})
+	require.ErrorIs(t, err, folder.ErrMalformed, "an array is not a record")
+	st, err = e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://limits/ok", BatchID: 99, Generation: 1},
+		map[string]string{"records.ndjson": `{"text":"` + strings.Repeat("x", 65_535) + `"}` + "\n" + strings.Repeat(`{"a":`, 999) + "1" + strings.Repeat("}", 999) + "\n"})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), st.RecordCount)
+}
+
+// TestEveryFailedStatementLeavesNothing fails each statement of the load's
+// transaction in turn: the previous slice stays whole, and the failure is
+// not transient.
+func TestEveryFailedStatementLeavesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	_, _, scope := memFolder(t, map[string]string{"x.csv": "id\n1\n"})
+	base := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 1}
+	_, err := e.load(t, base, map[string]string{"x.csv": csvRows("old", 3)})
+	require.NoError(t, err)
+	const statements = 7 // lock, guard, delete, COPY, count guard, delete stamp, insert stamp
+	for n := 1; n <= statements; n++ {
+		in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", FailAt: n, Error: fmt.Sprintf("ERROR: injected at %d", n)})
+		s := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: int64(1 + n), Generation: 1}
+		_, err := e.load(t, s, map[string]string{"y.csv": csvRows("new", 5)})
+		require.Error(t, err, "statement %d", n)
+		var se *redshift.StatementError
+		require.ErrorAs(t, err, &se, "statement %d", n)
+		require.Contains(t, se.Message, fmt.Sprintf("injected at %d", n))
+		require.False(t, pipeline.IsTransient(err), "statement %d: %v", n, err)
+		<-in.Done()
+		st := mustStamp(t, e.wh, base)
+		require.Equal(t, int64(1), st.BatchID, "statement %d: the old stamp stays", n)
+		var total int64
+		require.NoError(t, e.double.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM curated.fleet_records WHERE source_scope = $1 AND batch_id = 1`, scope).Scan(&total))
+		require.Equal(t, int64(3), total, "statement %d: the old records stay", n)
+	}
+	require.Empty(t, e.stagingKeys(t), "a failed load's staging is deleted")
+}
+
+// TestSerializationFailureAndAbortAreTransient: Redshift's 1023 and an
+// aborted statement are transient; nothing changes; a retry loads.
+func TestSerializationFailureAndAbortAreTransient(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	scope := "fleet_s3:mem://serial/x"
+	for i, f := range []redshifttest.Fault{
+		{FailAt: 4, Error: "ERROR: 1023 DETAIL: Serializable isolation violation on table - 156273, transactions forming the cycle are: 8311, 8312 (pid:3154)"},
+		{FailAt: 3, Abort: true},
+	} {
+		f.Match = "COPY curated.fleet_records"
+		e.double.Inject(f)
+		_, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: int64(i + 1)}, map[string]string{"x.csv": csvRows("a", 2)})
+		require.ErrorIs(t, err, warehouse.ErrTransient, "fault %d", i)
+		require.True(t, pipeline.IsTransient(err), "fault %d", i)
+		_, found, err := e.wh.Stamp(context.Background(), "tenant-1", scope)
+		require.NoError(t, err)
+		require.False(t, found, "fault %d: nothing committed", i)
+	}
+	st, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 3}, map[string]string{"x.csv": csvRows("a", 2)})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), st.RecordCount)
+}
+
+// TestCommitSeenOnlyByTheStamp: the load's transaction commits, but the
+// client never sees it end within its deadline; reading the stamp back
+// finds the commit.
+func TestCommitSeenOnlyByTheStamp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 300 * time.Millisecond })
+	in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", HideOutcome: true})
+	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://hidden/x", BatchID: 3, Generation: 2}
+	st, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 4)})
+	require.NoError(t, err, "the stamp shows the commit the client did not see")
+	require.Equal(t, int64(3), st.BatchID)
+	require.Equal(t, int64(2), st.Generation)
+	require.Equal(t, int64(4), st.RecordCount)
+	in.Reveal()
+}
+
+// TestCommitAfterTheClientsDeadline: the transaction is still running when
+// the client's deadline passes: the load reports a transient failure of
+// unknown outcome (never "failed"), and the commit that follows shows in
+// the stamp.
+func TestCommitAfterTheClientsDeadline(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 300 * time.Millisecond })
+	in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", Hold: true})
+	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://late/x", BatchID: 8, Generation: 1}
+	_, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 6)})
+	require.ErrorIs(t, err, warehouse.ErrTransient)
+	require.Contains(t, err.Error(), "still")
+	_, found, err := e.wh.Stamp(context.Background(), s.TenantID, s.SourceScope)
+	require.NoError(t, err)
+	require.False(t, found, "not committed yet")
+	require.NotEmpty(t, e.stagingKeys(t), "staging stays while the statement may still run")
+
+	in.Release()
+	<-in.Done()
+	st := mustStamp(t, e.wh, s)
+	require.Equal(t, int64(8), st.BatchID)
+	require.Equal(t, int64(6), st.RecordCount)
+
+	// The next delivery's load of the batch settles on the stamp and
+	// cleans the staging up.
+	st, err = e.load(t, warehouse.Slice{TenantID: s.TenantID, SourceScope: s.SourceScope, BatchID: 8, Generation: 2}, map[string]string{"x.csv": csvRows("a", 6)})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), st.Generation)
+	require.Empty(t, e.stagingKeys(t))
+}
+
+// TestCancelledLoadCancelsItsStatement: when the delivery's context ends
+// (lease lost, shutdown), the running statement is cancelled.
+func TestCancelledLoadCancelsItsStatement(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", Hold: true})
+	src, objs, scope := memFolder(t, map[string]string{"x.csv": csvRows("a", 3)})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := e.wh.Load(ctx, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 1}, src, objs, nil)
+		errc <- err
+	}()
+	<-in.Held()
+	cancel(batch.ErrStaleLease)
+	err := <-errc
+	require.ErrorIs(t, err, batch.ErrStaleLease)
+	select {
+	case <-in.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held statement was not cancelled")
+	}
+	_, found, err := e.wh.Stamp(context.Background(), "tenant-1", scope)
+	require.NoError(t, err)
+	require.False(t, found, "the cancelled load did not commit")
+}
+
+// TestMissingMandatoryPartFailsTheCopy: a part named by the manifest that
+// is gone from S3 fails the COPY and so the whole transaction.
+func TestMissingMandatoryPartFailsTheCopy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	src, objs, scope := memFolder(t, map[string]string{"x.csv": csvRows("a", 3)})
+	_, err := e.wh.Load(context.Background(), warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 1}, src, objs,
+		func(ctx context.Context) error {
+			_, err := e.s3.Client().DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(stagingBucket), Key: aws.String("fleet/staging/batch-1/gen-1/part-00000.ndjson.gz")})
+			return err
+		})
+	var se *redshift.StatementError
+	require.ErrorAs(t, err, &se)
+	require.Contains(t, se.Message, "mandatory")
+	_, found, err := e.wh.Stamp(context.Background(), "tenant-1", scope)
+	require.NoError(t, err)
+	require.False(t, found)
+}
+
+// TestDataAPIThrottling: throttling the SDK's retries absorb is invisible;
+// throttling that outlasts them is transient.
+func TestDataAPIThrottling(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.double.Throttle(1)
+	_, found, err := e.wh.Stamp(context.Background(), "tenant-1", "fleet_s3:mem://throttled/x")
+	require.NoError(t, err, "the SDK retried")
+	require.False(t, found)
+
+	e.double.Throttle(1_000)
+	_, _, err = e.wh.Stamp(context.Background(), "tenant-1", "fleet_s3:mem://throttled/x")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "ThrottlingException")
+	require.True(t, pipeline.IsTransient(err), "%v", err)
+	e.double.Throttle(0)
+}
+
+// TestPublishDeletesEveryStagedGenerationUpToItsOwn: staging left by a
+// load whose client died is deleted once the batch is published; a newer
+// generation's staging is left alone.
+func TestPublishDeletesEveryStagedGenerationUpToItsOwn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 200 * time.Millisecond })
+	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://cleanup/x", BatchID: 4, Generation: 1}
+	in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", Hold: true})
+	_, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 2)})
+	require.ErrorIs(t, err, warehouse.ErrTransient)
+	in.Release()
+	<-in.Done()
+	e.s3.Put(t, stagingBucket, "fleet/staging/batch-4/gen-7/part-00000.ndjson.gz", []byte("a newer delivery's"))
+	e.s3.Put(t, stagingBucket, "fleet/staging/batch-40/gen-1/part-00000.ndjson.gz", []byte("another batch's"))
+
+	st, err := e.wh.Publish(context.Background(), warehouse.Slice{TenantID: s.TenantID, SourceScope: s.SourceScope, BatchID: 4, Generation: 2}, time.Hour, nil)
+	require.NoError(t, err)
+	require.NotNil(t, st.PublishedAt)
+	require.Equal(t, []string{"fleet/staging/batch-4/gen-7/part-00000.ndjson.gz", "fleet/staging/batch-40/gen-1/part-00000.ndjson.gz"}, e.stagingKeys(t))
+}
+
+// TestMigrateIsIdempotent: the schema is created once, with its version
+// row; migrating again applies nothing.
+func TestMigrateIsIdempotent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	again, err := e.wh.Migrate(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, again)
+	var versions []int64
+	rows, err := e.double.Pool.Query(context.Background(), `SELECT version FROM curated.fleet_warehouse_migrations ORDER BY version`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var v int64
+		require.NoError(t, rows.Scan(&v))
+		versions = append(versions, v)
+	}
+	require.Equal(t, []int64{1}, versions)
+	var recordType string
+	require.NoError(t, e.double.Pool.QueryRow(context.Background(), `
+		SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = 'curated.fleet_records'::regclass AND attname = 'record'`).Scan(&recordType))
+	require.Equal(t, "jsonb", recordType, "SUPER, as the double keeps it")
+}
+
+// TestClusterWithDatabaseUser: a provisioned cluster with temporary
+// credentials for a database user sends both in every request.
+func TestClusterWithDatabaseUser(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cluster := redshifttest.Start(t, redshifttest.Options{DatabaseURL: e.double.Pool.Config().ConnString(), S3: e.s3.Client(), Cluster: "fleet-cluster", Database: testDatabase})
+	cfg := testConfig()
+	cfg.WorkgroupName, cfg.ClusterID, cfg.DBUser = "", "fleet-cluster", "fleet_loader"
+	wh, err := redshift.New(cfg, cluster.Client(), e.s3.Client())
+	require.NoError(t, err)
+	_, found, err := wh.Stamp(context.Background(), "tenant-1", "fleet_s3:mem://cluster/x")
+	require.NoError(t, err)
+	require.False(t, found)
+	subs := cluster.Submissions()
+	require.NotEmpty(t, subs)
+	require.Equal(t, "fleet-cluster", subs[0].Cluster)
+	require.Equal(t, "fleet_loader", subs[0].DBUser)
+	require.Empty(t, subs[0].Workgroup)
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	good := testConfig()
+	require.NoError(t, good.Validate())
+	cases := []struct {
+		field  string
+		adjust func(*redshift.Config)
+	}{
+		{"workgroup", func(c *redshift.Config) { c.WorkgroupName = "" }},
+		{"workgroup", func(c *redshift.Config) { c.ClusterID = "c1" }},
+		{"database", func(c *redshift.Config) { c.Database = "" }},
+		{"db-user", func(c *redshift.Config) { c.DBUser = "loader" }},
+		{"secret-arn", func(c *redshift.Config) {
+			c.WorkgroupName, c.ClusterID, c.DBUser, c.SecretARN = "", "c1", "u", "arn:aws:secretsmanager:us-east-1:123456789012:secret:x"
+		}},
+		{"iam-role", func(c *redshift.Config) { c.IAMRole = "" }},
+		{"iam-role", func(c *redshift.Config) { c.IAMRole = "arn:aws:iam::123456789012:role/x' CREDENTIALS 'y" }},
+		{"staging", func(c *redshift.Config) { c.Staging = "" }},
+		{"staging", func(c *redshift.Config) { c.Staging = "s3://bucket/it's/" }},
+		{"staging", func(c *redshift.Config) { c.Staging = "s3://Bad_Bucket/x/" }},
+		{"staging", func(c *redshift.Config) { c.Staging = "https://bucket/x/" }},
+		{"staging", func(c *redshift.Config) { c.Staging = "s3://bucket/a/../b/" }},
+		{"part-bytes", func(c *redshift.Config) { c.PartBytes = 1 << 20 }},
+	}
+	for _, c := range cases {
+		cfg := testConfig()
+		c.adjust(&cfg)
+		err := cfg.Validate()
+		var ce *redshift.ConfigError
+		require.True(t, errors.As(err, &ce), "%s: %v", c.field, err)
+		require.Equal(t, c.field, ce.Field, "%v", err)
+	}
+	cfg := testConfig()
+	cfg.IAMRole = "default"
+	require.NoError(t, cfg.Validate())
+	bucket, prefix, err := redshift.ParseStaging("s3://fleet-staging/loads")
+	require.NoError(t, err)
+	require.Equal(t, "fleet-staging", bucket)
+	require.Equal(t, "loads/", prefix)
+}
+
+// TestStagingThrottledIsTransient: S3 throttling the staging uploads past
+// the SDK's retries fails the load as transient, before anything is
+// submitted; once S3 answers, the load goes through.
+func TestStagingThrottledIsTransient(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://slow-staging/x", BatchID: 1, Generation: 1}
+	e.s3.Throttle(stagingBucket, 1_000)
+	_, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 3)})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "SlowDown")
+	require.True(t, pipeline.IsTransient(err), "%v", err)
+	require.Zero(t, e.loadSubmissions())
+	e.s3.Throttle(stagingBucket, 0)
+	st, err := e.load(t, warehouse.Slice{TenantID: s.TenantID, SourceScope: s.SourceScope, BatchID: 1, Generation: 2}, map[string]string{"x.csv": csvRows("a", 3)})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), st.RecordCount)
+}

@@ -1,0 +1,240 @@
+package redshift
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/redshiftdata"
+	"github.com/aws/aws-sdk-go-v2/service/redshiftdata/types"
+
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+// dataAPI runs statements on the configured target through the Data API.
+type dataAPI struct {
+	cfg  Config
+	data *redshiftdata.Client
+}
+
+// StatementError is a Data API statement (or batch) that ended FAILED or
+// ABORTED. It is the one place where the Data API's error text is read:
+// Transient is set for an aborted statement and for Redshift's
+// serialization conflicts (ERROR: 1023 Serializable isolation violation, or
+// a snapshot-isolation conflict with a concurrent transaction), and such an
+// error wraps warehouse.ErrTransient.
+type StatementError struct {
+	ID        string
+	Status    types.StatusString
+	Message   string
+	Transient bool
+}
+
+func (e *StatementError) Error() string {
+	return fmt.Sprintf("redshift statement %s %s: %s", e.ID, e.Status, e.Message)
+}
+
+// Unwrap returns warehouse.ErrTransient for a transient failure.
+func (e *StatementError) Unwrap() error {
+	if e.Transient {
+		return warehouse.ErrTransient
+	}
+	return nil
+}
+
+// serializationMarkers identify Redshift's serialization conflicts in a
+// statement's error text (the Data API gives no error code).
+var serializationMarkers = []string{
+	"1023",                                 // ERROR: 1023 DETAIL: Serializable isolation violation on table …
+	"serializable isolation violation",     // the same, as worded in the DETAIL
+	"conflict with concurrent transaction", // snapshot isolation: … could not complete because of conflict with concurrent transaction
+}
+
+// interpretStatement turns a final DescribeStatement answer into nil
+// (FINISHED) or a *StatementError.
+func interpretStatement(d *redshiftdata.DescribeStatementOutput) error {
+	if d.Status == types.StatusStringFinished {
+		return nil
+	}
+	msg := aws.ToString(d.Error)
+	if msg == "" {
+		for _, sub := range d.SubStatements {
+			if e := aws.ToString(sub.Error); e != "" {
+				msg = e
+				break
+			}
+		}
+	}
+	se := &StatementError{ID: aws.ToString(d.Id), Status: d.Status, Message: msg}
+	if d.Status == types.StatusStringAborted {
+		se.Transient = true
+	}
+	lower := strings.ToLower(msg)
+	for _, m := range serializationMarkers {
+		if strings.Contains(lower, m) {
+			se.Transient = true
+		}
+	}
+	return se
+}
+
+// errOutcomeUnknown is wrapped when a statement was not seen to end.
+var errOutcomeUnknown = errors.New("statement outcome not known")
+
+// target returns the Data API's target and authentication parameters.
+func (w *dataAPI) target() (workgroup, cluster, database, secret, user *string) {
+	opt := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return aws.String(s)
+	}
+	return opt(w.cfg.WorkgroupName), opt(w.cfg.ClusterID), aws.String(w.cfg.Database), opt(w.cfg.SecretARN), opt(w.cfg.DBUser)
+}
+
+// params builds Data API parameters from name/value pairs.
+func params(kv ...string) []types.SqlParameter {
+	out := make([]types.SqlParameter, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, types.SqlParameter{Name: aws.String(kv[i]), Value: aws.String(kv[i+1])})
+	}
+	return out
+}
+
+// submitBatch submits sqls as one transaction and returns its id. The SDK
+// fills in a client token, so its own retries of the request cannot run
+// the transaction twice.
+func (w *dataAPI) submitBatch(ctx context.Context, name string, sqls []string, p []types.SqlParameter) (string, error) {
+	wg, cl, db, secret, user := w.target()
+	out, err := w.data.BatchExecuteStatement(ctx, &redshiftdata.BatchExecuteStatementInput{
+		Sqls: sqls, Parameters: p, StatementName: aws.String(name),
+		WorkgroupName: wg, ClusterIdentifier: cl, Database: db, SecretArn: secret, DbUser: user,
+	})
+	if err != nil {
+		return "", fmt.Errorf("submitting %s: %w", name, err)
+	}
+	return aws.ToString(out.Id), nil
+}
+
+// submit submits one statement and returns its id.
+func (w *dataAPI) submit(ctx context.Context, name, sql string, p []types.SqlParameter) (string, error) {
+	wg, cl, db, secret, user := w.target()
+	out, err := w.data.ExecuteStatement(ctx, &redshiftdata.ExecuteStatementInput{
+		Sql: aws.String(sql), Parameters: p, StatementName: aws.String(name),
+		WorkgroupName: wg, ClusterIdentifier: cl, Database: db, SecretArn: secret, DbUser: user,
+	})
+	if err != nil {
+		return "", fmt.Errorf("submitting %s: %w", name, err)
+	}
+	return aws.ToString(out.Id), nil
+}
+
+// await polls the statement until it ends (FINISHED, FAILED or ABORTED)
+// and returns its description. When timeout passes first it returns an
+// error wrapping warehouse.ErrTransient and errOutcomeUnknown; when ctx ends
+// first, ctx's error. Neither means the statement failed: it may still
+// commit, and only the stamp tells.
+func (w *dataAPI) await(ctx context.Context, id string, timeout time.Duration) (*redshiftdata.DescribeStatementOutput, error) {
+	deadline := time.Now().Add(timeout)
+	interval := w.cfg.PollInterval
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("statement %s: %w", id, context.Cause(ctx))
+		case <-timer.C:
+		}
+		d, err := w.data.DescribeStatement(ctx, &redshiftdata.DescribeStatementInput{Id: aws.String(id)})
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil, fmt.Errorf("statement %s: %w", id, context.Cause(ctx))
+		case err != nil:
+			return nil, fmt.Errorf("%w: %w: describing statement %s: %w", warehouse.ErrTransient, errOutcomeUnknown, id, err)
+		}
+		switch d.Status {
+		case types.StatusStringFinished, types.StatusStringFailed, types.StatusStringAborted:
+			return d, nil
+		}
+		if !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("%w: %w: statement %s still %s after %s", warehouse.ErrTransient, errOutcomeUnknown, id, d.Status, timeout)
+		}
+		interval = min(interval*3/2, w.cfg.PollMax)
+		timer.Reset(min(interval, time.Until(deadline)+time.Millisecond))
+	}
+}
+
+// cancel asks the Data API to stop a statement that is still running, for a
+// delivery that lost its lease or is shutting down. It is best effort: the
+// statement may have committed already, which only the stamp tells.
+func (w *dataAPI) cancel(id string) {
+	ctx, done := context.WithTimeout(context.Background(), 10*time.Second)
+	defer done()
+	if _, err := w.data.CancelStatement(ctx, &redshiftdata.CancelStatementInput{Id: aws.String(id)}); err != nil {
+		w.cfg.Logger.Warn("cancelling redshift statement", "statement_id", id, "error", err)
+	}
+}
+
+// query runs one read statement and returns its rows.
+func (w *dataAPI) query(ctx context.Context, name, sql string, p []types.SqlParameter) ([][]types.Field, error) {
+	ctx, done := context.WithTimeout(ctx, w.cfg.QueryTimeout)
+	defer done()
+	id, err := w.submit(ctx, name, sql, p)
+	if err != nil {
+		return nil, err
+	}
+	d, err := w.await(ctx, id, w.cfg.QueryTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if err := interpretStatement(d); err != nil {
+		return nil, err
+	}
+	var rows [][]types.Field
+	var token *string
+	for {
+		out, err := w.data.GetStatementResult(ctx, &redshiftdata.GetStatementResultInput{Id: aws.String(id), NextToken: token})
+		if err != nil {
+			return nil, fmt.Errorf("reading result of %s: %w", name, err)
+		}
+		rows = append(rows, out.Records...)
+		if token = out.NextToken; aws.ToString(token) == "" {
+			return rows, nil
+		}
+	}
+}
+
+// Field readers. The Data API answers BIGINT as longValue, TIMESTAMP as a
+// string, and NULL as isNull.
+
+func fieldInt(f types.Field) (int64, error) {
+	switch v := f.(type) {
+	case *types.FieldMemberLongValue:
+		return v.Value, nil
+	case *types.FieldMemberIsNull:
+		return 0, errors.New("unexpected NULL")
+	}
+	return 0, fmt.Errorf("unexpected field %T", f)
+}
+
+// timestampLayouts are the forms of a TIMESTAMP value in a Data API result.
+var timestampLayouts = []string{"2006-01-02 15:04:05.999999999", "2006-01-02T15:04:05.999999999", "2006-01-02 15:04:05.999999999Z07", "2006-01-02 15:04:05.999999999Z07:00"}
+
+func fieldTime(f types.Field) (*time.Time, error) {
+	switch v := f.(type) {
+	case *types.FieldMemberIsNull:
+		return nil, nil
+	case *types.FieldMemberStringValue:
+		for _, layout := range timestampLayouts {
+			if t, err := time.Parse(layout, v.Value); err == nil {
+				t = t.UTC()
+				return &t, nil
+			}
+		}
+		return nil, fmt.Errorf("unparsable timestamp %q", v.Value)
+	}
+	return nil, fmt.Errorf("unexpected field %T", f)
+}

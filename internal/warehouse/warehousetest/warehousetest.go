@@ -1,0 +1,459 @@
+// Package warehousetest is the one contract test suite for
+// warehouse.Warehouse. Every implementation runs it (Exercise) with a
+// factory that gives each case a fresh, migrated warehouse, so the local
+// PostgreSQL warehouse and the Redshift one (against its Data API double)
+// are held to the same behaviour: load, replace, refuse a superseded slice,
+// refuse malformed records, publish once, the publication window, refuse a
+// stale lease holder's publication, and tell the truth about a load whose
+// client died.
+package warehousetest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+// Harness is one implementation under test, with ways to look into it
+// around the interface.
+type Harness struct {
+	Warehouse warehouse.Warehouse
+	// Records returns the slice's rows as the warehouse stores them.
+	Records func(ctx context.Context, tenantID, scope string) ([]Row, error)
+	// Publications returns the outbox rows of the slice.
+	Publications func(ctx context.Context, tenantID, scope string) ([]Publication, error)
+	// AgeCommit moves the slice's commit time d into the past.
+	AgeCommit func(ctx context.Context, tenantID, scope string, d time.Duration) error
+	// DyingLoad runs a Load whose client dies once the warehouse has the
+	// work in hand, and returns when that Load has returned, with a
+	// function that waits until the warehouse settled what it still had.
+	DyingLoad func(t *testing.T, s warehouse.Slice, src *folder.Source, objects []folder.Object) (settle func())
+	// OrphanCommits is what the warehouse does with a dying client's load:
+	// true if it commits all the same (Redshift: the Data API runs the
+	// statement whatever the client does), false if it rolls back
+	// (PostgreSQL: the session ends with its client).
+	OrphanCommits bool
+}
+
+// Row is one stored record.
+type Row struct {
+	BatchID   int64
+	ObjectKey string
+	Line      int64
+	Record    string // JSON
+}
+
+// Publication is one outbox row.
+type Publication struct {
+	BatchID     int64
+	RecordCount int64
+	PublishedAt time.Time
+}
+
+// Factory returns a fresh harness for one test case.
+type Factory func(t *testing.T) Harness
+
+// Exercise runs every case of the contract against the implementation
+// factory makes, each case in parallel on its own warehouse.
+func Exercise(t *testing.T, factory Factory) {
+	cases := []struct {
+		name string
+		fn   func(*testing.T, Harness)
+	}{
+		{"LoadsEveryRecordStamped", testLoad},
+		{"LoadsAnEmptyFolder", testLoadEmpty},
+		{"ReplacesTheSlice", testReplace},
+		{"RefusesASupersededSlice", testSuperseded},
+		{"MalformedRecordLeavesTheSliceUntouched", testMalformed},
+		{"BeforeCommitErrorAbortsTheLoad", testBeforeCommit},
+		{"PublishesOnce", testPublishOnce},
+		{"PublicationWindowOnTheWarehouseClock", testWindow},
+		{"PublishRefusesMissingAndSuperseded", testPublishRefused},
+		{"StaleLeasePublishIsRefused", testStaleLeasePublish},
+		{"StampAfterALoadWhoseClientDied", testDyingLoad},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t, factory(t))
+		})
+	}
+}
+
+// PoolReaders returns Records, Publications and AgeCommit for a warehouse
+// whose tables are readable as curated.fleet_* through pool (the local
+// warehouse, and the Redshift double's database).
+func PoolReaders(pool *pgxpool.Pool) (
+	records func(context.Context, string, string) ([]Row, error),
+	publications func(context.Context, string, string) ([]Publication, error),
+	age func(context.Context, string, string, time.Duration) error,
+) {
+	records = func(ctx context.Context, tenant, scope string) ([]Row, error) {
+		rows, err := pool.Query(ctx, `
+			SELECT batch_id, object_key, line_number, record::text FROM curated.fleet_records
+			WHERE tenant_id = $1 AND source_scope = $2 ORDER BY object_key, line_number`, tenant, scope)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var out []Row
+		for rows.Next() {
+			var r Row
+			if err := rows.Scan(&r.BatchID, &r.ObjectKey, &r.Line, &r.Record); err != nil {
+				return nil, err
+			}
+			out = append(out, r)
+		}
+		return out, rows.Err()
+	}
+	publications = func(ctx context.Context, tenant, scope string) ([]Publication, error) {
+		rows, err := pool.Query(ctx, `
+			SELECT batch_id, record_count, published_at FROM curated.fleet_publications
+			WHERE tenant_id = $1 AND source_scope = $2 ORDER BY batch_id`, tenant, scope)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var out []Publication
+		for rows.Next() {
+			var p Publication
+			if err := rows.Scan(&p.BatchID, &p.RecordCount, &p.PublishedAt); err != nil {
+				return nil, err
+			}
+			out = append(out, p)
+		}
+		return out, rows.Err()
+	}
+	age = func(ctx context.Context, tenant, scope string, d time.Duration) error {
+		_, err := pool.Exec(ctx, `
+			UPDATE curated.fleet_slices SET committed_at = committed_at - $3 * interval '1 microsecond'
+			WHERE tenant_id = $1 AND source_scope = $2`, tenant, scope, d.Microseconds())
+		return err
+	}
+	return records, publications, age
+}
+
+var folderSeq atomic.Int64
+
+// tenant is this process's tenant: a warehouse shared by several runs (a
+// live one) never sees one run's slices in another.
+var tenant = fmt.Sprintf("tenant-%d-%d", time.Now().UnixNano(), os.Getpid())
+
+// source writes files into a fresh mem:// folder and opens it.
+func source(t *testing.T, files map[string]string) (*folder.Source, []folder.Object, string) {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("warehousetest-%d", folderSeq.Add(1))
+	for k, v := range files {
+		require.NoError(t, folder.MemBucket(name).WriteAll(ctx, "in/"+k, []byte(v), nil))
+	}
+	f, err := folder.Canonicalize("mem://" + name + "/in")
+	require.NoError(t, err)
+	src, err := folder.Opener{}.Open(ctx, f)
+	require.NoError(t, err)
+	t.Cleanup(func() { src.Close() })
+	objs, err := src.Objects(ctx)
+	require.NoError(t, err)
+	return src, objs, f.Scope()
+}
+
+// newScope returns a scope no other case uses.
+func newScope() string {
+	return fmt.Sprintf("fleet_s3:mem://warehousetest-scope-%d/in", folderSeq.Add(1))
+}
+
+// Tenant is the tenant every slice of the suite belongs to.
+func Tenant() string { return tenant }
+
+func slice(scope string, batchID, gen int64) warehouse.Slice {
+	return warehouse.Slice{TenantID: tenant, SourceScope: scope, BatchID: batchID, Generation: gen}
+}
+
+// rows returns n CSV rows under a header, tagged with tag.
+func rows(tag string, n int) string {
+	var b strings.Builder
+	b.WriteString("id,tag\n")
+	for i := range n {
+		fmt.Fprintf(&b, "%d,%s\n", i, tag)
+	}
+	return b.String()
+}
+
+func load(t *testing.T, h Harness, s warehouse.Slice, files map[string]string) warehouse.Stamp {
+	t.Helper()
+	src, objs, _ := source(t, files)
+	st, err := h.Warehouse.Load(context.Background(), s, src, objs, nil)
+	require.NoError(t, err)
+	return st
+}
+
+// consistent checks that the slice holds exactly what its stamp says: the
+// stamped count of records, all of the stamped batch. It returns the stamp.
+func consistent(t *testing.T, h Harness, s warehouse.Slice) (warehouse.Stamp, []Row, bool) {
+	t.Helper()
+	ctx := context.Background()
+	st, found, err := h.Warehouse.Stamp(ctx, s.TenantID, s.SourceScope)
+	require.NoError(t, err)
+	recs, err := h.Records(ctx, s.TenantID, s.SourceScope)
+	require.NoError(t, err)
+	if !found {
+		require.Empty(t, recs, "an unstamped slice holds no records")
+		return st, nil, false
+	}
+	require.Len(t, recs, int(st.RecordCount), "the slice holds the stamped count")
+	for _, r := range recs {
+		require.Equal(t, st.BatchID, r.BatchID, "every record is of the stamped batch")
+	}
+	return st, recs, true
+}
+
+func testLoad(t *testing.T, h Harness) {
+	ctx := context.Background()
+	src, objs, scope := source(t, map[string]string{
+		"a.csv":         "id,name,note\n1,Ann,\"multi\nline\"\n2,\"Bo \"\"B\"\"\",plain\n",
+		"b/c.ndjson":    "{\"id\": 3, \"nested\": {\"k\": [1, 2.5, null, true]}}\n\n{\"id\": 4, \"name\": \"Ünï\"}\n",
+		"_SUCCESS":      "",
+		"manifest.json": "{}",
+	})
+	s := slice(scope, 7, 2)
+	before := time.Now().Add(-time.Minute)
+	st, err := h.Warehouse.Load(ctx, s, src, objs, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(7), st.BatchID)
+	require.Equal(t, int64(2), st.Generation)
+	require.Equal(t, int64(4), st.RecordCount)
+	require.Nil(t, st.PublishedAt)
+	require.True(t, st.CommittedAt.After(before) && st.CommittedAt.Before(time.Now().Add(time.Minute)), "committed at %s", st.CommittedAt)
+
+	read, found, err := h.Warehouse.Stamp(ctx, s.TenantID, s.SourceScope)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, st.BatchID, read.BatchID)
+	require.Equal(t, st.Generation, read.Generation)
+	require.Equal(t, st.RecordCount, read.RecordCount)
+	require.WithinDuration(t, st.CommittedAt, read.CommittedAt, time.Millisecond)
+
+	_, recs, _ := consistent(t, h, s)
+	want := []Row{
+		{7, "in/a.csv", 2, `{"id":"1","name":"Ann","note":"multi\nline"}`},
+		{7, "in/a.csv", 4, `{"id":"2","name":"Bo \"B\"","note":"plain"}`},
+		{7, "in/b/c.ndjson", 1, `{"id":3,"nested":{"k":[1,2.5,null,true]}}`},
+		{7, "in/b/c.ndjson", 3, `{"id":4,"name":"Ünï"}`},
+	}
+	require.Len(t, recs, len(want))
+	for i, w := range want {
+		require.Equal(t, w.ObjectKey, recs[i].ObjectKey)
+		require.Equal(t, w.Line, recs[i].Line)
+		require.JSONEq(t, w.Record, recs[i].Record)
+	}
+
+	_, found, err = h.Warehouse.Stamp(ctx, s.TenantID, "fleet_s3:mem://nothing/here")
+	require.NoError(t, err)
+	require.False(t, found, "a slice never loaded has no stamp")
+}
+
+func testLoadEmpty(t *testing.T, h Harness) {
+	scope := newScope()
+	st := load(t, h, slice(scope, 1, 1), map[string]string{"only-header.csv": "id,tag\n"})
+	require.Zero(t, st.RecordCount)
+	got, _, found := consistent(t, h, slice(scope, 1, 1))
+	require.True(t, found, "an empty load is still stamped")
+	require.Equal(t, int64(1), got.BatchID)
+}
+
+func testReplace(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	load(t, h, slice(scope, 1, 1), map[string]string{"x.csv": rows("one", 3)})
+	_, err := h.Warehouse.Publish(ctx, slice(scope, 1, 1), time.Hour, nil)
+	require.NoError(t, err)
+
+	st := load(t, h, slice(scope, 2, 1), map[string]string{"y.csv": rows("two", 2)})
+	require.Equal(t, int64(2), st.BatchID)
+	require.Nil(t, st.PublishedAt, "a new load is not published")
+	got, recs, _ := consistent(t, h, slice(scope, 2, 1))
+	require.Equal(t, int64(2), got.RecordCount)
+	require.Nil(t, got.PublishedAt)
+	for _, r := range recs {
+		require.Equal(t, "in/y.csv", r.ObjectKey, "nothing of the old slice is left")
+	}
+
+	// A later generation of the same batch replaces it too.
+	st = load(t, h, slice(scope, 2, 5), map[string]string{"z.csv": rows("again", 4)})
+	require.Equal(t, int64(5), st.Generation)
+	got, _, _ = consistent(t, h, slice(scope, 2, 5))
+	require.Equal(t, int64(4), got.RecordCount)
+	require.Equal(t, int64(5), got.Generation)
+}
+
+func testSuperseded(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	load(t, h, slice(scope, 5, 3), map[string]string{"x.csv": rows("five", 3)})
+
+	for _, s := range []warehouse.Slice{slice(scope, 4, 9), slice(scope, 5, 2)} {
+		src, objs, _ := source(t, map[string]string{"old.csv": rows("old", 7)})
+		_, err := h.Warehouse.Load(ctx, s, src, objs, nil)
+		require.ErrorIs(t, err, warehouse.ErrSliceSuperseded, "batch %d generation %d", s.BatchID, s.Generation)
+		got, _, _ := consistent(t, h, s)
+		require.Equal(t, int64(5), got.BatchID)
+		require.Equal(t, int64(3), got.Generation)
+		require.Equal(t, int64(3), got.RecordCount, "the newer slice is intact")
+	}
+}
+
+func testMalformed(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	load(t, h, slice(scope, 1, 1), map[string]string{"good.csv": rows("good", 3)})
+	for i, files := range []map[string]string{
+		{"a.csv": rows("fine", 2), "b.csv": "id,tag\n1,x\n2,x,extra\n"},
+		{"c.ndjson": "{\"id\": 1}\n[1, 2]\n"},
+	} {
+		src, objs, _ := source(t, files)
+		_, err := h.Warehouse.Load(ctx, slice(scope, int64(2+i), 1), src, objs, nil)
+		require.ErrorIs(t, err, folder.ErrMalformed)
+		require.Contains(t, err.Error(), "line", "the error names the line: %v", err)
+		require.Contains(t, err.Error(), map[int]string{0: "in/b.csv", 1: "in/c.ndjson"}[i], "the error names the object: %v", err)
+		got, recs, _ := consistent(t, h, slice(scope, 1, 1))
+		require.Equal(t, int64(1), got.BatchID, "the previous slice is untouched")
+		require.Len(t, recs, 3)
+	}
+}
+
+func testBeforeCommit(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	load(t, h, slice(scope, 1, 1), map[string]string{"good.csv": rows("good", 3)})
+	src, objs, _ := source(t, map[string]string{"new.csv": rows("new", 5)})
+	calls := 0
+	_, err := h.Warehouse.Load(ctx, slice(scope, 2, 1), src, objs, func(context.Context) error {
+		calls++
+		return fmt.Errorf("lease check: %w", batch.ErrStaleLease)
+	})
+	require.ErrorIs(t, err, batch.ErrStaleLease)
+	require.Positive(t, calls)
+	got, _, _ := consistent(t, h, slice(scope, 1, 1))
+	require.Equal(t, int64(1), got.BatchID, "a load whose lease check failed changed nothing")
+}
+
+func testPublishOnce(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	s := slice(scope, 3, 1)
+	loaded := load(t, h, s, map[string]string{"x.csv": rows("x", 4)})
+	var checks int
+	first, err := h.Warehouse.Publish(ctx, s, time.Hour, func(context.Context) error { checks++; return nil })
+	require.NoError(t, err)
+	require.Positive(t, checks, "the lease is checked")
+	require.NotNil(t, first.PublishedAt)
+	require.Equal(t, loaded.RecordCount, first.RecordCount)
+	require.False(t, first.PublishedAt.Before(first.CommittedAt))
+
+	again, err := h.Warehouse.Publish(ctx, slice(scope, 3, 2), time.Hour, nil)
+	require.NoError(t, err, "publishing again (another delivery of the batch) is a no-op")
+	require.NotNil(t, again.PublishedAt)
+	require.WithinDuration(t, *first.PublishedAt, *again.PublishedAt, time.Millisecond)
+
+	pubs, err := h.Publications(ctx, s.TenantID, s.SourceScope)
+	require.NoError(t, err)
+	require.Len(t, pubs, 1, "one outbox row per batch")
+	require.Equal(t, int64(3), pubs[0].BatchID)
+	require.Equal(t, int64(4), pubs[0].RecordCount)
+	require.WithinDuration(t, *first.PublishedAt, pubs[0].PublishedAt, time.Millisecond)
+	st, _, _ := consistent(t, h, s)
+	require.NotNil(t, st.PublishedAt)
+}
+
+func testWindow(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	s := slice(scope, 1, 1)
+	load(t, h, s, map[string]string{"x.csv": rows("x", 2)})
+	require.NoError(t, h.AgeCommit(ctx, s.TenantID, s.SourceScope, 2*time.Hour))
+
+	_, err := h.Warehouse.Publish(ctx, s, time.Hour, nil)
+	require.ErrorIs(t, err, warehouse.ErrPublicationExpired, "committed 2 h ago by the warehouse clock, window 1 h")
+	pubs, err := h.Publications(ctx, s.TenantID, s.SourceScope)
+	require.NoError(t, err)
+	require.Empty(t, pubs)
+
+	st, err := h.Warehouse.Publish(ctx, s, 3*time.Hour, nil)
+	require.NoError(t, err, "within a 3 h window")
+	require.NotNil(t, st.PublishedAt)
+
+	require.NoError(t, h.AgeCommit(ctx, s.TenantID, s.SourceScope, 10*time.Hour))
+	again, err := h.Warehouse.Publish(ctx, s, time.Hour, nil)
+	require.NoError(t, err, "a published slice does not expire: publishing again is a no-op")
+	require.WithinDuration(t, *st.PublishedAt, *again.PublishedAt, time.Millisecond)
+}
+
+func testPublishRefused(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	_, err := h.Warehouse.Publish(ctx, slice(scope, 1, 1), time.Hour, nil)
+	require.ErrorIs(t, err, warehouse.ErrSliceMissing)
+
+	load(t, h, slice(scope, 2, 1), map[string]string{"x.csv": rows("x", 2)})
+	_, err = h.Warehouse.Publish(ctx, slice(scope, 1, 1), time.Hour, nil)
+	require.ErrorIs(t, err, warehouse.ErrSliceSuperseded)
+	pubs, err := h.Publications(ctx, tenant, scope)
+	require.NoError(t, err)
+	require.Empty(t, pubs)
+}
+
+func testStaleLeasePublish(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	s := slice(scope, 1, 1)
+	load(t, h, s, map[string]string{"x.csv": rows("x", 2)})
+	_, err := h.Warehouse.Publish(ctx, s, time.Hour, func(context.Context) error {
+		return fmt.Errorf("verify: %w", batch.ErrStaleLease)
+	})
+	require.ErrorIs(t, err, batch.ErrStaleLease)
+	st, _, _ := consistent(t, h, s)
+	require.Nil(t, st.PublishedAt, "a stale holder published nothing")
+	pubs, err := h.Publications(ctx, s.TenantID, s.SourceScope)
+	require.NoError(t, err)
+	require.Empty(t, pubs)
+}
+
+func testDyingLoad(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	load(t, h, slice(scope, 1, 1), map[string]string{"x.csv": rows("one", 3)})
+
+	src, objs, _ := source(t, map[string]string{"y.csv": rows("two", 5)})
+	settle := h.DyingLoad(t, slice(scope, 2, 1), src, objs)
+	// Whatever the warehouse has done so far, the stamp tells it.
+	_, _, _ = consistent(t, h, slice(scope, 2, 1))
+	settle()
+	st, _, found := consistent(t, h, slice(scope, 2, 1))
+	require.True(t, found)
+	if h.OrphanCommits {
+		require.Equal(t, int64(2), st.BatchID, "the load committed after its client died, and the stamp says so")
+		require.Equal(t, int64(5), st.RecordCount)
+	} else {
+		require.Equal(t, int64(1), st.BatchID, "the load died with its client, and the stamp says so")
+	}
+
+	// The next delivery, reading the stamp, loads again under a later
+	// generation (or would skip the load, had it seen its batch).
+	src, objs, _ = source(t, map[string]string{"y.csv": rows("two", 5)})
+	next, err := h.Warehouse.Load(ctx, slice(scope, 2, 2), src, objs, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), next.Generation)
+	got, _, _ := consistent(t, h, slice(scope, 2, 2))
+	require.Equal(t, int64(5), got.RecordCount)
+}
