@@ -31,6 +31,7 @@ func main() {
 	trials := flag.Int("takeover-trials", 10, "SIGKILL takeover trials")
 	only := flag.String("only", "", "run only the scenarios whose name contains this (for profiling); results are still written")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the harness process (the in-process clients) to this file")
+	diag := flag.String("diag", "", "write diagnostics of the diagnosed phases (wait-event samples, per-operation server counters, Go block/mutex profiles) to this directory")
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -40,7 +41,7 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	if err := run(ctx, *out, *seconds, *trials, *only); err != nil {
+	if err := run(ctx, *out, *seconds, *trials, *only, *diag); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
@@ -58,9 +59,12 @@ type env struct {
 	log       *slog.Logger
 	results   []Result
 	charts    []chart
+	// diagDir, when set, receives diagnostics (see diagnose).
+	diagDir     string
+	diagnostics []string
 }
 
-func run(ctx context.Context, out string, phase time.Duration, trials int, only string) error {
+func run(ctx context.Context, out string, phase time.Duration, trials int, only, diagDir string) error {
 	start := time.Now()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	dir, err := os.MkdirTemp("", "fleet-bench-")
@@ -91,7 +95,12 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only 
 		return err
 	}
 	admin.Close()
-	e := &env{ctx: ctx, cluster: cluster, dbURL: cluster.URL("bench"), workerBin: filepath.Join(dir, "worker"), dir: dir, phase: phase, log: log}
+	e := &env{ctx: ctx, cluster: cluster, dbURL: cluster.URL("bench"), workerBin: filepath.Join(dir, "worker"), dir: dir, phase: phase, log: log, diagDir: diagDir}
+	if diagDir != "" {
+		if err := os.MkdirAll(diagDir, 0o755); err != nil {
+			return err
+		}
+	}
 	cfg, err := pgxpool.ParseConfig(e.dbURL)
 	if err != nil {
 		return err
@@ -132,6 +141,9 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only 
 		}
 	}
 	if err := writeReport(out, e.results, e.charts, time.Since(start)); err != nil {
+		return err
+	}
+	if err := writeDiagnostics(diagDir, e.diagnostics); err != nil {
 		return err
 	}
 	log.Info("done", "took", time.Since(start).Round(time.Second), "results", out)

@@ -55,14 +55,18 @@ func benchEnqueue(e *env) error {
 		if profile {
 			_ = e.exec(`SELECT pg_stat_statements_reset()`)
 		}
-		n, lat, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
-			res, err := enq.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
-				// Random names, like the baseline's, so neither piles onto one index page.
-				Folder: fmt.Sprintf("s3://bench-bucket/enqueue/%d-%d-%016x", c, i, rand.Uint64())})
-			if err == nil && res.Outcome != jobs.OutcomeEnqueued {
-				err = fmt.Errorf("outcome %s", res.Outcome)
-			}
-			return err
+		var lat []time.Duration
+		n, err := e.diagnose(fmt.Sprintf("enqueue, %d clients", clients), "enqueues", func() (n int, err error) {
+			n, lat, err = timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+				res, err := enq.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+					// Random names, like the baseline's, so neither piles onto one index page.
+					Folder: fmt.Sprintf("s3://bench-bucket/enqueue/%d-%d-%016x", c, i, rand.Uint64())})
+				if err == nil && res.Outcome != jobs.OutcomeEnqueued {
+					err = fmt.Errorf("outcome %s", res.Outcome)
+				}
+				return err
+			})
+			return n, err
 		})
 		if err != nil {
 			return err
@@ -83,16 +87,19 @@ func benchEnqueue(e *env) error {
 		if err := e.reset(); err != nil {
 			return err
 		}
-		rawN, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
-			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
-					VALUES ('company-1', 'tenant-bench', 'tenant_db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', 'Running', '{"version": 1, "phase": "reserved"}', $1)`,
-					fmt.Sprintf("fleet_s3:s3://pgx/%d-%d-%016x", c, i, rand.Uint64())); err != nil {
+		rawN, err := e.diagnose(fmt.Sprintf("raw pgx two INSERTs, %d clients", clients), "transactions", func() (int, error) {
+			n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+				return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
+						VALUES ('company-1', 'tenant-bench', 'tenant_db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', 'Running', '{"version": 1, "phase": "reserved"}', $1)`,
+						fmt.Sprintf("fleet_s3:s3://pgx/%d-%d-%016x", c, i, rand.Uint64())); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue) VALUES ('{"batch_id": 1}', 'bench_baseline', 25, 'bench_baseline')`)
 					return err
-				}
-				_, err := tx.Exec(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue) VALUES ('{"batch_id": 1}', 'bench_baseline', 25, 'bench_baseline')`)
-				return err
+				})
 			})
+			return n, err
 		})
 		if err != nil {
 			return err
