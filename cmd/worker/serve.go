@@ -37,6 +37,19 @@ type runCmd struct {
 	StatsInterval        time.Duration `name:"stats-interval" env:"STATS_INTERVAL" default:"15s" help:"How often database-derived gauges are refreshed."`
 	PollInterval         time.Duration `name:"poll-interval" env:"POLL_INTERVAL" default:"1s" help:"River's fetch poll interval (LISTEN/NOTIFY usually wakes workers sooner)."`
 	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
+	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Connections this process opens to the operational database: the lease pool (concurrency + 2: acquisitions, releases, lease checks and the one renewal statement per period) and the rest for River, pipeline writes, the sweeper and gauges. Default 3 × --concurrency + 6; at least 2 × --concurrency + 6."`
+	ClockOffset          time.Duration `name:"test-clock-offset" hidden:"" help:"Tests only: shift this process's local clock (lease deadlines) by this much."`
+}
+
+// pools returns the sizes of the operational pools for r's concurrency and
+// --max-conns: the lease pool and the main pool.
+func (r *runCmd) pools() (leases, main int32) {
+	leases = int32(r.Concurrency + 2)
+	total := r.MaxConns
+	if total == 0 {
+		total = 3*r.Concurrency + 6
+	}
+	return leases, int32(total) - leases
 }
 
 func (r *runCmd) validate() error {
@@ -49,6 +62,8 @@ func (r *runCmd) validate() error {
 		return errors.New("--concurrency must be between 1 and 256")
 	case r.ShutdownGrace < 0:
 		return errors.New("--shutdown-grace must not be negative")
+	case r.MaxConns != 0 && r.MaxConns < 2*r.Concurrency+6:
+		return fmt.Errorf("--max-conns (%d) must be at least 2 × --concurrency + 6 = %d", r.MaxConns, 2*r.Concurrency+6)
 	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.RescueStuckJobsAfter <= 0:
 		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval and --rescue-stuck-jobs-after must be positive")
 	}
@@ -71,14 +86,15 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	sized := func(n int32) func(*pgxpool.Config) {
 		return func(c *pgxpool.Config) { c.MaxConns = n }
 	}
-	pool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(int32(2*r.Concurrency+4)))
+	leaseConns, mainConns := r.pools()
+	pool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(mainConns))
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	// Heartbeats get connections of their own so they never wait behind
-	// pipeline work.
-	hbPool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(int32(r.Concurrency+1)))
+	// Lease operations get connections of their own so renewals never wait
+	// behind pipeline work.
+	hbPool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(leaseConns))
 	if err != nil {
 		return err
 	}
@@ -103,6 +119,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		LeaseTTL:     r.LeaseTTL,
 		RenewEvery:   r.LeaseRenewEvery,
 		HolderPrefix: r.Name,
+		Clock:        offsetClock(r.ClockOffset),
 		Metrics:      m,
 		Logger:       log,
 	})
@@ -141,6 +158,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	go jobs.RunStats(bg, pool, m, r.StatsInterval, log)
 	ready.Store(true)
 	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl", r.LeaseTTL, "lease_renew_every", r.LeaseRenewEvery,
+		"max_conns", leaseConns+mainConns,
 		"database", cli.Redact(g.DatabaseURL), "warehouse", cli.Redact(whURL))
 
 	<-ctx.Done()
@@ -163,6 +181,15 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	_ = srv.Shutdown(shutdownCtx)
 	log.Info("worker stopped")
 	return nil
+}
+
+// offsetClock returns the local clock, shifted by offset when it is not zero
+// (a wall clock without Go's monotonic reading, as a skewed host would have).
+func offsetClock(offset time.Duration) func() time.Time {
+	if offset == 0 {
+		return time.Now
+	}
+	return func() time.Time { return time.Now().Round(0).Add(offset) }
 }
 
 // healthMux serves /metrics, /healthz (the process is alive) and /readyz

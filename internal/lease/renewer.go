@@ -234,7 +234,7 @@ func (h *Holding) expire() {
 	l := h.lease
 	h.mu.Unlock()
 	h.r.observe(RenewalLost, 1)
-	h.r.cfg.Logger.Error("lease term ran out without a renewal: stopping work on the batch",
+	h.r.cfg.Logger.Error("lease lost: its term ran out without a renewal; stopping work on the batch",
 		"batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation)
 	h.fence(fmt.Errorf("%w: term %d of batch %d ran out without a renewal", ErrLost, l.Generation, l.BatchID))
 }
