@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/uploads"
 )
@@ -25,6 +27,7 @@ type serveCmd struct {
 	Buckets        []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any)."`
 	MaxBodyBytes   int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
 	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
+	MaxConns       int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within the request timeout. Size it for the concurrent requests expected, within the server's max_connections."`
 }
 
 func readSecret(path string) (string, error) {
@@ -64,8 +67,11 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if c.DatabaseURL == "" {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: cli.ErrNoDatabaseURL}
 	}
+	if s.MaxConns < 1 {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--max-conns must be at least 1")}
+	}
 	// The database must answer at start; later outages answer 503.
-	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, nil)
+	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, func(cfg *pgxpool.Config) { cfg.MaxConns = int32(s.MaxConns) })
 	if err != nil {
 		return err
 	}
@@ -97,7 +103,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve(ln) }()
 	srv.SetReady(true)
-	e.Logger.Info("listening for upload notifications", "addr", ln.Addr().String(), "auth", token != "", "hmac", len(secret) > 0)
+	e.Logger.Info("listening for upload notifications", "addr", ln.Addr().String(), "auth", token != "", "hmac", len(secret) > 0, "max_conns", s.MaxConns)
 
 	select {
 	case <-e.Ctx.Done():

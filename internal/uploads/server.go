@@ -1,8 +1,10 @@
 // Package uploads is the HTTP listener that turns upload notifications into
 // imports: POST /v1/imports with an explicit request, POST /v1/events/s3 with
 // an S3 event notification (plain, in an SNS envelope, or from EventBridge).
-// Both go through jobs.Enqueuer.Import, the same code path as the enqueue
-// command line, and answer with the same JSON outcomes.
+// Both go through the enqueue command line's code path (jobs.Enqueuer) and
+// answer with the same JSON outcomes; the folders one notification completes
+// are imported as one burst (Enqueuer.ImportMany: one transaction), each
+// record keeping its own answer.
 //
 // Status codes: 202 enqueued, 200 already_succeeded or ignored, 409
 // conflict, 422 invalid input or unmapped folder, 400 malformed body, 401
@@ -298,6 +300,40 @@ func (s *Server) importOne(ctx context.Context, req jobs.ImportRequest) (int, st
 	return statusOf(res.Outcome), res.Outcome, res
 }
 
+// answer is the HTTP status, metric outcome and body of one import.
+type answer struct {
+	status  int
+	outcome string
+	body    any
+}
+
+// importMany imports a burst in one transaction and answers each request as
+// importOne would.
+func (s *Server) importMany(ctx context.Context, reqs []jobs.ImportRequest) []answer {
+	if len(reqs) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	answers := make([]answer, len(reqs))
+	results, err := s.cfg.Enqueuer.ImportMany(ctx, reqs)
+	if err != nil {
+		s.cfg.Logger.Error("import failed: database unavailable", "error", err, "imports", len(reqs))
+		for i := range answers {
+			answers[i] = answer{http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"}}
+		}
+		return answers
+	}
+	for i, res := range results {
+		if res.Outcome == jobs.OutcomeInvalidInput {
+			answers[i] = answer{http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: res.Outcome, Field: res.Field, Error: res.Error}}
+			continue
+		}
+		answers[i] = answer{statusOf(res.Outcome), res.Outcome, res}
+	}
+	return answers
+}
+
 const (
 	routeImports = "imports"
 	routeEvents  = "events_s3"
@@ -366,7 +402,12 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	results := make([]eventResult, 0, len(events))
-	worst := http.StatusOK
+	// The folders an event completes are imported together: one burst,
+	// one transaction (jobs.Enqueuer.ImportMany).
+	var (
+		burst   []jobs.ImportRequest
+		burstAt []int // burst[k] answers results[burstAt[k]]
+	)
 	for _, ev := range events {
 		res := eventResult{Bucket: ev.Bucket, Key: ev.Key, status: http.StatusOK}
 		dir, isMarker := folderOf(ev.Key, s.cfg.Marker)
@@ -382,22 +423,29 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 				s.cfg.Logger.Warn("upload notification for an unmapped folder", "bucket", ev.Bucket, "key", ev.Key, "reason", err.Error())
 				break
 			}
-			status, outcome, body := s.importOne(r.Context(), jobs.ImportRequest{
+			burst = append(burst, jobs.ImportRequest{
 				TenantID: target.TenantID, TenantDatabase: target.TenantDatabase, CompanyID: target.CompanyID, Folder: target.Folder,
 			})
-			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, outcome).Inc()
-			res.status = status
-			switch b := body.(type) {
-			case jobs.Result:
-				res.Result = b
-			case errorBody:
-				res.Outcome, res.Field, res.Reason = b.Outcome, b.Field, b.Error
-			}
+			burstAt = append(burstAt, len(results))
 		}
+		results = append(results, res)
+	}
+	for k, answer := range s.importMany(r.Context(), burst) {
+		res := &results[burstAt[k]]
+		s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, answer.outcome).Inc()
+		res.status = answer.status
+		switch b := answer.body.(type) {
+		case jobs.Result:
+			res.Result = b
+		case errorBody:
+			res.Outcome, res.Field, res.Reason = b.Outcome, b.Field, b.Error
+		}
+	}
+	worst := http.StatusOK
+	for _, res := range results {
 		if severity[res.status] > severity[worst] {
 			worst = res.status
 		}
-		results = append(results, res)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(worst)
