@@ -141,6 +141,7 @@ type serverCounters struct {
 	statementExecMillis     float64
 	cpuSeconds              float64
 	harnessCPUSeconds       float64
+	workerCPUSeconds        float64
 	at                      time.Time
 	topStatements           map[string]statementStat
 	blocksHit, blocksRead   int64
@@ -196,6 +197,11 @@ func (e *env) readCounters() (serverCounters, error) {
 	if f, ok := procStat(os.Getpid()); ok {
 		c.harnessCPUSeconds = float64(f.utime+f.stime) / clockTicks
 	}
+	for _, pid := range e.workerPIDs() {
+		if f, ok := procStat(pid); ok {
+			c.workerCPUSeconds += float64(f.utime+f.stime) / clockTicks
+		}
+	}
 	return c, nil
 }
 
@@ -215,8 +221,9 @@ func counterDelta(before, after serverCounters, ops int, opName string) string {
 		float64(after.tuplesInserted-before.tuplesInserted)/n, float64(after.updated-before.updated)/n)
 	cpu := after.cpuSeconds - before.cpuSeconds
 	hcpu := after.harnessCPUSeconds - before.harnessCPUSeconds
-	fmt.Fprintf(&b, "  PostgreSQL CPU: %.2f s per second, %.1f µs per %s; harness (Go clients) CPU: %.2f s per second, %.1f µs per %s\n",
-		cpu/secs, 1e6*cpu/n, strings.TrimSuffix(opName, "s"), hcpu/secs, 1e6*hcpu/n, strings.TrimSuffix(opName, "s"))
+	wcpu := after.workerCPUSeconds - before.workerCPUSeconds
+	fmt.Fprintf(&b, "  PostgreSQL CPU: %.2f s per second, %.1f µs per %s; harness (Go clients) CPU: %.2f s per second, %.1f µs per %s; worker processes' CPU: %.2f s per second, %.1f µs per %s\n",
+		cpu/secs, 1e6*cpu/n, strings.TrimSuffix(opName, "s"), hcpu/secs, 1e6*hcpu/n, strings.TrimSuffix(opName, "s"), wcpu/secs, 1e6*wcpu/n, strings.TrimSuffix(opName, "s"))
 	type row struct {
 		q string
 		statementStat
@@ -238,46 +245,93 @@ func counterDelta(before, after serverCounters, ops int, opName string) string {
 	return b.String()
 }
 
-// diagnose runs phase (a timed measurement returning how many operations it
-// did) with the wait-event sampler, server counters and, when e.diagDir is
-// set, Go block and mutex profiles of the harness; it appends the report to
-// e.diagnostics and returns the phase's operations.
-func (e *env) diagnose(label, opName string, phase func() (int, error)) (int, error) {
-	if e.diagDir == "" {
-		return phase()
+// perOp is what the server did per operation of a measured phase.
+type perOp struct {
+	commits, statements, walRecords, walBytes, walSyncs float64
+	// serverCPU, harnessCPU and workerCPU (the worker processes the
+	// harness started) are CPU seconds per operation.
+	serverCPU, harnessCPU, workerCPU float64
+	// serverCPUPerSecond is the server's CPU seconds per second of the phase.
+	serverCPUPerSecond float64
+	// calls counts the phase's executions of each statement (normalised
+	// text, first 110 characters).
+	calls map[string]int64
+}
+
+func newPerOp(before, after serverCounters, ops int) perOp {
+	n := float64(max(ops, 1))
+	p := perOp{
+		commits:            float64(after.commits-before.commits) / n,
+		statements:         float64(after.statementCalls-before.statementCalls) / n,
+		walRecords:         float64(after.walRecords-before.walRecords) / n,
+		walBytes:           (after.walBytes - before.walBytes) / n,
+		walSyncs:           float64(after.walSync-before.walSync) / n,
+		serverCPU:          (after.cpuSeconds - before.cpuSeconds) / n,
+		harnessCPU:         (after.harnessCPUSeconds - before.harnessCPUSeconds) / n,
+		workerCPU:          (after.workerCPUSeconds - before.workerCPUSeconds) / n,
+		serverCPUPerSecond: (after.cpuSeconds - before.cpuSeconds) / after.at.Sub(before.at).Seconds(),
+		calls:              map[string]int64{},
 	}
+	for q, s := range after.topStatements {
+		if d := s.calls - before.topStatements[q].calls; d > 0 {
+			p.calls[q] = d
+		}
+	}
+	return p
+}
+
+// measure runs phase (a timed measurement returning how many operations it
+// did) between two readings of the server's counters and returns what the
+// server did per operation. When e.diagDir is set it also samples wait
+// events, takes Go block and mutex profiles of the harness, and appends a
+// report to e.diagnostics.
+func (e *env) measure(label, opName string, phase func() (int, error)) (int, perOp, error) {
 	before, err := e.readCounters()
 	if err != nil {
-		return 0, err
+		return 0, perOp{}, err
 	}
-	sampler, err := startWaitSampler(e.ctx, e.dbURL, 10*time.Millisecond)
-	if err != nil {
-		return 0, err
+	var sampler *waitSampler
+	if e.diagDir != "" {
+		if sampler, err = startWaitSampler(e.ctx, e.dbURL, 10*time.Millisecond); err != nil {
+			return 0, perOp{}, err
+		}
+		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
+		runtime.SetMutexProfileFraction(10)
 	}
-	runtime.SetBlockProfileRate(int(10 * time.Microsecond))
-	runtime.SetMutexProfileFraction(10)
 	ops, err := phase()
-	runtime.SetBlockProfileRate(0)
-	runtime.SetMutexProfileFraction(0)
-	waits := sampler.Stop()
+	var waits string
+	if sampler != nil {
+		runtime.SetBlockProfileRate(0)
+		runtime.SetMutexProfileFraction(0)
+		waits = sampler.Stop()
+	}
 	if err != nil {
-		return ops, err
+		return ops, perOp{}, err
 	}
 	after, err := e.readCounters()
 	if err != nil {
-		return ops, err
+		return ops, perOp{}, err
 	}
-	slug := strings.NewReplacer(" ", "-", ",", "", "(", "", ")", "", "/", "-").Replace(label)
-	for _, name := range []string{"block", "mutex"} {
-		if f, err := os.Create(filepath.Join(e.diagDir, slug+"."+name+".pprof")); err == nil {
-			_ = pprof.Lookup(name).WriteTo(f, 0)
-			f.Close()
+	if sampler != nil {
+		slug := strings.NewReplacer(" ", "-", ",", "", "(", "", ")", "", "/", "-").Replace(label)
+		for _, name := range []string{"block", "mutex"} {
+			if f, err := os.Create(filepath.Join(e.diagDir, slug+"."+name+".pprof")); err == nil {
+				_ = pprof.Lookup(name).WriteTo(f, 0)
+				f.Close()
+			}
 		}
+		report := fmt.Sprintf("## %s\n\n```\n%s%s```\n\n", label, counterDelta(before, after, ops, opName), waits)
+		e.diagnostics = append(e.diagnostics, report)
+		e.log.Info("diagnostics", "scenario", label, "report", "\n"+report)
 	}
-	report := fmt.Sprintf("## %s\n\n```\n%s%s```\n\n", label, counterDelta(before, after, ops, opName), waits)
-	e.diagnostics = append(e.diagnostics, report)
-	e.log.Info("diagnostics", "scenario", label, "report", "\n"+report)
-	return ops, nil
+	return ops, newPerOp(before, after, ops), nil
+}
+
+// diagnose is measure for phases whose per-operation figures are not
+// reported.
+func (e *env) diagnose(label, opName string, phase func() (int, error)) (int, error) {
+	ops, _, err := e.measure(label, opName, phase)
+	return ops, err
 }
 
 // writeDiagnostics writes the collected diagnostics to dir/diagnostics.md.

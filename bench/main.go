@@ -62,6 +62,8 @@ type env struct {
 	// diagDir, when set, receives diagnostics (see diagnose).
 	diagDir     string
 	diagnostics []string
+	// workers are the worker processes running now.
+	workers []*workerProc
 }
 
 func run(ctx context.Context, out string, phase time.Duration, trials int, only, diagDir string) error {

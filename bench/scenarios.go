@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -308,6 +309,15 @@ type workerProc struct {
 
 var workerSeq int
 
+// workerPIDs returns the worker processes the harness is running.
+func (e *env) workerPIDs() []int {
+	var pids []int
+	for _, p := range e.workers {
+		pids = append(pids, p.cmd.Process.Pid)
+	}
+	return pids
+}
+
 func (e *env) startWorkers(n int, extra ...string) ([]*workerProc, error) {
 	var procs []*workerProc
 	for range n {
@@ -325,12 +335,14 @@ func (e *env) startWorkers(n int, extra ...string) ([]*workerProc, error) {
 		}
 		procs = append(procs, &workerProc{name: name, cmd: cmd, logs: logs})
 	}
+	e.workers = append(e.workers, procs...)
 	// Wait until every River client registered its queue and answers.
 	time.Sleep(1500 * time.Millisecond)
 	return procs, nil
 }
 
-func stopWorkers(procs []*workerProc) {
+func (e *env) stopWorkers(procs []*workerProc) {
+	e.workers = slices.DeleteFunc(e.workers, func(w *workerProc) bool { return slices.Contains(procs, w) })
 	for _, p := range procs {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
@@ -356,7 +368,7 @@ func benchIdle(e *env) error {
 	if err != nil {
 		return err
 	}
-	defer stopWorkers(procs)
+	defer e.stopWorkers(procs)
 	time.Sleep(2 * time.Second)
 	if err := e.exec(`SELECT pg_stat_statements_reset()`); err != nil {
 		return err
@@ -423,28 +435,36 @@ func benchEndToEnd(e *env) error {
 				}
 			}
 		}()
-		for i := range batches {
-			if _, err := enq.Import(e.ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
-				Folder: "file://" + filepath.Join(folderDir, fmt.Sprint((workers-1)*batches+i))}); err != nil {
-				return err
-			}
+		reqs := make([]jobs.ImportRequest, batches)
+		for i := range reqs {
+			reqs[i] = jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+				Folder: "file://" + filepath.Join(folderDir, fmt.Sprint((workers-1)*batches+i))}
 		}
-		deadline := time.Now().Add(3 * time.Minute)
-		for {
-			var done int
-			if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded'`).Scan(&done); err != nil {
-				return err
+		_, cost, err := e.measure(fmt.Sprintf("end to end, %d worker processes", workers), "batches", func() (int, error) {
+			// One burst, as River's baseline inserts its jobs with one InsertMany.
+			if _, err := enq.ImportMany(e.ctx, reqs); err != nil {
+				return 0, err
 			}
-			if done == batches {
-				break
+			deadline := time.Now().Add(3 * time.Minute)
+			for {
+				var done int
+				if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded'`).Scan(&done); err != nil {
+					return 0, err
+				}
+				if done == batches {
+					return batches, nil
+				}
+				if time.Now().After(deadline) {
+					return 0, fmt.Errorf("%d of %d batches succeeded in 3 minutes", done, batches)
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%d of %d batches succeeded in 3 minutes", done, batches)
-			}
-			time.Sleep(100 * time.Millisecond)
+		})
+		if err != nil {
+			return err
 		}
 		close(stopSampling)
-		stopWorkers(procs)
+		e.stopWorkers(procs)
 		var span float64
 		var lat []time.Duration
 		rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches`)
@@ -463,12 +483,20 @@ func benchEndToEnd(e *env) error {
 			return err
 		}
 		ours := float64(batches) / span
-		noop, err := e.riverNoop(workers, batches)
+		var noop float64
+		_, noopCost, err := e.measure(fmt.Sprintf("River no-op jobs, %d clients", workers), "jobs", func() (int, error) {
+			var err error
+			noop, err = e.riverNoop(workers, batches)
+			return batches, err
+		})
 		if err != nil {
 			return err
 		}
 		e.add(fmt.Sprintf("end to end, %d worker process(es)", workers), ours, ptr(noop), "batches/s", 0.5, false,
-			fmt.Sprintf("enqueue→Succeeded p50 %s, p99 %s; baseline: River no-op jobs, %d client(s) × 4 workers, same run", percentile(lat, 50).Round(time.Millisecond), percentile(lat, 99).Round(time.Millisecond), workers))
+			fmt.Sprintf("enqueue→Succeeded p50 %s, p99 %s; per batch: %.1f transactions, %.1f statements, %.2f WAL fsyncs, %.1f ms PostgreSQL CPU, %.1f ms worker CPU; baseline: River no-op jobs, %d client(s) × 4 workers, same run",
+				percentile(lat, 50).Round(time.Millisecond), percentile(lat, 99).Round(time.Millisecond),
+				cost.commits, cost.statements, cost.walSyncs, 1000*cost.serverCPU, 1000*cost.workerCPU, workers)+
+				fmt.Sprintf(" (per job, client start included: %.1f transactions, %.1f statements, %.2f WAL fsyncs)", noopCost.commits, noopCost.statements, noopCost.walSyncs))
 		e.charts = append(e.charts, chart{group: "end-to-end", x: float64(workers), p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99)})
 	}
 	e.add("worker resident memory, under load", float64(peakRSS)/(1<<20), nil, "MiB", 0, false, "peak VmRSS sampled every 100 ms during the end-to-end runs")
@@ -557,7 +585,7 @@ func benchTakeover(e *env, trials int) error {
 	if err != nil {
 		return err
 	}
-	defer func() { stopWorkers(alive) }()
+	defer func() { e.stopWorkers(alive) }()
 	var delays []time.Duration
 	for trial := range trials {
 		dir := filepath.Join(e.dir, "takeover", fmt.Sprint(trial))

@@ -181,13 +181,15 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 	leaseLost := errors.Is(context.Cause(workCtx), ErrLeaseLost)
 	last := held.Close()
 
-	// Release so a successor need not wait for expiry; a no-op if the lease
-	// was already released by a terminal write or lost.
-	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	if _, rerr := w.cfg.Leases.Release(relCtx, last); rerr != nil {
-		log.Warn("releasing lease failed; it will expire", "error", rerr)
+	// Release so a successor need not wait for expiry, unless the terminal
+	// write that ended the batch released it already.
+	if err != nil || (res.Outcome != pipeline.Succeeded && res.Outcome != pipeline.Failed) {
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		if _, rerr := w.cfg.Leases.Release(relCtx, last); rerr != nil {
+			log.Warn("releasing lease failed; it will expire", "error", rerr)
+		}
+		relCancel()
 	}
-	relCancel()
 	if err != nil {
 		m.Deliveries.WithLabelValues("retry").Inc()
 		return err

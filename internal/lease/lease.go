@@ -233,6 +233,28 @@ func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, b
 	return l, true, nil
 }
 
+// Check reports whether the term l is still held, by the database clock,
+// without extending it: a read, with no write and no commit to flush. The
+// returned lease carries the term's current expiry and the database time of
+// the check.
+func (s *Store) Check(ctx context.Context, l Lease) (Lease, bool, error) {
+	err := s.db.QueryRow(ctx, `
+		SELECT execution_lease_expires_at, now() FROM ingestion_batches
+		WHERE id = $1
+		  AND execution_lease_id = $2
+		  AND execution_lease_generation = $3
+		  AND status = 'Running'
+		  AND execution_lease_expires_at > now()`,
+		l.BatchID, l.HolderID, l.Generation).Scan(&l.ExpiresAt, &l.RenewedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, false, nil
+	}
+	if err != nil {
+		return l, false, fmt.Errorf("checking lease on batch %d: %w", l.BatchID, err)
+	}
+	return l, true, nil
+}
+
 // renewManySQL is renewSQL for many terms at once.
 const renewManySQL = `
 	UPDATE ingestion_batches b

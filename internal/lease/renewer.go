@@ -145,9 +145,11 @@ func (h *Holding) Deadline() time.Time {
 	return h.deadline
 }
 
-// Verify renews the term now, for use right before an irreversible step
-// (pipeline.Run.VerifyLease). It returns batch.ErrStaleLease when the term is
-// lost (and fences it), or when it could not be renewed.
+// Verify proves the term is still held, for use right before an
+// irreversible step (pipeline.Run.VerifyLease): a term renewed within the
+// last renewal period is checked with a read (Store.Check: no write, no
+// commit to flush), an older one is renewed. It returns batch.ErrStaleLease
+// when the term is lost (and fences it), or when it could not be checked.
 func (h *Holding) Verify(ctx context.Context) error {
 	h.mu.Lock()
 	l, done, deadline := h.lease, h.done, h.deadline
@@ -156,21 +158,36 @@ func (h *Holding) Verify(ctx context.Context) error {
 		return batch.ErrStaleLease
 	}
 	sent := h.r.cfg.Clock()
-	// A renewal that lands after the local deadline would be refused anyway.
-	rctx, cancel := context.WithTimeout(ctx, deadline.Sub(sent))
+	left := deadline.Sub(sent)
+	// An answer that lands after the local deadline would come too late.
+	rctx, cancel := context.WithTimeout(ctx, left)
 	defer cancel()
-	renewed, ok, err := h.r.store.Renew(rctx, l, h.r.cfg.TTL)
+	var (
+		checked Lease
+		ok      bool
+		err     error
+	)
+	fresh := left > h.r.cfg.TTL-h.r.cfg.Every
+	if fresh {
+		checked, ok, err = h.r.store.Check(rctx, l)
+	} else {
+		checked, ok, err = h.r.store.Renew(rctx, l, h.r.cfg.TTL)
+	}
 	switch {
 	case err != nil:
-		h.r.observe(RenewalError, 1)
-		return fmt.Errorf("%w: renewal failed: %v", batch.ErrStaleLease, err)
+		if !fresh {
+			h.r.observe(RenewalError, 1)
+		}
+		return fmt.Errorf("%w: lease check failed: %v", batch.ErrStaleLease, err)
 	case !ok:
 		h.r.observe(RenewalLost, 1)
 		h.fence(fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID))
 		return batch.ErrStaleLease
 	}
-	h.r.observe(RenewalRenewed, 1)
-	h.renewed(renewed, sent)
+	if !fresh {
+		h.r.observe(RenewalRenewed, 1)
+	}
+	h.renewed(checked, sent)
 	return nil
 }
 

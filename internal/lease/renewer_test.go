@@ -95,7 +95,7 @@ func TestRenewerRenewsEveryHeldTermInOneStatementAndFencesTheLostOne(t *testing.
 	// The next round leaves the lost term out; closing ends the others.
 	require.NoError(t, r.RenewAll(ctx))
 	n, _ = obs.get(lease.RenewalRenewed)
-	require.Equal(t, 3+2+1+2, n) // two rounds of two, the verify, the first round
+	require.Equal(t, 3+2+2, n, "the first round, then two rounds of two; a verify of a fresh term renews nothing")
 	for _, h := range holdings {
 		l := h.Close()
 		require.Error(t, h.Context().Err())
@@ -105,6 +105,56 @@ func TestRenewerRenewsEveryHeldTermInOneStatementAndFencesTheLostOne(t *testing.
 	got, err := batch.NewStore(pool).Get(ctx, lost.BatchID)
 	require.NoError(t, err)
 	require.Equal(t, "successor", *got.LeaseID, "the fenced holder's release did not free its successor's lease")
+}
+
+// TestVerifyReadsAFreshTermAndRenewsAnOldOne: Verify proves a term renewed
+// within the last period with a read (nothing written), renews one that is
+// older, and refuses a term whose batch was ended behind its back.
+func TestVerifyReadsAFreshTermAndRenewsAnOldOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	store := lease.NewStore(pool)
+	var (
+		obs     observed
+		mu      sync.Mutex
+		start   = time.Now()
+		elapsed time.Duration
+	)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return start.Add(elapsed) }
+	r, err := lease.NewRenewer(store, lease.RenewerConfig{TTL: time.Hour, Every: 59 * time.Minute, Clock: clock, Observe: obs.observe})
+	require.NoError(t, err)
+	b := reserve(t, pool, "tenant-a", "s3://bucket/verify")
+	_, h, err := r.Acquire(ctx, b.ID, "delivery")
+	require.NoError(t, err)
+	defer h.Close()
+	renewedAt := func() time.Time {
+		var at time.Time
+		require.NoError(t, pool.QueryRow(ctx, `SELECT execution_lease_renewed_at FROM ingestion_batches WHERE id = $1`, b.ID).Scan(&at))
+		return at
+	}
+	acquired := renewedAt()
+
+	require.NoError(t, h.Verify(ctx))
+	require.Equal(t, acquired, renewedAt(), "a fresh term is checked, not renewed")
+	n, _ := obs.get(lease.RenewalRenewed)
+	require.Zero(t, n)
+
+	mu.Lock()
+	elapsed = 59*time.Minute + 30*time.Second // more than a period since the last renewal, by the local clock
+	mu.Unlock()
+	require.NoError(t, h.Verify(ctx))
+	require.True(t, renewedAt().After(acquired), "an old term is renewed")
+	n, _ = obs.get(lease.RenewalRenewed)
+	require.Equal(t, 1, n)
+	require.Greater(t, h.Deadline().Sub(clock()), 59*time.Minute, "the renewal moved the local deadline")
+
+	// The batch ends behind the holder's back (as an operator's cancel
+	// would): the next check refuses and fences the term.
+	_, err = pool.Exec(ctx, `UPDATE ingestion_batches SET status = 'Failed', execution_lease_id = NULL, execution_lease_expires_at = NULL WHERE id = $1`, b.ID)
+	require.NoError(t, err)
+	require.ErrorIs(t, h.Verify(ctx), batch.ErrStaleLease)
+	require.ErrorIs(t, context.Cause(h.Context()), lease.ErrLost)
 }
 
 // TestRenewerDeadlinesComeFromTheDatabaseClock: a process whose clock is an
