@@ -207,14 +207,14 @@ func (e *env) readCounters() (serverCounters, error) {
 
 // counterDelta describes what the server did between two readings, per
 // operation of the phase (ops).
-func counterDelta(before, after serverCounters, ops int, opName string) string {
+func counterDelta(before, after serverCounters, ops, samplerQueries int, opName string) string {
 	n := float64(max(ops, 1))
 	secs := after.at.Sub(before.at).Seconds()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d %s in %.1fs\n", ops, opName, secs)
+	fmt.Fprintf(&b, "%d %s in %.1fs (the sampler's own %d queries left out)\n", ops, opName, secs, samplerQueries)
 	fmt.Fprintf(&b, "  per %s: %.2f commits, %.2f rollbacks, %.2f statements, %.3f ms statement time, %.2f WAL records (%.3f full-page images), %.0f WAL bytes, %.3f WAL writes, %.3f WAL fsyncs, %.2f tuples inserted, %.2f updated\n",
-		strings.TrimSuffix(opName, "s"),
-		float64(after.commits-before.commits)/n, float64(after.rollbacks-before.rollbacks)/n,
+		singular(opName),
+		float64(after.commits-before.commits-int64(samplerQueries))/n, float64(after.rollbacks-before.rollbacks)/n,
 		float64(after.statementCalls-before.statementCalls)/n, (after.statementExecMillis-before.statementExecMillis)/n,
 		float64(after.walRecords-before.walRecords)/n, float64(after.walFPI-before.walFPI)/n,
 		(after.walBytes-before.walBytes)/n, float64(after.walWrite-before.walWrite)/n, float64(after.walSync-before.walSync)/n,
@@ -223,7 +223,7 @@ func counterDelta(before, after serverCounters, ops int, opName string) string {
 	hcpu := after.harnessCPUSeconds - before.harnessCPUSeconds
 	wcpu := after.workerCPUSeconds - before.workerCPUSeconds
 	fmt.Fprintf(&b, "  PostgreSQL CPU: %.2f s per second, %.1f µs per %s; harness (Go clients) CPU: %.2f s per second, %.1f µs per %s; worker processes' CPU: %.2f s per second, %.1f µs per %s\n",
-		cpu/secs, 1e6*cpu/n, strings.TrimSuffix(opName, "s"), hcpu/secs, 1e6*hcpu/n, strings.TrimSuffix(opName, "s"), wcpu/secs, 1e6*wcpu/n, strings.TrimSuffix(opName, "s"))
+		cpu/secs, 1e6*cpu/n, singular(opName), hcpu/secs, 1e6*hcpu/n, singular(opName), wcpu/secs, 1e6*wcpu/n, singular(opName))
 	type row struct {
 		q string
 		statementStat
@@ -245,6 +245,31 @@ func counterDelta(before, after serverCounters, ops int, opName string) string {
 	return b.String()
 }
 
+// harnessApp is the application_name of the harness's own pool.
+const harnessApp = "bench-harness"
+
+// settleStats makes the server's cumulative statistics current: it waits
+// (up to ten seconds) until every connection to the bench database other
+// than the harness pool's is gone — a backend flushes its pending
+// statistics when it exits — and asks each idle connection of the harness
+// pool to flush its own (PostgreSQL 15 flushes them otherwise only after up
+// to ten idle seconds). A measured phase closes the connections it opened
+// (processes, pools) before it returns.
+func (e *env) settleStats() {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var others int
+		if err := e.pool.QueryRow(e.ctx, `
+			SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'client backend' AND application_name <> $1`, harnessApp).Scan(&others); err != nil || others == 0 {
+			break
+		}
+	}
+	for _, c := range e.pool.AcquireAllIdle(e.ctx) {
+		_, _ = c.Exec(e.ctx, `SELECT pg_stat_force_next_flush()`)
+		c.Release()
+	}
+}
+
 // perOp is what the server did per operation of a measured phase.
 type perOp struct {
 	commits, statements, walRecords, walBytes, walSyncs float64
@@ -258,10 +283,12 @@ type perOp struct {
 	calls map[string]int64
 }
 
-func newPerOp(before, after serverCounters, ops int) perOp {
+// newPerOp divides the counters' change by ops; samplerQueries is how many
+// read-only transactions the wait-event sampler made meanwhile.
+func newPerOp(before, after serverCounters, ops, samplerQueries int) perOp {
 	n := float64(max(ops, 1))
 	p := perOp{
-		commits:            float64(after.commits-before.commits) / n,
+		commits:            float64(after.commits-before.commits-int64(samplerQueries)) / n,
 		statements:         float64(after.statementCalls-before.statementCalls) / n,
 		walRecords:         float64(after.walRecords-before.walRecords) / n,
 		walBytes:           (after.walBytes - before.walBytes) / n,
@@ -286,6 +313,7 @@ func newPerOp(before, after serverCounters, ops int) perOp {
 // events, takes Go block and mutex profiles of the harness, and appends a
 // report to e.diagnostics.
 func (e *env) measure(label, opName string, phase func() (int, error)) (int, perOp, error) {
+	e.settleStats()
 	before, err := e.readCounters()
 	if err != nil {
 		return 0, perOp{}, err
@@ -308,11 +336,14 @@ func (e *env) measure(label, opName string, phase func() (int, error)) (int, per
 	if err != nil {
 		return ops, perOp{}, err
 	}
+	e.settleStats()
 	after, err := e.readCounters()
 	if err != nil {
 		return ops, perOp{}, err
 	}
+	samples := 0
 	if sampler != nil {
+		samples = sampler.samples
 		slug := strings.NewReplacer(" ", "-", ",", "", "(", "", ")", "", "/", "-").Replace(label)
 		for _, name := range []string{"block", "mutex"} {
 			if f, err := os.Create(filepath.Join(e.diagDir, slug+"."+name+".pprof")); err == nil {
@@ -320,11 +351,11 @@ func (e *env) measure(label, opName string, phase func() (int, error)) (int, per
 				f.Close()
 			}
 		}
-		report := fmt.Sprintf("## %s\n\n```\n%s%s```\n\n", label, counterDelta(before, after, ops, opName), waits)
+		report := fmt.Sprintf("## %s\n\n```\n%s%s```\n\n", label, counterDelta(before, after, ops, samples, opName), waits)
 		e.diagnostics = append(e.diagnostics, report)
 		e.log.Info("diagnostics", "scenario", label, "report", "\n"+report)
 	}
-	return ops, newPerOp(before, after, ops), nil
+	return ops, newPerOp(before, after, ops, samples), nil
 }
 
 // diagnose is measure for phases whose per-operation figures are not
@@ -405,4 +436,12 @@ func procStat(pid int) (statFields, bool) {
 	}
 	num := func(k int) int64 { v, _ := strconv.ParseInt(f[k-3], 10, 64); return v }
 	return statFields{ppid: num(4), utime: num(14), stime: num(15), cutime: num(16), cstime: num(17)}, true
+}
+
+// singular names one operation: "batches" → "batch", "enqueues" → "enqueue".
+func singular(ops string) string {
+	if strings.HasSuffix(ops, "ches") {
+		return strings.TrimSuffix(ops, "es")
+	}
+	return strings.TrimSuffix(ops, "s")
 }

@@ -29,6 +29,7 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for latest.json, latest.md and the charts")
 	seconds := flag.Duration("phase", 4*time.Second, "duration of each timed phase")
 	trials := flag.Int("takeover-trials", 10, "SIGKILL takeover trials")
+	running := flag.Duration("running", time.Minute, "how long the 10,000 running batches renew their leases")
 	only := flag.String("only", "", "run only the scenarios whose name contains this (for profiling); results are still written")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the harness process (the in-process clients) to this file")
 	diag := flag.String("diag", "", "write diagnostics of the diagnosed phases (wait-event samples, per-operation server counters, Go block/mutex profiles) to this directory")
@@ -41,7 +42,7 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	if err := run(ctx, *out, *seconds, *trials, *only, *diag); err != nil {
+	if err := run(ctx, *out, *seconds, *trials, *only, *diag, *running); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
@@ -49,16 +50,17 @@ func main() {
 }
 
 type env struct {
-	ctx       context.Context
-	cluster   *chaos.Cluster
-	dbURL     string
-	pool      *pgxpool.Pool
-	workerBin string
-	dir       string
-	phase     time.Duration
-	log       *slog.Logger
-	results   []Result
-	charts    []chart
+	ctx        context.Context
+	cluster    *chaos.Cluster
+	dbURL      string
+	pool       *pgxpool.Pool
+	workerBin  string
+	enqueueBin string
+	dir        string
+	phase      time.Duration
+	log        *slog.Logger
+	results    []Result
+	charts     []chart
 	// diagDir, when set, receives diagnostics (see diagnose).
 	diagDir     string
 	diagnostics []string
@@ -66,7 +68,7 @@ type env struct {
 	workers []*workerProc
 }
 
-func run(ctx context.Context, out string, phase time.Duration, trials int, only, diagDir string) error {
+func run(ctx context.Context, out string, phase time.Duration, trials int, only, diagDir string, running time.Duration) error {
 	start := time.Now()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	dir, err := os.MkdirTemp("", "fleet-bench-")
@@ -75,11 +77,11 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only,
 	}
 	defer os.RemoveAll(dir)
 
-	log.Info("building the worker binary")
-	build := exec.CommandContext(ctx, "go", "build", "-o", dir, "./cmd/worker")
+	log.Info("building the binaries")
+	build := exec.CommandContext(ctx, "go", "build", "-o", dir, "./cmd/worker", "./cmd/enqueue")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		return fmt.Errorf("building worker: %w", err)
+		return fmt.Errorf("building the binaries: %w", err)
 	}
 
 	log.Info("starting a PostgreSQL cluster of its own (fsync on, pg_stat_statements)")
@@ -97,7 +99,7 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only,
 		return err
 	}
 	admin.Close()
-	e := &env{ctx: ctx, cluster: cluster, dbURL: cluster.URL("bench"), workerBin: filepath.Join(dir, "worker"), dir: dir, phase: phase, log: log, diagDir: diagDir}
+	e := &env{ctx: ctx, cluster: cluster, dbURL: cluster.URL("bench"), workerBin: filepath.Join(dir, "worker"), enqueueBin: filepath.Join(dir, "enqueue"), dir: dir, phase: phase, log: log, diagDir: diagDir}
 	if diagDir != "" {
 		if err := os.MkdirAll(diagDir, 0o755); err != nil {
 			return err
@@ -108,6 +110,7 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only,
 		return err
 	}
 	cfg.MaxConns = 64
+	cfg.ConnConfig.RuntimeParams["application_name"] = harnessApp
 	if e.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return err
 	}
@@ -127,8 +130,12 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only,
 		fn   func(*env) error
 	}{
 		{"enqueue throughput", benchEnqueue},
+		{"enqueue burst", benchBurst},
+		{"HTTP door", benchHTTP},
 		{"conflict path", benchConflict},
 		{"lease operations", benchLeases},
+		{"10,000 running batches", func(e *env) error { return benchRunning(e, running) }},
+		{"renewal cost by details size", benchRenewalDetailsSize},
 		{"load phase", benchLoad},
 		{"worker idle cost", benchIdle},
 		{"end to end", benchEndToEnd},

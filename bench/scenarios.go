@@ -41,40 +41,15 @@ INSERT INTO river_job (args, kind, max_attempts, queue) VALUES ('{"batch_id": 1}
 COMMIT;
 `
 
-// benchEnqueue: reserve + River InsertTx committed per transaction, against
-// pgbench running the two raw INSERTs per transaction on the same tables.
+// benchEnqueue: reserve + River job insert committed per transaction,
+// against the same two raw INSERTs per transaction sent through pgx from
+// this process (the baseline of the target: the same client stack) and
+// through pgbench (in the note).
 func benchEnqueue(e *env) error {
 	for _, clients := range []int{1, 8, 32} {
-		if err := e.reset(); err != nil {
-			return err
-		}
-		enq, err := e.enqueuer(e.pool)
+		ours, lat, cost, err := e.inProcessEnqueue(clients, fmt.Sprintf("enqueue, %d clients", clients))
 		if err != nil {
 			return err
-		}
-		profile := os.Getenv("BENCH_STATEMENTS") != ""
-		if profile {
-			_ = e.exec(`SELECT pg_stat_statements_reset()`)
-		}
-		var lat []time.Duration
-		n, err := e.diagnose(fmt.Sprintf("enqueue, %d clients", clients), "enqueues", func() (n int, err error) {
-			n, lat, err = timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
-				res, err := enq.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
-					// Random names, like the baseline's, so neither piles onto one index page.
-					Folder: fmt.Sprintf("s3://bench-bucket/enqueue/%d-%d-%016x", c, i, rand.Uint64())})
-				if err == nil && res.Outcome != jobs.OutcomeEnqueued {
-					err = fmt.Errorf("outcome %s", res.Outcome)
-				}
-				return err
-			})
-			return n, err
-		})
-		if err != nil {
-			return err
-		}
-		ours := float64(n) / e.phase.Seconds()
-		if profile {
-			e.dumpStatements(fmt.Sprintf("enqueue, %d clients", clients))
 		}
 		if err := e.reset(); err != nil {
 			return err
@@ -83,12 +58,10 @@ func benchEnqueue(e *env) error {
 		if err != nil {
 			return err
 		}
-		// The same two raw INSERTs through pgx from this process, to tell
-		// the client stack's share from the coordinator's.
 		if err := e.reset(); err != nil {
 			return err
 		}
-		rawN, err := e.diagnose(fmt.Sprintf("raw pgx two INSERTs, %d clients", clients), "transactions", func() (int, error) {
+		rawN, rawCost, err := e.measure(fmt.Sprintf("raw pgx two INSERTs, %d clients", clients), "transactions", func() (int, error) {
 			n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
 				return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 					if _, err := tx.Exec(ctx, `INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
@@ -106,12 +79,40 @@ func benchEnqueue(e *env) error {
 			return err
 		}
 		raw := float64(rawN) / e.phase.Seconds()
-		e.add(fmt.Sprintf("enqueue throughput, %d client(s)", clients), ours, ptr(base), "enqueues/s", 0.8, false,
-			fmt.Sprintf("p50 %s, p99 %s; baseline: pgbench, two raw INSERTs per transaction; the same INSERTs through pgx from the harness: %.0f/s (ours = %.2f of that)",
-				percentile(lat, 50).Round(time.Microsecond), percentile(lat, 99).Round(time.Microsecond), raw, ours/raw))
+		e.add(fmt.Sprintf("enqueue throughput, %d client(s)", clients), ours, ptr(raw), "enqueues/s", 0.8, false,
+			fmt.Sprintf("p50 %s, p99 %s; baseline: the same two INSERTs per transaction through pgx from the harness; pgbench: %.0f/s (ours = %.2f of that); "+
+				"per enqueue: PostgreSQL CPU %.0f µs (baseline %.0f µs), harness CPU %.0f µs (baseline %.0f µs)",
+				percentile(lat, 50).Round(time.Microsecond), percentile(lat, 99).Round(time.Microsecond), base, ours/base,
+				1e6*cost.serverCPU, 1e6*rawCost.serverCPU, 1e6*cost.harnessCPU, 1e6*rawCost.harnessCPU))
 		e.charts = append(e.charts, chart{group: "enqueue", x: float64(clients), p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99)})
 	}
 	return nil
+}
+
+// inProcessEnqueue measures Enqueuer.Import from clients goroutines of this
+// process on an empty database: enqueues per second, latencies and costs.
+func (e *env) inProcessEnqueue(clients int, label string) (float64, []time.Duration, perOp, error) {
+	if err := e.reset(); err != nil {
+		return 0, nil, perOp{}, err
+	}
+	enq, err := e.enqueuer(e.pool)
+	if err != nil {
+		return 0, nil, perOp{}, err
+	}
+	var lat []time.Duration
+	n, cost, err := e.measure(label, "enqueues", func() (n int, err error) {
+		n, lat, err = timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+			res, err := enq.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+				// Random names, like the baseline's, so neither piles onto one index page.
+				Folder: fmt.Sprintf("s3://bench-bucket/tenants/tenant-bench/tenant_db/company-1/%d-%d-%016x", c, i, rand.Uint64())})
+			if err == nil && res.Outcome != jobs.OutcomeEnqueued {
+				err = fmt.Errorf("outcome %s", res.Outcome)
+			}
+			return err
+		})
+		return n, err
+	})
+	return float64(n) / e.phase.Seconds(), lat, cost, err
 }
 
 // benchConflict: 32 clients importing one folder that a running batch holds.
@@ -132,7 +133,7 @@ func benchConflict(e *env) error {
 		return err
 	}
 	var reservations int
-	if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&reservations); err != nil {
+	if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE `+current).Scan(&reservations); err != nil {
 		return err
 	}
 	if reservations != 1 {
@@ -148,8 +149,7 @@ func benchConflict(e *env) error {
 	return nil
 }
 
-// benchLeases: acquire and renew against a raw single-row UPDATE, and the
-// steady renewal load of many running batches.
+// benchLeases: acquire and renew against a raw single-row UPDATE.
 func benchLeases(e *env) error {
 	if err := e.reset(); err != nil {
 		return err
@@ -163,7 +163,7 @@ func benchLeases(e *env) error {
 		return err
 	}
 	var firstID int64
-	if err := e.pool.QueryRow(e.ctx, `SELECT min(id) FROM ingestion_batches`).Scan(&firstID); err != nil {
+	if err := e.pool.QueryRow(e.ctx, `SELECT min(id) FROM ingestion_batches WHERE `+current).Scan(&firstID); err != nil {
 		return err
 	}
 	leases := lease.NewStore(e.pool)
@@ -213,13 +213,6 @@ func benchLeases(e *env) error {
 			return err
 		}
 		e.add(fmt.Sprintf("lease renew, %d client(s)", clients), renew, ptr(base), "ops/s", 0.8, false, "baseline: pgbench raw single-row UPDATE by id, one row per client")
-		if clients == 8 {
-			for _, running := range []int{1000, 10000} {
-				need := float64(running) / jobs.RenewEveryDefault.Seconds()
-				e.add(fmt.Sprintf("steady renewal load, %d running batches", running), need, ptr(renew), "statements/s", 0, false,
-					fmt.Sprintf("computed: %d batches / %s renewal period; ratio = share of the renewal capacity measured above (8 clients)", running, jobs.RenewEveryDefault))
-			}
-		}
 	}
 	return nil
 }
@@ -448,10 +441,13 @@ func benchEndToEnd(e *env) error {
 			deadline := time.Now().Add(3 * time.Minute)
 			for {
 				var done int
-				if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded'`).Scan(&done); err != nil {
+				if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded' AND `+current).Scan(&done); err != nil {
 					return 0, err
 				}
 				if done == batches {
+					// Stopped workers' connections flush their statistics.
+					close(stopSampling)
+					e.stopWorkers(procs)
 					return batches, nil
 				}
 				if time.Now().After(deadline) {
@@ -463,11 +459,9 @@ func benchEndToEnd(e *env) error {
 		if err != nil {
 			return err
 		}
-		close(stopSampling)
-		e.stopWorkers(procs)
 		var span float64
 		var lat []time.Duration
-		rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches`)
+		rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches WHERE `+current)
 		if err != nil {
 			return err
 		}
@@ -479,7 +473,7 @@ func benchEndToEnd(e *env) error {
 			lat = append(lat, d)
 		}
 		rows.Close()
-		if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(completed_at) - min(started_at)) FROM ingestion_batches`).Scan(&span); err != nil {
+		if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(completed_at) - min(started_at)) FROM ingestion_batches WHERE `+current).Scan(&span); err != nil {
 			return err
 		}
 		ours := float64(batches) / span

@@ -35,7 +35,10 @@ const reserveManySQL = `
 		LEFT JOIN LATERAL (
 			SELECT b.id, b.status FROM ingestion_batches b
 			WHERE b.tenant_id = i.tenant_id AND b.source_scope = i.source_scope AND b.source_scope IS NOT NULL
-			ORDER BY b.id DESC LIMIT 1
+			-- The order of ix_ingestion_batches_scope: no other index can
+			-- answer without sorting every batch of the tenant, whatever
+			-- the statistics say.
+			ORDER BY b.tenant_id, b.source_scope, b.id DESC LIMIT 1
 		) l ON true
 	), ins AS (
 		INSERT INTO ingestion_batches
