@@ -227,8 +227,12 @@ func (e *env) heldBatches(n, detailBytes, perHolder int, scopePrefix string) ([]
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	// A steady state: hint bits set and statistics current.
-	return out, e.exec(`VACUUM ANALYZE ingestion_batches`)
+	// A steady state: hint bits set, statistics current, nothing left for
+	// the background writer to flush during the measurement.
+	if err := e.exec(`VACUUM ANALYZE ingestion_batches`); err != nil {
+		return nil, err
+	}
+	return out, e.exec(`CHECKPOINT`)
 }
 
 // tableUpdates returns the updates and HOT updates of ingestion_batches so far.
@@ -386,16 +390,27 @@ func benchRenewalDetailsSize(e *env) error {
 		})
 		return figures{float64(n) / e.phase.Seconds(), cost}, err
 	}
-	small, err := measureSize(1 << 10)
-	if err != nil {
-		return err
+	// Alternate the sizes and keep each one's cheaper round, so that a
+	// burst of load from elsewhere on the machine does not decide.
+	var small, large figures
+	for range 2 {
+		for _, size := range []int{1 << 10, 64 << 10} {
+			f, err := measureSize(size)
+			if err != nil {
+				return err
+			}
+			best := &small
+			if size > 1<<10 {
+				best = &large
+			}
+			if best.rate == 0 || f.cost.serverCPU < best.cost.serverCPU {
+				*best = f
+			}
+		}
 	}
-	large, err := measureSize(64 << 10)
-	if err != nil {
-		return err
-	}
-	e.add("lease renewal cost, 64 KiB vs 1 KiB of details", large.rate, ptr(small.rate), "renewals/s", 0.9, false,
-		fmt.Sprintf("%d clients renewing %d leases each, one statement per renewal; per renewal with 64 KiB: %.0f µs PostgreSQL CPU, %.0f WAL bytes; with 1 KiB: %.0f µs, %.0f WAL bytes (renewals touch only the lease columns)",
-			clients, perClient, 1e6*large.cost.serverCPU, large.cost.walBytes, 1e6*small.cost.serverCPU, small.cost.walBytes))
+	e.add("lease renewal cost, 64 KiB vs 1 KiB of details", 1e6*large.cost.serverCPU, ptr(1e6*small.cost.serverCPU), "µs PostgreSQL CPU per renewal", 0.9, true,
+		fmt.Sprintf("ratio = cost with 1 KiB / cost with 64 KiB; %d clients renewing %d leases each, one statement per renewal, best of two alternating rounds; "+
+			"64 KiB: %.0f renewals/s, %.0f WAL bytes per renewal; 1 KiB: %.0f renewals/s, %.0f WAL bytes per renewal (renewals touch only the lease columns)",
+			clients, perClient, large.rate, large.cost.walBytes, small.rate, small.cost.walBytes))
 	return nil
 }
