@@ -10,7 +10,8 @@
 -- current one. Renewals do not touch it: while a term is open its expiry is
 -- execution_lease_expires_at. execution_lease_renewed_at is the database
 -- time of the last acquisition or renewal (what `status` shows as the last
--- heartbeat).
+-- heartbeat); migration 20 (operator control) adds it too, so it is added
+-- here only if missing, and Down leaves it.
 --
 -- Existing trails are copied from details->'leases' (each term is closed
 -- except the current one of a batch still holding its lease) and removed from
@@ -41,6 +42,4 @@ ALTER TABLE ingestion_batches RESET (fillfactor);
 UPDATE ingestion_batches
 SET details = details || jsonb_build_object('leases', execution_lease_terms)
 WHERE jsonb_typeof(details) = 'object' AND execution_lease_terms <> '[]'::jsonb;
-ALTER TABLE ingestion_batches
-    DROP COLUMN execution_lease_renewed_at,
-    DROP COLUMN execution_lease_terms;
+ALTER TABLE ingestion_batches DROP COLUMN execution_lease_terms;
