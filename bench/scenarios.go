@@ -149,7 +149,9 @@ func benchConflict(e *env) error {
 	return nil
 }
 
-// benchLeases: acquire and renew against a raw single-row UPDATE.
+// benchLeases: acquire and renew against a raw single-row UPDATE of the
+// same table by pgbench (the target's baseline) and by pgx from the harness
+// (in the note: the client stack's share).
 func benchLeases(e *env) error {
 	if err := e.reset(); err != nil {
 		return err
@@ -162,59 +164,105 @@ func benchLeases(e *env) error {
 		FROM generate_series(1, $1) g`, prepared); err != nil {
 		return err
 	}
+	// A steady state for every phase below: after a checkpoint, one update
+	// of every row writes each page's full-page image, and a vacuum clears
+	// the old versions, so no phase pays for the first touch of a page.
+	for _, sql := range []string{`VACUUM ANALYZE ingestion_batches`, `CHECKPOINT`,
+		`UPDATE ingestion_batches SET updated_at = updated_at WHERE ` + current, `VACUUM ingestion_batches`} {
+		if err := e.exec(sql); err != nil {
+			return err
+		}
+	}
 	var firstID int64
 	if err := e.pool.QueryRow(e.ctx, `SELECT min(id) FROM ingestion_batches WHERE `+current).Scan(&firstID); err != nil {
 		return err
 	}
+	lastID := firstID + prepared - 1
 	leases := lease.NewStore(e.pool)
-	n, _, err := timed(e.ctx, 1, e.phase, func(ctx context.Context, c, i int) error {
-		if i >= prepared {
-			return fmt.Errorf("ran out of prepared batches")
-		}
-		a, err := leases.Acquire(ctx, firstID+int64(i), fmt.Sprintf("bench-%d", i), time.Minute)
-		if err == nil && a.Outcome != lease.Acquired {
-			err = fmt.Errorf("outcome %s", a.Outcome)
-		}
-		return err
+	next := firstID
+	n, acq, err := e.measure("lease acquire, 1 client", "acquisitions", func() (int, error) {
+		n, _, err := timed(e.ctx, 1, e.phase, func(ctx context.Context, c, i int) error {
+			if next > lastID-16 {
+				return fmt.Errorf("ran out of prepared batches")
+			}
+			a, err := leases.Acquire(ctx, next, fmt.Sprintf("bench-%d", i), time.Minute)
+			next++
+			if err == nil && a.Outcome != lease.Acquired {
+				err = fmt.Errorf("outcome %s", a.Outcome)
+			}
+			return err
+		})
+		return n, err
 	})
 	if err != nil {
 		return err
 	}
 	acquire := float64(n) / e.phase.Seconds()
-	rawUpdate, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d;`, firstID+prepared-1), 1, e.phase)
+	// The same access pattern: a different row of the prepared ones each time.
+	rawUpdate, err := e.pgbench(fmt.Sprintf("\\set id random(%d, %d)\nUPDATE ingestion_batches SET updated_at = now() WHERE id = :id;\n", firstID, lastID), 1, e.phase)
 	if err != nil {
 		return err
 	}
-	e.add("lease acquire, 1 client", acquire, ptr(rawUpdate), "ops/s", 0.8, false, "fresh batches; baseline: pgbench raw single-row UPDATE by id")
+	rawPgx, rawCost, err := e.rawUpdates(1, func(c, i int) int64 { return firstID + rand.Int64N(prepared) })
+	if err != nil {
+		return err
+	}
+	e.add("lease acquire, 1 client", acquire, ptr(rawUpdate), "ops/s", 0.8, false,
+		fmt.Sprintf("fresh batches, each acquisition also appending its term to execution_lease_terms; baseline: pgbench raw single-row UPDATE of a random prepared batch; "+
+			"the same UPDATE through pgx from the harness: %.0f/s (ours = %.2f of that); per acquisition %.0f µs PostgreSQL CPU, %.0f WAL bytes (raw UPDATE: %.0f µs, %.0f bytes)",
+			rawPgx, acquire/rawPgx, 1e6*acq.serverCPU, acq.walBytes, 1e6*rawCost.serverCPU, rawCost.walBytes))
 
 	held := make([]lease.Lease, 8)
 	for c := range held {
-		a, err := leases.Acquire(e.ctx, firstID+prepared-1-int64(c), fmt.Sprintf("renewer-%d", c), time.Hour)
+		a, err := leases.Acquire(e.ctx, lastID-int64(c), fmt.Sprintf("renewer-%d", c), time.Hour)
 		if err != nil {
 			return err
 		}
 		held[c] = a.Lease
 	}
 	for _, clients := range []int{1, 8} {
-		n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
-			l, ok, err := leases.Renew(ctx, held[c], time.Hour)
-			if err == nil && !ok {
-				err = fmt.Errorf("renewal lost")
-			}
-			held[c] = l
-			return err
+		n, ren, err := e.measure(fmt.Sprintf("lease renew, %d clients", clients), "renewals", func() (int, error) {
+			n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+				l, ok, err := leases.Renew(ctx, held[c], time.Hour)
+				if err == nil && !ok {
+					err = fmt.Errorf("renewal lost")
+				}
+				held[c] = l
+				return err
+			})
+			return n, err
 		})
 		if err != nil {
 			return err
 		}
 		renew := float64(n) / e.phase.Seconds()
-		base, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d - :client_id::bigint;`, firstID+prepared-1), clients, e.phase)
+		base, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d - :client_id::bigint;`, lastID), clients, e.phase)
 		if err != nil {
 			return err
 		}
-		e.add(fmt.Sprintf("lease renew, %d client(s)", clients), renew, ptr(base), "ops/s", 0.8, false, "baseline: pgbench raw single-row UPDATE by id, one row per client")
+		rawPgx, rawCost, err := e.rawUpdates(clients, func(c, i int) int64 { return lastID - int64(c) })
+		if err != nil {
+			return err
+		}
+		e.add(fmt.Sprintf("lease renew, %d client(s)", clients), renew, ptr(base), "ops/s", 0.8, false,
+			fmt.Sprintf("baseline: pgbench raw single-row UPDATE by id, one row per client; the same UPDATE through pgx from the harness: %.0f/s (ours = %.2f of that); "+
+				"per renewal %.0f µs PostgreSQL CPU, %.0f WAL bytes (raw UPDATE: %.0f µs, %.0f bytes)",
+				rawPgx, renew/rawPgx, 1e6*ren.serverCPU, ren.walBytes, 1e6*rawCost.serverCPU, rawCost.walBytes))
 	}
 	return nil
+}
+
+// rawUpdates measures the baseline's single-row UPDATE sent through pgx from
+// this process, with clients goroutines updating the rows id(c, i).
+func (e *env) rawUpdates(clients int, id func(c, i int) int64) (float64, perOp, error) {
+	n, cost, err := e.measure(fmt.Sprintf("raw pgx UPDATE, %d clients", clients), "updates", func() (int, error) {
+		n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+			_, err := e.pool.Exec(ctx, `UPDATE ingestion_batches SET updated_at = now() WHERE id = $1`, id(c, i))
+			return err
+		})
+		return n, err
+	})
+	return float64(n) / e.phase.Seconds(), cost, err
 }
 
 // benchLoad: rows per second of the load phase against psql \copy of the

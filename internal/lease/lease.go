@@ -111,20 +111,15 @@ var ErrInvalidTTL = errors.New("lease ttl must be positive")
 
 // acquireSQL decides the acquisition in the UPDATE's own conditions: under
 // READ COMMITTED a concurrent acquirer blocks on the row and then re-checks
-// them against the winner's committed version, so exactly one wins. prev
-// reads the previous holder from the statement's snapshot, without a row
-// lock, only to report a takeover; in the rare race with a release committed
-// during the statement it may name a holder that had just released.
+// them against the winner's committed version, so exactly one wins.
 //
 // The term trail (execution_lease_terms) gets the new term appended, after
 // closing the term it takes over with that term's final expiry; it is
 // bounded to batch.AuditLimit terms. The details document is never touched.
+// The statement returns the term before the new one: closed here without a
+// release time, it was taken over (and names the previous holder and its
+// expiry); released, the lease was free.
 var acquireSQL = `
-	WITH prev AS (
-		SELECT id, execution_lease_id, execution_lease_expires_at
-		FROM ingestion_batches
-		WHERE id = $1
-	)
 	UPDATE ingestion_batches b
 	SET execution_lease_id = $2::text,
 	    execution_lease_expires_at = now() + $3 * interval '1 microsecond',
@@ -138,12 +133,10 @@ var acquireSQL = `
 	            'at', now(), 'expiresAt', now() + $3 * interval '1 microsecond', 'closed', false)),
 	        '$[last - ` + strconv.Itoa(batch.AuditLimit-1) + ` to last]'),
 	    updated_at = now()
-	FROM prev
-	WHERE b.id = prev.id
+	WHERE b.id = $1
 	  AND b.status = 'Running'
 	  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= now())
-	RETURNING b.execution_lease_generation, b.execution_lease_expires_at,
-	          prev.execution_lease_id, prev.execution_lease_expires_at, now()`
+	RETURNING b.execution_lease_generation, b.execution_lease_expires_at, b.execution_lease_terms->-2, now()`
 
 // maxAcquireAttempts bounds retries when the lease is released between the
 // acquisition attempt and the look-up that explains its failure.
@@ -163,15 +156,16 @@ func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl
 	for range maxAcquireAttempts {
 		var (
 			a          = Acquisition{Outcome: Acquired, Lease: Lease{BatchID: batchID, HolderID: holderID}}
+			prev       *Term
 			prevHolder *string
 			prevExp    *time.Time
 		)
 		err := s.db.QueryRow(ctx, acquireSQL, batchID, holderID, ttl.Microseconds()).
-			Scan(&a.Lease.Generation, &a.Lease.ExpiresAt, &prevHolder, &prevExp, &a.Now)
+			Scan(&a.Lease.Generation, &a.Lease.ExpiresAt, &prev, &a.Now)
 		if err == nil {
 			a.Lease.RenewedAt = a.Now
-			if prevHolder != nil && prevExp != nil {
-				a.TakenOver, a.PreviousHolder, a.PreviousExpiresAt = true, *prevHolder, *prevExp
+			if prev != nil && prev.Closed && prev.ReleasedAt == nil {
+				a.TakenOver, a.PreviousHolder, a.PreviousExpiresAt = true, prev.LeaseID, prev.ExpiresAt
 			}
 			return a, nil
 		}
