@@ -69,7 +69,7 @@ type env struct {
 }
 
 func run(ctx context.Context, out string, phase time.Duration, trials int, only, diagDir string, running time.Duration) error {
-	start := time.Now()
+	start, loadAtStart := time.Now(), loadAverage()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	dir, err := os.MkdirTemp("", "fleet-bench-")
 	if err != nil {
@@ -149,7 +149,7 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only,
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
-	if err := writeReport(out, e.results, e.charts, time.Since(start)); err != nil {
+	if err := writeReport(out, e.results, e.charts, time.Since(start), loadAtStart); err != nil {
 		return err
 	}
 	if err := writeDiagnostics(diagDir, e.diagnostics); err != nil {
