@@ -358,13 +358,6 @@ func (e *env) measure(label, opName string, phase func() (int, error)) (int, per
 	return ops, newPerOp(before, after, ops, samples), nil
 }
 
-// diagnose is measure for phases whose per-operation figures are not
-// reported.
-func (e *env) diagnose(label, opName string, phase func() (int, error)) (int, error) {
-	ops, _, err := e.measure(label, opName, phase)
-	return ops, err
-}
-
 // writeDiagnostics writes the collected diagnostics to dir/diagnostics.md.
 func writeDiagnostics(dir string, reports []string) error {
 	if dir == "" || len(reports) == 0 {

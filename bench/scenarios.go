@@ -724,24 +724,3 @@ func benchTakeover(e *env, trials int) error {
 		fmt.Sprintf("lease TTL %s: p50 %.2f s (%.2f × TTL), p99 %.2f s (%.2f × TTL), max %.2f s", ttl, p50.Seconds(), p50.Seconds()/ttl.Seconds(), p99.Seconds(), p99.Seconds()/ttl.Seconds(), percentile(delays, 100).Seconds()))
 	return nil
 }
-
-// dumpStatements logs the statements that took the most server time, for
-// profiling (BENCH_STATEMENTS=1).
-func (e *env) dumpStatements(label string) {
-	rows, err := e.pool.Query(e.ctx, `
-		SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), left(regexp_replace(query, '\s+', ' ', 'g'), 90)
-		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-		ORDER BY total_exec_time DESC LIMIT 8`)
-	if err != nil {
-		return
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var calls int64
-		var total, mean float64
-		var q string
-		if rows.Scan(&calls, &total, &mean, &q) == nil {
-			e.log.Info("statement", "phase", label, "calls", calls, "total_ms", total, "mean_ms", mean, "query", q)
-		}
-	}
-}
