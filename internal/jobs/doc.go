@@ -63,7 +63,8 @@
 // A paused worker (SIGSTOP, a long GC or network stall) that outlives its
 // lease is handled the same way: the Sweeper re-delivers, a successor takes
 // over with a higher generation, and when the paused worker resumes its
-// heartbeat finds the lease lost and every write it attempts is rejected.
+// next renewal finds the lease lost (or its local deadline has passed) and
+// every write it attempts is rejected.
 //
 // # Failures
 //
