@@ -197,6 +197,7 @@ func (e *env) readCounters() (serverCounters, error) {
 	if f, ok := procStat(os.Getpid()); ok {
 		c.harnessCPUSeconds = float64(f.utime+f.stime) / clockTicks
 	}
+	c.workerCPUSeconds = e.exitedWorkerCPU
 	for _, pid := range e.workerPIDs() {
 		if f, ok := procStat(pid); ok {
 			c.workerCPUSeconds += float64(f.utime+f.stime) / clockTicks

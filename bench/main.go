@@ -64,8 +64,10 @@ type env struct {
 	// diagDir, when set, receives diagnostics (see diagnose).
 	diagDir     string
 	diagnostics []string
-	// workers are the worker processes running now.
-	workers []*workerProc
+	// workers are the worker processes running now; exitedWorkerCPU is the
+	// CPU time of those that were stopped.
+	workers         []*workerProc
+	exitedWorkerCPU float64
 }
 
 func run(ctx context.Context, out string, phase time.Duration, trials int, only, diagDir string, running time.Duration) error {

@@ -397,6 +397,9 @@ func (e *env) stopWorkers(procs []*workerProc) {
 			<-done
 		}
 		p.logs.Close()
+		if st := p.cmd.ProcessState; st != nil {
+			e.exitedWorkerCPU += (st.UserTime() + st.SystemTime()).Seconds()
+		}
 	}
 }
 
