@@ -51,7 +51,7 @@ chaos:
 
 # The benchmark harness: every figure against a baseline measured in the same
 # run on a PostgreSQL cluster of its own. Writes bench/results/latest.{json,md}
-# and latency charts. About 5 minutes on 2 cores.
+# and latency charts. About 7 minutes on 2 cores.
 bench:
 	$(GO) run ./bench -out bench/results
 

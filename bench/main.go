@@ -29,8 +29,10 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for latest.json, latest.md and the charts")
 	seconds := flag.Duration("phase", 4*time.Second, "duration of each timed phase")
 	trials := flag.Int("takeover-trials", 10, "SIGKILL takeover trials")
+	running := flag.Duration("running", time.Minute, "how long the 10,000 running batches renew their leases")
 	only := flag.String("only", "", "run only the scenarios whose name contains this (for profiling); results are still written")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the harness process (the in-process clients) to this file")
+	diag := flag.String("diag", "", "write diagnostics of the diagnosed phases (wait-event samples, per-operation server counters, Go block/mutex profiles) to this directory")
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -40,7 +42,7 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	if err := run(ctx, *out, *seconds, *trials, *only); err != nil {
+	if err := run(ctx, *out, *seconds, *trials, *only, *diag, *running); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
@@ -48,20 +50,28 @@ func main() {
 }
 
 type env struct {
-	ctx       context.Context
-	cluster   *chaos.Cluster
-	dbURL     string
-	pool      *pgxpool.Pool
-	workerBin string
-	dir       string
-	phase     time.Duration
-	log       *slog.Logger
-	results   []Result
-	charts    []chart
+	ctx        context.Context
+	cluster    *chaos.Cluster
+	dbURL      string
+	pool       *pgxpool.Pool
+	workerBin  string
+	enqueueBin string
+	dir        string
+	phase      time.Duration
+	log        *slog.Logger
+	results    []Result
+	charts     []chart
+	// diagDir, when set, receives diagnostics (see diagnose).
+	diagDir     string
+	diagnostics []string
+	// workers are the worker processes running now; exitedWorkerCPU is the
+	// CPU time of those that were stopped.
+	workers         []*workerProc
+	exitedWorkerCPU float64
 }
 
-func run(ctx context.Context, out string, phase time.Duration, trials int, only string) error {
-	start := time.Now()
+func run(ctx context.Context, out string, phase time.Duration, trials int, only, diagDir string, running time.Duration) error {
+	start, loadAtStart := time.Now(), loadAverage()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	dir, err := os.MkdirTemp("", "fleet-bench-")
 	if err != nil {
@@ -69,11 +79,11 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only 
 	}
 	defer os.RemoveAll(dir)
 
-	log.Info("building the worker binary")
-	build := exec.CommandContext(ctx, "go", "build", "-o", dir, "./cmd/worker")
+	log.Info("building the binaries")
+	build := exec.CommandContext(ctx, "go", "build", "-o", dir, "./cmd/worker", "./cmd/enqueue")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		return fmt.Errorf("building worker: %w", err)
+		return fmt.Errorf("building the binaries: %w", err)
 	}
 
 	log.Info("starting a PostgreSQL cluster of its own (fsync on, pg_stat_statements)")
@@ -91,12 +101,18 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only 
 		return err
 	}
 	admin.Close()
-	e := &env{ctx: ctx, cluster: cluster, dbURL: cluster.URL("bench"), workerBin: filepath.Join(dir, "worker"), dir: dir, phase: phase, log: log}
+	e := &env{ctx: ctx, cluster: cluster, dbURL: cluster.URL("bench"), workerBin: filepath.Join(dir, "worker"), enqueueBin: filepath.Join(dir, "enqueue"), dir: dir, phase: phase, log: log, diagDir: diagDir}
+	if diagDir != "" {
+		if err := os.MkdirAll(diagDir, 0o755); err != nil {
+			return err
+		}
+	}
 	cfg, err := pgxpool.ParseConfig(e.dbURL)
 	if err != nil {
 		return err
 	}
 	cfg.MaxConns = 64
+	cfg.ConnConfig.RuntimeParams["application_name"] = harnessApp
 	if e.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return err
 	}
@@ -116,8 +132,12 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only 
 		fn   func(*env) error
 	}{
 		{"enqueue throughput", benchEnqueue},
+		{"enqueue burst", benchBurst},
+		{"HTTP door", benchHTTP},
 		{"conflict path", benchConflict},
 		{"lease operations", benchLeases},
+		{"10,000 running batches", func(e *env) error { return benchRunning(e, running) }},
+		{"renewal cost by details size", benchRenewalDetailsSize},
 		{"load phase", benchLoad},
 		{"staging", benchStaging},
 		{"worker idle cost", benchIdle},
@@ -132,7 +152,10 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only 
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
-	if err := writeReport(out, e.results, e.charts, time.Since(start)); err != nil {
+	if err := writeReport(out, e.results, e.charts, time.Since(start), loadAtStart); err != nil {
+		return err
+	}
+	if err := writeDiagnostics(diagDir, e.diagnostics); err != nil {
 		return err
 	}
 	log.Info("done", "took", time.Since(start).Round(time.Second), "results", out)

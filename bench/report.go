@@ -22,7 +22,17 @@ type chart struct {
 	p50, p90, p99 time.Duration
 }
 
-func writeReport(dir string, results []Result, charts []chart, took time.Duration) error {
+// loadAverage returns the machine's one-minute load average ("?" if
+// unknown): the figures of a run are only as good as the machine was idle.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
+
+func writeReport(dir string, results []Result, charts []chart, took time.Duration, loadAtStart string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -34,8 +44,8 @@ func writeReport(dir string, results []Result, charts []chart, took time.Duratio
 		return err
 	}
 	var md strings.Builder
-	fmt.Fprintf(&md, "# Benchmark results\n\nWritten by `make bench` on %s (%d CPUs, %s), in %s, on a PostgreSQL cluster of its own (fsync on). Every ratio compares with a baseline measured in the same run on the same cluster; a ratio above 1 means faster than the baseline.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.Version(), took.Round(time.Second))
+	fmt.Fprintf(&md, "# Benchmark results\n\nWritten by `make bench` on %s (%d CPUs, %s), in %s, on a PostgreSQL cluster of its own (fsync on). Every ratio compares with a baseline measured in the same run on the same cluster; a ratio above 1 means faster than the baseline. One-minute load average of the machine at the start %s, at the end %s: figures taken while other work loads the machine are not final.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.Version(), took.Round(time.Second), loadAtStart, loadAverage())
 	md.WriteString("| scenario | ours | baseline | unit | ratio | target | met | note |\n|---|---:|---:|---|---:|---|---|---|\n")
 	for _, r := range results {
 		met := ""

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -40,36 +41,15 @@ INSERT INTO river_job (args, kind, max_attempts, queue) VALUES ('{"batch_id": 1}
 COMMIT;
 `
 
-// benchEnqueue: reserve + River InsertTx committed per transaction, against
-// pgbench running the two raw INSERTs per transaction on the same tables.
+// benchEnqueue: reserve + River job insert committed per transaction,
+// against the same two raw INSERTs per transaction sent through pgx from
+// this process (the baseline of the target: the same client stack) and
+// through pgbench (in the note).
 func benchEnqueue(e *env) error {
 	for _, clients := range []int{1, 8, 32} {
-		if err := e.reset(); err != nil {
-			return err
-		}
-		enq, err := e.enqueuer(e.pool)
+		ours, lat, cost, err := e.inProcessEnqueue(clients, fmt.Sprintf("enqueue, %d clients", clients))
 		if err != nil {
 			return err
-		}
-		profile := os.Getenv("BENCH_STATEMENTS") != ""
-		if profile {
-			_ = e.exec(`SELECT pg_stat_statements_reset()`)
-		}
-		n, lat, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
-			res, err := enq.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
-				// Random names, like the baseline's, so neither piles onto one index page.
-				Folder: fmt.Sprintf("s3://bench-bucket/enqueue/%d-%d-%016x", c, i, rand.Uint64())})
-			if err == nil && res.Outcome != jobs.OutcomeEnqueued {
-				err = fmt.Errorf("outcome %s", res.Outcome)
-			}
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		ours := float64(n) / e.phase.Seconds()
-		if profile {
-			e.dumpStatements(fmt.Sprintf("enqueue, %d clients", clients))
 		}
 		if err := e.reset(); err != nil {
 			return err
@@ -78,32 +58,61 @@ func benchEnqueue(e *env) error {
 		if err != nil {
 			return err
 		}
-		// The same two raw INSERTs through pgx from this process, to tell
-		// the client stack's share from the coordinator's.
 		if err := e.reset(); err != nil {
 			return err
 		}
-		rawN, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
-			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
-					VALUES ('company-1', 'tenant-bench', 'tenant_db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', 'Running', '{"version": 1, "phase": "reserved"}', $1)`,
-					fmt.Sprintf("fleet_s3:s3://pgx/%d-%d-%016x", c, i, rand.Uint64())); err != nil {
+		rawN, rawCost, err := e.measure(fmt.Sprintf("raw pgx two INSERTs, %d clients", clients), "transactions", func() (int, error) {
+			n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+				return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
+						VALUES ('company-1', 'tenant-bench', 'tenant_db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', 'Running', '{"version": 1, "phase": "reserved"}', $1)`,
+						fmt.Sprintf("fleet_s3:s3://pgx/%d-%d-%016x", c, i, rand.Uint64())); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue) VALUES ('{"batch_id": 1}', 'bench_baseline', 25, 'bench_baseline')`)
 					return err
-				}
-				_, err := tx.Exec(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue) VALUES ('{"batch_id": 1}', 'bench_baseline', 25, 'bench_baseline')`)
-				return err
+				})
 			})
+			return n, err
 		})
 		if err != nil {
 			return err
 		}
 		raw := float64(rawN) / e.phase.Seconds()
-		e.add(fmt.Sprintf("enqueue throughput, %d client(s)", clients), ours, ptr(base), "enqueues/s", 0.8, false,
-			fmt.Sprintf("p50 %s, p99 %s; baseline: pgbench, two raw INSERTs per transaction; the same INSERTs through pgx from the harness: %.0f/s (ours = %.2f of that)",
-				percentile(lat, 50).Round(time.Microsecond), percentile(lat, 99).Round(time.Microsecond), raw, ours/raw))
+		e.add(fmt.Sprintf("enqueue throughput, %d client(s)", clients), ours, ptr(raw), "enqueues/s", 0.8, false,
+			fmt.Sprintf("p50 %s, p99 %s; baseline: the same two INSERTs per transaction through pgx from the harness; pgbench: %.0f/s (ours = %.2f of that); "+
+				"per enqueue: PostgreSQL CPU %.0f µs (baseline %.0f µs), harness CPU %.0f µs (baseline %.0f µs)",
+				percentile(lat, 50).Round(time.Microsecond), percentile(lat, 99).Round(time.Microsecond), base, ours/base,
+				1e6*cost.serverCPU, 1e6*rawCost.serverCPU, 1e6*cost.harnessCPU, 1e6*rawCost.harnessCPU))
 		e.charts = append(e.charts, chart{group: "enqueue", x: float64(clients), p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99)})
 	}
 	return nil
+}
+
+// inProcessEnqueue measures Enqueuer.Import from clients goroutines of this
+// process on an empty database: enqueues per second, latencies and costs.
+func (e *env) inProcessEnqueue(clients int, label string) (float64, []time.Duration, perOp, error) {
+	if err := e.reset(); err != nil {
+		return 0, nil, perOp{}, err
+	}
+	enq, err := e.enqueuer(e.pool)
+	if err != nil {
+		return 0, nil, perOp{}, err
+	}
+	var lat []time.Duration
+	n, cost, err := e.measure(label, "enqueues", func() (n int, err error) {
+		n, lat, err = timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+			res, err := enq.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+				// Random names, like the baseline's, so neither piles onto one index page.
+				Folder: fmt.Sprintf("s3://bench-bucket/tenants/tenant-bench/tenant_db/company-1/%d-%d-%016x", c, i, rand.Uint64())})
+			if err == nil && res.Outcome != jobs.OutcomeEnqueued {
+				err = fmt.Errorf("outcome %s", res.Outcome)
+			}
+			return err
+		})
+		return n, err
+	})
+	return float64(n) / e.phase.Seconds(), lat, cost, err
 }
 
 // benchConflict: 32 clients importing one folder that a running batch holds.
@@ -124,7 +133,7 @@ func benchConflict(e *env) error {
 		return err
 	}
 	var reservations int
-	if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&reservations); err != nil {
+	if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE `+current).Scan(&reservations); err != nil {
 		return err
 	}
 	if reservations != 1 {
@@ -140,8 +149,9 @@ func benchConflict(e *env) error {
 	return nil
 }
 
-// benchLeases: acquire and renew against a raw single-row UPDATE, and the
-// steady renewal load of many running batches.
+// benchLeases: acquire and renew against a raw single-row UPDATE of the
+// same table by pgbench (the target's baseline) and by pgx from the harness
+// (in the note: the client stack's share).
 func benchLeases(e *env) error {
 	if err := e.reset(); err != nil {
 		return err
@@ -154,66 +164,105 @@ func benchLeases(e *env) error {
 		FROM generate_series(1, $1) g`, prepared); err != nil {
 		return err
 	}
+	// A steady state for every phase below: after a checkpoint, one update
+	// of every row writes each page's full-page image, and a vacuum clears
+	// the old versions, so no phase pays for the first touch of a page.
+	for _, sql := range []string{`VACUUM ANALYZE ingestion_batches`, `CHECKPOINT`,
+		`UPDATE ingestion_batches SET updated_at = updated_at WHERE ` + current, `VACUUM ingestion_batches`} {
+		if err := e.exec(sql); err != nil {
+			return err
+		}
+	}
 	var firstID int64
-	if err := e.pool.QueryRow(e.ctx, `SELECT min(id) FROM ingestion_batches`).Scan(&firstID); err != nil {
+	if err := e.pool.QueryRow(e.ctx, `SELECT min(id) FROM ingestion_batches WHERE `+current).Scan(&firstID); err != nil {
 		return err
 	}
+	lastID := firstID + prepared - 1
 	leases := lease.NewStore(e.pool)
-	n, _, err := timed(e.ctx, 1, e.phase, func(ctx context.Context, c, i int) error {
-		if i >= prepared {
-			return fmt.Errorf("ran out of prepared batches")
-		}
-		a, err := leases.Acquire(ctx, firstID+int64(i), fmt.Sprintf("bench-%d", i), time.Minute)
-		if err == nil && a.Outcome != lease.Acquired {
-			err = fmt.Errorf("outcome %s", a.Outcome)
-		}
-		return err
+	next := firstID
+	n, acq, err := e.measure("lease acquire, 1 client", "acquisitions", func() (int, error) {
+		n, _, err := timed(e.ctx, 1, e.phase, func(ctx context.Context, c, i int) error {
+			if next > lastID-16 {
+				return fmt.Errorf("ran out of prepared batches")
+			}
+			a, err := leases.Acquire(ctx, next, fmt.Sprintf("bench-%d", i), time.Minute)
+			next++
+			if err == nil && a.Outcome != lease.Acquired {
+				err = fmt.Errorf("outcome %s", a.Outcome)
+			}
+			return err
+		})
+		return n, err
 	})
 	if err != nil {
 		return err
 	}
 	acquire := float64(n) / e.phase.Seconds()
-	rawUpdate, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d;`, firstID+prepared-1), 1, e.phase)
+	// The same access pattern: a different row of the prepared ones each time.
+	rawUpdate, err := e.pgbench(fmt.Sprintf("\\set id random(%d, %d)\nUPDATE ingestion_batches SET updated_at = now() WHERE id = :id;\n", firstID, lastID), 1, e.phase)
 	if err != nil {
 		return err
 	}
-	e.add("lease acquire, 1 client", acquire, ptr(rawUpdate), "ops/s", 0.8, false, "fresh batches; baseline: pgbench raw single-row UPDATE by id")
+	rawPgx, rawCost, err := e.rawUpdates(1, func(c, i int) int64 { return firstID + rand.Int64N(prepared) })
+	if err != nil {
+		return err
+	}
+	e.add("lease acquire, 1 client", acquire, ptr(rawUpdate), "ops/s", 0.8, false,
+		fmt.Sprintf("fresh batches, each acquisition also appending its term to execution_lease_terms; baseline: pgbench raw single-row UPDATE of a random prepared batch; "+
+			"the same UPDATE through pgx from the harness: %.0f/s (ours = %.2f of that); per acquisition %.0f µs PostgreSQL CPU, %.0f WAL bytes (raw UPDATE: %.0f µs, %.0f bytes)",
+			rawPgx, acquire/rawPgx, 1e6*acq.serverCPU, acq.walBytes, 1e6*rawCost.serverCPU, rawCost.walBytes))
 
 	held := make([]lease.Lease, 8)
 	for c := range held {
-		a, err := leases.Acquire(e.ctx, firstID+prepared-1-int64(c), fmt.Sprintf("renewer-%d", c), time.Hour)
+		a, err := leases.Acquire(e.ctx, lastID-int64(c), fmt.Sprintf("renewer-%d", c), time.Hour)
 		if err != nil {
 			return err
 		}
 		held[c] = a.Lease
 	}
 	for _, clients := range []int{1, 8} {
-		n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
-			l, ok, err := leases.Renew(ctx, held[c], time.Hour)
-			if err == nil && !ok {
-				err = fmt.Errorf("renewal lost")
-			}
-			held[c] = l
-			return err
+		n, ren, err := e.measure(fmt.Sprintf("lease renew, %d clients", clients), "renewals", func() (int, error) {
+			n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+				l, ok, err := leases.Renew(ctx, held[c], time.Hour)
+				if err == nil && !ok {
+					err = fmt.Errorf("renewal lost")
+				}
+				held[c] = l
+				return err
+			})
+			return n, err
 		})
 		if err != nil {
 			return err
 		}
 		renew := float64(n) / e.phase.Seconds()
-		base, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d - :client_id::bigint;`, firstID+prepared-1), clients, e.phase)
+		base, err := e.pgbench(fmt.Sprintf(`UPDATE ingestion_batches SET updated_at = now() WHERE id = %d - :client_id::bigint;`, lastID), clients, e.phase)
 		if err != nil {
 			return err
 		}
-		e.add(fmt.Sprintf("lease renew, %d client(s)", clients), renew, ptr(base), "ops/s", 0.8, false, "baseline: pgbench raw single-row UPDATE by id, one row per client")
-		if clients == 8 {
-			for _, running := range []int{1000, 10000} {
-				need := float64(running) / jobs.RenewEveryDefault.Seconds()
-				e.add(fmt.Sprintf("steady renewal load, %d running batches", running), need, ptr(renew), "statements/s", 0, false,
-					fmt.Sprintf("computed: %d batches / %s renewal period; ratio = share of the renewal capacity measured above (8 clients)", running, jobs.RenewEveryDefault))
-			}
+		rawPgx, rawCost, err := e.rawUpdates(clients, func(c, i int) int64 { return lastID - int64(c) })
+		if err != nil {
+			return err
 		}
+		e.add(fmt.Sprintf("lease renew, %d client(s)", clients), renew, ptr(base), "ops/s", 0.8, false,
+			fmt.Sprintf("baseline: pgbench raw single-row UPDATE by id, one row per client; the same UPDATE through pgx from the harness: %.0f/s (ours = %.2f of that); "+
+				"per renewal %.0f µs PostgreSQL CPU, %.0f WAL bytes (raw UPDATE: %.0f µs, %.0f bytes)",
+				rawPgx, renew/rawPgx, 1e6*ren.serverCPU, ren.walBytes, 1e6*rawCost.serverCPU, rawCost.walBytes))
 	}
 	return nil
+}
+
+// rawUpdates measures the baseline's single-row UPDATE sent through pgx from
+// this process, with clients goroutines updating the rows id(c, i).
+func (e *env) rawUpdates(clients int, id func(c, i int) int64) (float64, perOp, error) {
+	n, cost, err := e.measure(fmt.Sprintf("raw pgx UPDATE, %d clients", clients), "updates", func() (int, error) {
+		n, _, err := timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
+			_, err := e.pool.Exec(ctx, `UPDATE ingestion_batches SET updated_at = now() WHERE id = $1`, id(c, i))
+			return err
+		})
+		return n, err
+	})
+	return float64(n) / e.phase.Seconds(), cost, err
 }
 
 // benchLoad: rows per second of the load phase against psql \copy of the
@@ -301,6 +350,15 @@ type workerProc struct {
 
 var workerSeq int
 
+// workerPIDs returns the worker processes the harness is running.
+func (e *env) workerPIDs() []int {
+	var pids []int
+	for _, p := range e.workers {
+		pids = append(pids, p.cmd.Process.Pid)
+	}
+	return pids
+}
+
 func (e *env) startWorkers(n int, extra ...string) ([]*workerProc, error) {
 	var procs []*workerProc
 	for range n {
@@ -318,12 +376,14 @@ func (e *env) startWorkers(n int, extra ...string) ([]*workerProc, error) {
 		}
 		procs = append(procs, &workerProc{name: name, cmd: cmd, logs: logs})
 	}
+	e.workers = append(e.workers, procs...)
 	// Wait until every River client registered its queue and answers.
 	time.Sleep(1500 * time.Millisecond)
 	return procs, nil
 }
 
-func stopWorkers(procs []*workerProc) {
+func (e *env) stopWorkers(procs []*workerProc) {
+	e.workers = slices.DeleteFunc(e.workers, func(w *workerProc) bool { return slices.Contains(procs, w) })
 	for _, p := range procs {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
@@ -337,6 +397,9 @@ func stopWorkers(procs []*workerProc) {
 			<-done
 		}
 		p.logs.Close()
+		if st := p.cmd.ProcessState; st != nil {
+			e.exitedWorkerCPU += (st.UserTime() + st.SystemTime()).Seconds()
+		}
 	}
 }
 
@@ -349,7 +412,7 @@ func benchIdle(e *env) error {
 	if err != nil {
 		return err
 	}
-	defer stopWorkers(procs)
+	defer e.stopWorkers(procs)
 	time.Sleep(2 * time.Second)
 	if err := e.exec(`SELECT pg_stat_statements_reset()`); err != nil {
 		return err
@@ -416,31 +479,40 @@ func benchEndToEnd(e *env) error {
 				}
 			}
 		}()
-		for i := range batches {
-			if _, err := enq.Import(e.ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
-				Folder: "file://" + filepath.Join(folderDir, fmt.Sprint((workers-1)*batches+i))}); err != nil {
-				return err
-			}
+		reqs := make([]jobs.ImportRequest, batches)
+		for i := range reqs {
+			reqs[i] = jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+				Folder: "file://" + filepath.Join(folderDir, fmt.Sprint((workers-1)*batches+i))}
 		}
-		deadline := time.Now().Add(3 * time.Minute)
-		for {
-			var done int
-			if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded'`).Scan(&done); err != nil {
-				return err
+		_, cost, err := e.measure(fmt.Sprintf("end to end, %d worker processes", workers), "batches", func() (int, error) {
+			// One burst, as River's baseline inserts its jobs with one InsertMany.
+			if _, err := enq.ImportMany(e.ctx, reqs); err != nil {
+				return 0, err
 			}
-			if done == batches {
-				break
+			deadline := time.Now().Add(3 * time.Minute)
+			for {
+				var done int
+				if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded' AND `+current).Scan(&done); err != nil {
+					return 0, err
+				}
+				if done == batches {
+					// Stopped workers' connections flush their statistics.
+					close(stopSampling)
+					e.stopWorkers(procs)
+					return batches, nil
+				}
+				if time.Now().After(deadline) {
+					return 0, fmt.Errorf("%d of %d batches succeeded in 3 minutes", done, batches)
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%d of %d batches succeeded in 3 minutes", done, batches)
-			}
-			time.Sleep(100 * time.Millisecond)
+		})
+		if err != nil {
+			return err
 		}
-		close(stopSampling)
-		stopWorkers(procs)
 		var span float64
 		var lat []time.Duration
-		rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches`)
+		rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches WHERE `+current)
 		if err != nil {
 			return err
 		}
@@ -452,16 +524,24 @@ func benchEndToEnd(e *env) error {
 			lat = append(lat, d)
 		}
 		rows.Close()
-		if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(completed_at) - min(started_at)) FROM ingestion_batches`).Scan(&span); err != nil {
+		if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(completed_at) - min(started_at)) FROM ingestion_batches WHERE `+current).Scan(&span); err != nil {
 			return err
 		}
 		ours := float64(batches) / span
-		noop, err := e.riverNoop(workers, batches)
+		var noop float64
+		_, noopCost, err := e.measure(fmt.Sprintf("River no-op jobs, %d clients", workers), "jobs", func() (int, error) {
+			var err error
+			noop, err = e.riverNoop(workers, batches)
+			return batches, err
+		})
 		if err != nil {
 			return err
 		}
 		e.add(fmt.Sprintf("end to end, %d worker process(es)", workers), ours, ptr(noop), "batches/s", 0.5, false,
-			fmt.Sprintf("enqueue→Succeeded p50 %s, p99 %s; baseline: River no-op jobs, %d client(s) × 4 workers, same run", percentile(lat, 50).Round(time.Millisecond), percentile(lat, 99).Round(time.Millisecond), workers))
+			fmt.Sprintf("enqueue→Succeeded p50 %s, p99 %s; per batch: %.1f transactions, %.1f statements, %.2f WAL fsyncs, %.1f ms PostgreSQL CPU, %.1f ms worker CPU; baseline: River no-op jobs, %d client(s) × 4 workers, same run",
+				percentile(lat, 50).Round(time.Millisecond), percentile(lat, 99).Round(time.Millisecond),
+				cost.commits, cost.statements, cost.walSyncs, 1000*cost.serverCPU, 1000*cost.workerCPU, workers)+
+				fmt.Sprintf(" (per job, client start included: %.1f transactions, %.1f statements, %.2f WAL fsyncs)", noopCost.commits, noopCost.statements, noopCost.walSyncs))
 		e.charts = append(e.charts, chart{group: "end-to-end", x: float64(workers), p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99)})
 	}
 	e.add("worker resident memory, under load", float64(peakRSS)/(1<<20), nil, "MiB", 0, false, "peak VmRSS sampled every 100 ms during the end-to-end runs")
@@ -550,7 +630,7 @@ func benchTakeover(e *env, trials int) error {
 	if err != nil {
 		return err
 	}
-	defer func() { stopWorkers(alive) }()
+	defer func() { e.stopWorkers(alive) }()
 	var delays []time.Duration
 	for trial := range trials {
 		dir := filepath.Join(e.dir, "takeover", fmt.Sprint(trial))
@@ -646,25 +726,4 @@ func benchTakeover(e *env, trials int) error {
 		fmt.Sprintf("<= TTL + 5 s = %s", ttl+5*time.Second), p99 <= ttl+5*time.Second,
 		fmt.Sprintf("lease TTL %s: p50 %.2f s (%.2f × TTL), p99 %.2f s (%.2f × TTL), max %.2f s", ttl, p50.Seconds(), p50.Seconds()/ttl.Seconds(), p99.Seconds(), p99.Seconds()/ttl.Seconds(), percentile(delays, 100).Seconds()))
 	return nil
-}
-
-// dumpStatements logs the statements that took the most server time, for
-// profiling (BENCH_STATEMENTS=1).
-func (e *env) dumpStatements(label string) {
-	rows, err := e.pool.Query(e.ctx, `
-		SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), left(regexp_replace(query, '\s+', ' ', 'g'), 90)
-		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-		ORDER BY total_exec_time DESC LIMIT 8`)
-	if err != nil {
-		return
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var calls int64
-		var total, mean float64
-		var q string
-		if rows.Scan(&calls, &total, &mean, &q) == nil {
-			e.log.Info("statement", "phase", label, "calls", calls, "total_ms", total, "mean_ms", mean, "query", q)
-		}
-	}
 }

@@ -131,9 +131,32 @@ func (e *env) exec(sql string, args ...any) error {
 	return err
 }
 
-// reset empties the tables the scenarios write.
+// historyBatches is how many finished batches reset leaves in
+// ingestion_batches, so that every scenario runs against a table with a
+// history and current planner statistics, as in production (an empty,
+// never-analysed table makes the planner guess).
+const historyBatches = 20_000
+
+// current selects the batches a scenario made, leaving out the history.
+const current = `source_scope NOT LIKE 'fleet\_s3:s3://history-bucket/%'`
+
+// reset empties the tables the scenarios write, then records a history of
+// finished batches of 200 tenants (the bench tenant among them) and
+// analyses the tables.
 func (e *env) reset() error {
-	return e.exec(`TRUNCATE ingestion_batches, river_job, curated.fleet_records, curated.fleet_slices, curated.fleet_publications`)
+	if err := e.exec(`TRUNCATE ingestion_batches, river_job, curated.fleet_records, curated.fleet_slices, curated.fleet_publications`); err != nil {
+		return err
+	}
+	if err := e.exec(`
+		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status,
+		                               details, source_scope, completed_at)
+		SELECT 'company-1', CASE WHEN g % 200 = 0 THEN 'tenant-bench' ELSE 'tenant-' || (g % 200) END, 'tenant_db', 'FileUpload', 'FleetS3',
+		       'fleet_s3_direct_to_curated', 'Succeeded', '{"version": 1, "phase": "published"}',
+		       'fleet_s3:s3://history-bucket/' || g, now()
+		FROM generate_series(1, $1) g`, historyBatches); err != nil {
+		return err
+	}
+	return e.exec(`ANALYZE ingestion_batches, river_job`)
 }
 
 // rss returns the resident set size of a process in bytes.

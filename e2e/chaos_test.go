@@ -403,7 +403,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		faults += c
 	}
 	var takeovers int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches, jsonb_array_elements(details->'leases') WITH ORDINALITY e(term, i) WHERE i > 1`).Scan(&takeovers))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches, jsonb_array_elements(execution_lease_terms) WITH ORDINALITY e(term, i) WHERE i > 1`).Scan(&takeovers))
 	t.Logf("%s: %s; faults by kind %v; %d folders (%d bad); batches succeeded %d, failed %d; lease terms after the first %d; took %s",
 		cfg.name, chaos.Summary(1, faults, report.Batches, len(report.Violations)), kinds, len(folders), countBad(folders),
 		report.Succeeded, report.Failed, takeovers, time.Since(start).Round(time.Second))
@@ -428,7 +428,7 @@ func dumpRunning(t *testing.T, pool *pgxpool.Pool) {
 	ctx := context.Background()
 	rows, err := pool.Query(ctx, `
 		SELECT b.id, b.details->>'phase', COALESCE(b.execution_lease_id, '-'), COALESCE((b.execution_lease_expires_at - now())::text, '-'),
-		       b.execution_lease_generation, b.details->'leases', b.details->'writes',
+		       b.execution_lease_generation, b.execution_lease_terms, b.details->'writes',
 		       COALESCE((SELECT jsonb_agg(jsonb_build_object('id', j.id, 'state', j.state, 'attempt', j.attempt, 'scheduled_at', j.scheduled_at, 'args', j.args, 'errors', j.errors, 'metadata', j.metadata))
 		                 FROM river_job j WHERE (j.args->>'batch_id')::bigint = b.id), '[]')
 		FROM ingestion_batches b WHERE status = 'Running'`)

@@ -288,3 +288,46 @@ func TestWorkerProbesAndFlagValidation(t *testing.T) {
 	require.Equal(t, 1, cmd.ProcessState.ExitCode(), "unreachable database: %s", out)
 	require.NotContains(t, string(out), "sekrit-pw")
 }
+
+// TestSkewedWorkerClockFinishesItsBatch runs a worker whose clock is 2.5 s
+// ahead of (then behind) the database's, with a 3 s lease renewed every
+// second, through a load held up for longer than a lease term: its lease
+// deadlines come from the database clock (the time left that each renewal
+// reports, added to the local time the renewal was sent), so it keeps
+// renewing, never loses its term and finishes the batch under its first
+// generation.
+func TestSkewedWorkerClockFinishesItsBatch(t *testing.T) {
+	t.Parallel()
+	for _, skew := range []string{"2500ms", "-2500ms"} {
+		t.Run(skew, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dbURL := pgtest.NewDatabaseURL(t)
+			pool := pgtest.Pool(t, dbURL)
+			w := startWorker(t, dbURL, append(fastLease, "--test-clock-offset="+skew)...)
+
+			release := blockLoads(t, pool)
+			id := enqueueBatch(t, dbURL, "tenant-a", writeFolder(t, sample))
+			held := waitLoadBlocked(t, pool, id, w.name+"/")
+			// Keep the load waiting until the first term is well past its
+			// expiry by the database clock: only renewals keep the lease.
+			require.Eventually(t, func() bool {
+				var past bool
+				require.NoError(t, pool.QueryRow(ctx, `SELECT now() > $1::timestamptz + interval '2 seconds'`, *held.LeaseExpiresAt).Scan(&past))
+				return past
+			}, 30*time.Second, 50*time.Millisecond)
+			b, _ := getBatch(t, pool, id)
+			require.NotNil(t, b.LeaseID, "the skewed worker still holds its lease")
+			require.Equal(t, *held.LeaseID, *b.LeaseID)
+			require.Equal(t, held.LeaseGeneration, b.LeaseGeneration)
+			require.True(t, b.LeaseExpiresAt.After(*held.LeaseExpiresAt), "renewals extended the term")
+			release()
+
+			done := waitStatus(t, pool, id, batch.StatusSucceeded, 30*time.Second)
+			require.Equal(t, int64(1), done.LeaseGeneration, "one term from start to finish")
+			require.GreaterOrEqual(t, w.metric(`ingest_lease_renewals_total{outcome="renewed"}`), float64(2))
+			require.Zero(t, w.metric(`ingest_lease_renewals_total{outcome="lost"}`))
+			require.Zero(t, w.metric(`ingest_lease_renewals_total{outcome="error"}`))
+		})
+	}
+}

@@ -122,6 +122,55 @@ func TestConcurrentApplyIsSafe(t *testing.T) {
 	require.Equal(t, latest, v)
 }
 
+// TestLeaseTrailMovesOutOfDetails upgrades a database whose batches carry
+// the lease trail in their details (as before migration 30): the trail moves
+// to execution_lease_terms, every term closed but the one a batch still
+// holds, and leaves the details documents, which keep everything else.
+func TestLeaseTrailMovesOutOfDetails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.NewDatabaseURLAt(t, 3))
+	insert := func(status, details string, leaseID *string, generation int64) int64 {
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, `
+			INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage,
+			                               status, details, source_scope, execution_lease_id, execution_lease_expires_at, execution_lease_generation)
+			VALUES ('c', 't', 'db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', $1, $2::jsonb, 'fleet_s3:s3://b/' || ($2::jsonb->>'phase'),
+			        $3::text, CASE WHEN $3::text IS NOT NULL THEN now() + interval '1 minute' END, $4)
+			RETURNING id`, status, details, leaseID, generation).Scan(&id))
+		return id
+	}
+	holder := "b"
+	done := insert("Succeeded", `{"version":1,"phase":"published","writes":[],"leases":[
+		{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","renewals":3},
+		{"leaseId":"b","generation":2,"at":"2026-11-30T10:00:40Z","expiresAt":"2026-11-30T10:01:10Z","releasedAt":"2026-11-30T10:00:50Z"}]}`, nil, 2)
+	held := insert("Running", `{"version":1,"phase":"loading","leases":[
+		{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z"},
+		{"leaseId":"b","generation":2,"at":"2026-11-30T10:00:40Z","expiresAt":"2026-11-30T10:01:10Z","renewals":1}]}`, &holder, 2)
+	untouched := insert("Running", `{"version":99,"phase":"future"}`, nil, 0)
+
+	_, err := migrations.Apply(ctx, pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	read := func(id int64) (details, terms string) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT details::text, execution_lease_terms::text FROM ingestion_batches WHERE id = $1`, id).Scan(&details, &terms))
+		return details, terms
+	}
+	d, terms := read(done)
+	require.JSONEq(t, `{"version":1,"phase":"published","writes":[]}`, d)
+	require.JSONEq(t, `[
+		{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","closed":true},
+		{"leaseId":"b","generation":2,"at":"2026-11-30T10:00:40Z","expiresAt":"2026-11-30T10:01:10Z","releasedAt":"2026-11-30T10:00:50Z","closed":true}]`, terms)
+	d, terms = read(held)
+	require.JSONEq(t, `{"version":1,"phase":"loading"}`, d)
+	require.JSONEq(t, `[
+		{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","closed":true},
+		{"leaseId":"b","generation":2,"at":"2026-11-30T10:00:40Z","expiresAt":"2026-11-30T10:01:10Z","closed":false}]`, terms,
+		"the term still held stays open: its live expiry is the row's")
+	d, terms = read(untouched)
+	require.JSONEq(t, `{"version":99,"phase":"future"}`, d)
+	require.Equal(t, `[]`, terms)
+}
+
 func TestHashIsStable(t *testing.T) {
 	t.Parallel()
 	a, err := migrations.Hash()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
@@ -120,11 +121,15 @@ type importCmd struct {
 	TenantID       string `name:"tenant-id" required:"" help:"Canonical tenant id."`
 	TenantDatabase string `name:"tenant-database" required:"" help:"Tenant database name."`
 	CompanyID      string `name:"company-id" required:"" help:"Company (customer) id."`
-	Folder         string `name:"folder" required:"" help:"Source folder URL: s3://bucket/prefix, file:///dir or mem://bucket/prefix."`
+	Folder         string `name:"folder" required:"" xor:"source" help:"Source folder URL: s3://bucket/prefix, file:///dir or mem://bucket/prefix."`
+	FromFile       string `name:"from-file" required:"" xor:"source" type:"existingfile" help:"Import every folder listed in this file (one URL per line; blank lines and lines starting with # are skipped) as bursts of up to 1000 in one transaction each. Prints one JSON line per folder, in order; exits with the code of the worst outcome."`
 	Reimport       bool   `name:"reimport" help:"Start a new batch even if the folder's latest batch succeeded (otherwise: already_succeeded)."`
 }
 
 func (i *importCmd) Run(c *enqueueCLI, e *cli.Env) error {
+	if i.FromFile != "" {
+		return i.runFromFile(c, e)
+	}
 	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder, Reimport: i.Reimport}
 	if err := jobs.ValidateImport(req); err != nil {
 		return invalid(e, err)
@@ -141,6 +146,75 @@ func (i *importCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
 	return report(e)(enq.Import(ctx, req))
+}
+
+// runFromFile imports every folder listed in --from-file with
+// Enqueuer.ImportMany, printing one JSON line per folder. A line that is
+// not a valid folder (or flags that are invalid for every line) answer
+// invalid_input for that line; nothing is written for it.
+func (i *importCmd) runFromFile(c *enqueueCLI, e *cli.Env) error {
+	raw, err := os.ReadFile(i.FromFile)
+	if err != nil {
+		return invalid(e, &jobs.InputError{Field: "from_file", Reason: err.Error()})
+	}
+	var reqs []jobs.ImportRequest
+	for _, line := range strings.Split(string(raw), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		reqs = append(reqs, jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: line, Reimport: i.Reimport})
+	}
+	if len(reqs) == 0 {
+		return invalid(e, &jobs.InputError{Field: "from_file", Reason: "lists no folder"})
+	}
+	pool, err := connect(c, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	enq, err := newEnqueuer(c, e, pool, nil, 0)
+	if err != nil {
+		return err
+	}
+	// --timeout bounds each burst.
+	ctx, cancel := context.WithTimeout(e.Ctx, time.Duration(1+len(reqs)/jobs.MaxBurst)*c.Timeout)
+	defer cancel()
+	results, err := enq.ImportMany(ctx, reqs)
+	if err != nil {
+		return err
+	}
+	worst := cli.ExitOK
+	for _, res := range results {
+		printJSON(e.Stdout, res)
+		code := exitCode(res.Outcome)
+		if res.Outcome == jobs.OutcomeInvalidInput {
+			code = cli.ExitInvalidInput
+		}
+		if exitSeverity(code) > exitSeverity(worst) {
+			worst = code
+		}
+	}
+	if worst != cli.ExitOK {
+		return cli.ExitError{Code: worst}
+	}
+	return nil
+}
+
+// exitSeverity orders the exit codes of import outcomes, so a file of
+// imports exits with its worst: enqueue failed, invalid input, conflict.
+func exitSeverity(code int) int {
+	switch code {
+	case cli.ExitOK:
+		return 0
+	case cli.ExitConflict:
+		return 1
+	case cli.ExitInvalidInput:
+		return 2
+	case cli.ExitEnqueueFail:
+		return 3
+	}
+	return 4
 }
 
 // report returns a function that prints an outcome as the command's one

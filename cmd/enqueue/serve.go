@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/uploads"
@@ -24,12 +26,13 @@ type serveCmd struct {
 	PathPattern    string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
 	Buckets        []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any)."`
 	MaxBodyBytes   int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
-	MaxConns       int           `name:"max-conns" env:"MAX_CONNS" default:"256" help:"Most open connections; beyond it the longest-idle one is closed."`
+	MaxHTTPConns   int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open HTTP connections; beyond it the longest-idle one is closed."`
 	SNSTopicARNs   []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
 	SNSAutoConfirm bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
 	DevLocal       bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
 	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
 	NoRiverUI      bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI at /riverui/."`
+	MaxConns       int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within the request timeout. Size it for the concurrent requests expected, within the server's max_connections."`
 }
 
 func readSecret(path string) (string, error) {
@@ -69,8 +72,11 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if c.DatabaseURL == "" {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: cli.ErrNoDatabaseURL}
 	}
+	if s.MaxConns < 1 {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--max-conns must be at least 1")}
+	}
 	// The database must answer at start; later outages answer 503.
-	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, nil)
+	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, func(cfg *pgxpool.Config) { cfg.MaxConns = int32(s.MaxConns) })
 	if err != nil {
 		return err
 	}
@@ -103,8 +109,8 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	pruneCtx, stopPruning := context.WithCancel(context.WithoutCancel(e.Ctx))
 	defer stopPruning()
 	go srv.PruneReplays(pruneCtx, time.Minute)
-	if s.MaxConns < 1 {
-		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--max-conns must be at least 1")}
+	if s.MaxHTTPConns < 1 {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--max-http-conns must be at least 1")}
 	}
 	handler := srv.Handler()
 	if !s.NoRiverUI {
@@ -117,7 +123,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		mux.Handle("/", handler)
 		handler = mux
 	}
-	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: handler, MaxConns: s.MaxConns, Logger: e.Logger})
+	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: handler, MaxConns: s.MaxHTTPConns, Logger: e.Logger})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}
@@ -125,7 +131,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
 	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", token != "", "hmac", len(secret) > 0,
-		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets)
+		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
 
 	select {
 	case <-e.Ctx.Done():

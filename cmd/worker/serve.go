@@ -41,8 +41,21 @@ type runCmd struct {
 	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
 	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
 	MaxColumns           int           `name:"max-columns" env:"MAX_COLUMNS" default:"4096" help:"Most columns of a CSV record; a folder with more fails failed_pre_commit."`
+	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Connections this process opens to the operational database: the lease pool (concurrency + 2: acquisitions, releases, lease checks and the one renewal statement per period) and the rest for River, pipeline writes, the sweeper and gauges. Default 3 × --concurrency + 6; at least 2 × --concurrency + 6."`
+	ClockOffset          time.Duration `name:"test-clock-offset" hidden:"" help:"Tests only: shift this process's local clock (lease deadlines) by this much."`
 
 	warehouseFlags
+}
+
+// pools returns the sizes of the operational pools for r's concurrency and
+// --max-conns: the lease pool and the main pool.
+func (r *runCmd) pools() (leases, main int32) {
+	leases = int32(r.Concurrency + 2)
+	total := r.MaxConns
+	if total == 0 {
+		total = 3*r.Concurrency + 6
+	}
+	return leases, int32(total) - leases
 }
 
 func (r *runCmd) validate() error {
@@ -55,6 +68,8 @@ func (r *runCmd) validate() error {
 		return errors.New("--concurrency must be between 1 and 256")
 	case r.ShutdownGrace < 0:
 		return errors.New("--shutdown-grace must not be negative")
+	case r.MaxConns != 0 && r.MaxConns < 2*r.Concurrency+6:
+		return fmt.Errorf("--max-conns (%d) must be at least 2 × --concurrency + 6 = %d", r.MaxConns, 2*r.Concurrency+6)
 	case r.MetricsMaxConns < 1:
 		return errors.New("--metrics-max-conns must be at least 1")
 	case r.MaxRecordBytes < 1024 || r.MaxColumns < 1:
@@ -85,7 +100,8 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	sized := func(n int32) func(*pgxpool.Config) {
 		return func(c *pgxpool.Config) { c.MaxConns = n }
 	}
-	pool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(int32(2*r.Concurrency+4)))
+	leaseConns, mainConns := r.pools()
+	pool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(mainConns))
 	if err != nil {
 		return err
 	}
@@ -93,9 +109,9 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	if err := migrations.RequireCurrent(ctx, pool); err != nil {
 		return err
 	}
-	// Heartbeats get connections of their own so they never wait behind
-	// pipeline work.
-	hbPool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(int32(r.Concurrency+1)))
+	// Lease operations get connections of their own so renewals never wait
+	// behind pipeline work.
+	hbPool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(leaseConns))
 	if err != nil {
 		return err
 	}
@@ -120,6 +136,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		LeaseTTL:     r.LeaseTTL,
 		RenewEvery:   r.LeaseRenewEvery,
 		HolderPrefix: r.Name,
+		Clock:        offsetClock(r.ClockOffset),
 		Metrics:      m,
 		Logger:       log,
 	})
@@ -159,6 +176,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	go jobs.RunStats(bg, pool, m, r.StatsInterval, log)
 	ready.Store(true)
 	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl", r.LeaseTTL, "lease_renew_every", r.LeaseRenewEvery,
+		"max_conns", leaseConns+mainConns,
 		"database", cli.Redact(g.DatabaseURL), "warehouse", whName)
 
 	<-ctx.Done()
@@ -181,6 +199,15 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	_ = srv.Shutdown(shutdownCtx)
 	log.Info("worker stopped")
 	return nil
+}
+
+// offsetClock returns the local clock, shifted by offset when it is not zero
+// (a wall clock without Go's monotonic reading, as a skewed host would have).
+func offsetClock(offset time.Duration) func() time.Time {
+	if offset == 0 {
+		return time.Now
+	}
+	return func() time.Time { return time.Now().Round(0).Add(offset) }
 }
 
 // healthMux serves /metrics, /healthz (the process is alive) and /readyz

@@ -339,3 +339,31 @@ func TestChartRedshiftWarehouse(t *testing.T) {
 		require.ErrorContains(t, err, c.want)
 	}
 }
+
+// TestChartSizesConnections: enqueue's database pool (--max-conns) and
+// HTTP connection cap (--max-http-conns) come from their values; the
+// worker's pool takes the binary's default unless set.
+func TestChartSizesConnections(t *testing.T) {
+	t.Parallel()
+	p := pods(t, mustRender(t, nil))
+	enq := p.enqueue.Containers[0].Args
+	v, ok := argValue(enq, "--max-conns")
+	require.True(t, ok)
+	require.Equal(t, "32", v)
+	v, ok = argValue(enq, "--max-http-conns")
+	require.True(t, ok)
+	require.Equal(t, "256", v)
+	_, ok = argValue(p.worker.Containers[0].Args, "--max-conns")
+	require.False(t, ok, "the worker sizes its pools from --concurrency by default")
+
+	p = pods(t, mustRender(t, map[string]any{
+		"worker":  map[string]any{"databaseMaxConns": 40},
+		"enqueue": map[string]any{"databaseMaxConns": 64, "maxHTTPConns": 512},
+	}))
+	v, _ = argValue(p.worker.Containers[0].Args, "--max-conns")
+	require.Equal(t, "40", v)
+	v, _ = argValue(p.enqueue.Containers[0].Args, "--max-conns")
+	require.Equal(t, "64", v)
+	v, _ = argValue(p.enqueue.Containers[0].Args, "--max-http-conns")
+	require.Equal(t, "512", v)
+}

@@ -90,7 +90,7 @@ GRANT SELECT ON ingestion_batches TO fleet_worker;
 -- parking a batch this build cannot work on.
 GRANT UPDATE (status, details, completed_at, updated_at,
               execution_lease_id, execution_lease_expires_at, execution_lease_generation,
-              execution_lease_renewed_at, parked_at, parked_reason)
+              execution_lease_renewed_at, execution_lease_terms, parked_at, parked_reason)
     ON ingestion_batches TO fleet_worker;
 -- Workers check at start that the schema is current for their build.
 GRANT SELECT ON ingest_schema_migrations TO fleet_worker;
@@ -125,10 +125,11 @@ GRANT INSERT (company_id, tenant_id, tenant_database, ingestion_mode, source_typ
     ON ingestion_batches TO fleet_enqueue;
 GRANT USAGE, SELECT ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue;
 -- Resumes (Failed → Running) and operator transitions (→ Failed): a cancel
--- moves the lease generation on (fencing the holder) and records who asked.
+-- moves the lease generation on (fencing the holder), closes the revoked
+-- term in the lease trail and records who asked.
 GRANT UPDATE (status, details, completed_at, updated_at,
               execution_lease_id, execution_lease_expires_at, execution_lease_generation,
-              cancelled_at, cancelled_by, cancel_reason)
+              execution_lease_terms, cancelled_at, cancelled_by, cancel_reason)
     ON ingestion_batches TO fleet_enqueue;
 DROP POLICY IF EXISTS fleet_enqueue_read ON ingestion_batches;
 CREATE POLICY fleet_enqueue_read ON ingestion_batches FOR SELECT TO fleet_enqueue

@@ -703,13 +703,18 @@ func TestParseDetailsIsStrict(t *testing.T) {
 		require.ErrorIs(t, err, batch.ErrDetailsInvalid, name)
 	}
 
-	// What the database statements write today parses: the lease and write
-	// audit trails with every key they set, updatedAt, progress, retryOf.
+	// The lease trail left details for its own column (migration 30 moved
+	// every existing one): a document that still carries it is refused.
+	_, err := batch.ParseDetails([]byte(`{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},` +
+		`"leases":[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z"}]}`))
+	require.ErrorIs(t, err, batch.ErrDetailsInvalid)
+
+	// What the database statements write today parses: the write audit
+	// trail with every key it sets, updatedAt, progress, retryOf.
 	for _, raw := range []string{
 		`{"version":1,"phase":"loading","sourceFolder":"s3://b/f","redshiftCommitted":false,"publication":{"started":false,"completed":false},` +
 			`"updatedAt":"2026-11-30T10:00:01Z","resumes":1,"retryOf":7,` +
 			`"progress":{"objectsDone":1,"objectsTotal":3,"recordsDone":120,"at":"2026-11-30T10:00:01Z"},` +
-			`"leases":[{"leaseId":"w1/job-1/attempt-1/ab","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","releasedAt":"2026-11-30T10:00:02Z","renewals":3}],` +
 			`"writes":[{"phase":"loading","status":"Running","leaseId":"w1/job-1/attempt-1/ab","generation":1,"at":"2026-11-30T10:00:01Z"}]}`,
 		`{"version":1,"phase":"cancelled","redshiftCommitted":false,"publication":{"started":false,"completed":false},"lastError":{"phase":"cancelled","message":"cancelled by ops: stuck","at":"2026-11-30T10:00:00Z"}}`,
 	} {

@@ -86,13 +86,15 @@ type CancelResult struct {
 // cancelSQL is the fenced transition of an operator's cancel: Running →
 // Failed, the lease revoked by bumping the generation (so the holder's
 // renewals and fenced writes are refused from now on and its warehouse load
-// fails its lease check before committing), the scope freed by the status,
+// fails its lease check before committing) and its term closed in the lease
+// trail as released now, the scope freed by the status,
 // and who and why recorded. The details document gets phase cancelled and
 // the message as its last error only when $4 says this build can read it;
 // a document of an unknown version is never rewritten.
-const cancelSQL = `
+var cancelSQL = `
 	UPDATE ingestion_batches
 	SET status = 'Failed', completed_at = now(), updated_at = now(),
+	    execution_lease_terms = ` + LeaseTermsClosed("ingestion_batches", true) + `,
 	    execution_lease_id = NULL, execution_lease_expires_at = NULL,
 	    execution_lease_generation = execution_lease_generation + 1,
 	    cancelled_at = now(), cancelled_by = $2, cancel_reason = NULLIF($3, ''),

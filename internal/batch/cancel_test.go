@@ -51,6 +51,16 @@ func TestCancelIsAFencedTransition(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, batch.PhaseCancelled, gd.Phase)
 	require.Equal(t, "cancelled by alice@ops-host: folder re-uploaded", gd.LastError.Message)
+	// The revoked term is closed in the lease trail, ended by the cancel.
+	var rawTerms []byte
+	require.NoError(t, pool.QueryRow(ctx, `SELECT execution_lease_terms FROM ingestion_batches WHERE id = $1`, b.ID).Scan(&rawTerms))
+	terms, err := lease.ParseTerms(rawTerms)
+	require.NoError(t, err)
+	require.Len(t, terms, 1)
+	require.Equal(t, held.Generation, terms[0].Generation)
+	require.True(t, terms[0].Closed, "a cancel closes the term it revokes")
+	require.NotNil(t, terms[0].ReleasedAt)
+	require.False(t, terms[0].End().After(*got.CompletedAt), "the term ends at the cancel")
 
 	// The holder self-fences: its renewal and every write are refused.
 	_, ok, err := leases.Renew(ctx, held, time.Minute)

@@ -92,38 +92,14 @@ type Details struct {
 	Progress *Progress `json:"progress,omitempty"`
 	// UpdatedAt is stamped with the database clock by every store write.
 	UpdatedAt *time.Time `json:"updatedAt,omitempty"`
-	// Leases is the audit trail of lease terms, maintained by the database
-	// statements that acquire, renew and release leases. Writes from Go never
-	// replace it. Bounded to the last AuditLimit entries.
-	Leases []LeaseTerm `json:"leases,omitempty"`
 	// Writes is the audit trail of accepted fenced writes, appended by the
 	// fenced statement itself. Bounded to the last AuditLimit entries.
 	Writes []FencedWrite `json:"writes,omitempty"`
 }
 
-// AuditLimit bounds the audit trails kept in details.
+// AuditLimit bounds the audit trails the database keeps: details.writes
+// here and the lease terms of execution_lease_terms (package lease).
 const AuditLimit = 16
-
-// LeaseTerm is one acquisition of the execution lease: who held it, under
-// which generation, from when, until when it was last extended, and when it
-// was released (nil if it expired or is still held).
-type LeaseTerm struct {
-	LeaseID    string     `json:"leaseId"`
-	Generation int64      `json:"generation"`
-	At         time.Time  `json:"at"`
-	ExpiresAt  time.Time  `json:"expiresAt"`
-	ReleasedAt *time.Time `json:"releasedAt,omitempty"`
-	Renewals   int64      `json:"renewals,omitempty"`
-}
-
-// End is when the term stopped holding the lease: its release, or its
-// last expiry.
-func (t LeaseTerm) End() time.Time {
-	if t.ReleasedAt != nil && t.ReleasedAt.Before(t.ExpiresAt) {
-		return *t.ReleasedAt
-	}
-	return t.ExpiresAt
-}
 
 // FencedWrite is one accepted state write of a lease holder.
 type FencedWrite struct {

@@ -11,25 +11,23 @@ import (
 // fencedUpdate is the one statement every lease holder's state write goes
 // through. It writes only while the batch is Running and held by exactly the
 // fence's lease id and generation, unexpired by the database clock. Terminal
-// statuses stamp completed_at and release the lease in the same statement.
+// statuses stamp completed_at and release the lease in the same statement,
+// closing its term in the lease trail (LeaseTermsClosed).
 //
-// The audit trails in details belong to the database: the lease terms are
-// kept from the row (the writer's copy may be stale), the last term is marked
-// released by a terminal write, and the write itself is appended to
-// details.writes with its generation and the database time.
+// The write audit trail in details belongs to the database: the write itself
+// is appended to details.writes with its generation and the database time,
+// whatever the writer's copy held.
 var fencedUpdate = `
 	UPDATE ingestion_batches
 	SET status = $4::text,
-	    details = jsonb_set(jsonb_set(
+	    details = jsonb_set(
 	        ($5::jsonb - 'leases' - 'writes') || jsonb_build_object('updatedAt', now()),
-	        '{leases}',
-	        CASE WHEN $4::text <> 'Running' AND jsonb_array_length(` + auditLeases + `) > 0
-	             THEN jsonb_set(` + auditLeases + `, '{-1,releasedAt}', to_jsonb(now()))
-	             ELSE ` + auditLeases + ` END),
 	        '{writes}',
 	        ` + AuditAppend("details->'writes'") + ` || jsonb_build_array(jsonb_build_object(
 	            'phase', $5::jsonb->>'phase', 'status', $4::text, 'leaseId', $2::text,
 	            'generation', $3::bigint, 'at', now()))),
+	    execution_lease_terms = CASE WHEN $4::text = 'Running' THEN execution_lease_terms
+	        ELSE ` + LeaseTermsClosed("ingestion_batches", true) + ` END,
 	    completed_at = CASE WHEN $4::text = 'Running' THEN NULL ELSE now() END,
 	    execution_lease_id = CASE WHEN $4::text = 'Running' THEN execution_lease_id END,
 	    execution_lease_expires_at = CASE WHEN $4::text = 'Running' THEN execution_lease_expires_at END,
@@ -41,16 +39,34 @@ var fencedUpdate = `
 	  AND execution_lease_expires_at > now()
 	RETURNING ` + columns
 
-// auditLeases is the row's lease trail, an empty array if none.
-const auditLeases = `COALESCE(CASE WHEN jsonb_typeof(details->'leases') = 'array' THEN details->'leases' END, '[]'::jsonb)`
-
 // AuditAppend returns SQL for the audit array at expr (NULL or missing
 // means empty), with its oldest entry dropped once it holds AuditLimit
-// entries, ready for "|| new entry". Exported for the lease store, which
-// maintains details.leases the same way.
+// entries, ready for "|| new entry".
 func AuditAppend(expr string) string {
 	arr := `COALESCE(CASE WHEN jsonb_typeof(` + expr + `) = 'array' THEN ` + expr + ` END, '[]'::jsonb)`
 	return `(CASE WHEN jsonb_array_length(` + arr + `) >= ` + strconv.Itoa(AuditLimit) + ` THEN ` + arr + ` - 0 ELSE ` + arr + ` END)`
+}
+
+// LeaseTermsClosed returns SQL for the execution_lease_terms column of the
+// row named by table (a table name or alias) with the term of the row's
+// current generation closed: its final expiry recorded from
+// execution_lease_expires_at and, when released is true, its release time
+// now(). A trail whose last term belongs to another generation or is closed
+// already is unchanged. The lease store closes terms with it on release and
+// takeover; a terminal fenced write closes the term it ends. Any other
+// statement that clears a held lease must close its term the same way, or the
+// term's end is lost.
+func LeaseTermsClosed(table string, released bool) string {
+	t := table + ".execution_lease_terms"
+	extra := ""
+	if released {
+		extra = ", 'releasedAt', now()"
+	}
+	return `(CASE WHEN (` + t + `->-1->>'generation')::bigint = ` + table + `.execution_lease_generation
+	             AND NOT COALESCE((` + t + `->-1->>'closed')::boolean, false)
+	        THEN jsonb_set(` + t + `, '{-1}', (` + t + `->-1) || jsonb_build_object(
+	             'expiresAt', ` + table + `.execution_lease_expires_at, 'closed', true` + extra + `))
+	        ELSE ` + t + ` END)`
 }
 
 func (s *Store) fenced(ctx context.Context, f Fence, status Status, d Details) (Batch, error) {

@@ -14,7 +14,7 @@ import (
 func FuzzParseDetails(f *testing.F) {
 	for _, s := range []string{
 		`{"version":1,"phase":"reserved","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
-		`{"version":1,"phase":"committed","redshiftCommitted":true,"committedAt":"2026-11-30T10:00:00Z","leases":[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z"}]}`,
+		`{"version":1,"phase":"committed","redshiftCommitted":true,"committedAt":"2026-11-30T10:00:00Z","writes":[{"phase":"committed","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z"}]}`,
 		`{"version":2,"phase":"loading"}`, `{"version":"1"}`, `{"version":1}`, `[]`, `null`, `{}`, `"x"`, ``,
 		`{"version":1,"phase":"loading","redshiftCommitted":"yes"}`, `{"version":1e400,"phase":"x"}`,
 	} {
@@ -39,7 +39,7 @@ func FuzzParseDetails(f *testing.F) {
 		if err != nil {
 			t.Fatalf("round trip refused: %v", err)
 		}
-		if d2.Phase != d.Phase || d2.RedshiftCommitted != d.RedshiftCommitted || len(d2.Leases) != len(d.Leases) {
+		if d2.Phase != d.Phase || d2.RedshiftCommitted != d.RedshiftCommitted || len(d2.Writes) != len(d.Writes) {
 			t.Fatalf("round trip changed the document")
 		}
 	})

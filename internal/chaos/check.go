@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/lease"
 )
 
 // Expectation is what one generated folder should end as.
@@ -40,8 +42,10 @@ func (r *Report) violate(format string, args ...any) {
 //   - no batch is left Running (no scope reserved by a batch nobody finishes);
 //   - every batch ended Succeeded, or Failed with failed_pre_commit for a
 //     folder that was deliberately malformed;
-//   - lease terms of a batch never overlap (each acquisition starts at or
-//     after the previous term's release or last expiry);
+//   - lease terms of a batch (its execution_lease_terms trail) never
+//     overlap: each acquisition starts at or after the previous term's
+//     release or final expiry, and every term but a live last one was
+//     closed with its final expiry recorded;
 //   - every accepted state write lies within the term of the generation that
 //     made it (no stale-generation write was accepted);
 //   - for every good folder, its newest batch succeeded and the warehouse
@@ -56,7 +60,8 @@ func Check(ctx context.Context, pool *pgxpool.Pool, expect []Expectation) (Repor
 func CheckWith(ctx context.Context, pool, warehouse *pgxpool.Pool, expect []Expectation) (Report, error) {
 	var r Report
 	rows, err := pool.Query(ctx, `
-		SELECT id, tenant_id, source_scope, status, details
+		SELECT id, tenant_id, source_scope, status, details,
+		       execution_lease_terms, execution_lease_generation, execution_lease_expires_at
 		FROM ingestion_batches WHERE source_scope IS NOT NULL ORDER BY id`)
 	if err != nil {
 		return r, err
@@ -70,10 +75,11 @@ func CheckWith(ctx context.Context, pool, warehouse *pgxpool.Pool, expect []Expe
 	latest := map[[2]string]row{}
 	for rows.Next() {
 		var (
-			b   row
-			raw []byte
+			b        row
+			raw, trl []byte
+			trail    lease.Trail
 		)
-		if err := rows.Scan(&b.id, &b.tenant, &b.scope, &b.status, &raw); err != nil {
+		if err := rows.Scan(&b.id, &b.tenant, &b.scope, &b.status, &raw, &trl, &trail.Generation, &trail.ExpiresAt); err != nil {
 			return r, err
 		}
 		r.Batches++
@@ -93,7 +99,11 @@ func CheckWith(ctx context.Context, pool, warehouse *pgxpool.Pool, expect []Expe
 		case batch.StatusFailed:
 			r.Failed++
 		}
-		checkTerms(&r, b.id, d)
+		if trail.Terms, err = lease.ParseTerms(trl); err != nil {
+			r.violate("batch %d: lease trail unreadable: %v", b.id, err)
+			continue
+		}
+		checkTerms(&r, b.id, trail, d.Writes)
 	}
 	if err := rows.Err(); err != nil {
 		return r, err
@@ -181,14 +191,30 @@ func deref(p *int64) any {
 	return *p
 }
 
-// checkTerms verifies the lease audit trail of one batch: consecutive terms
-// do not overlap, and every accepted write lies within its own term.
-func checkTerms(r *Report, id int64, d batch.Details) {
-	terms := append([]batch.LeaseTerm(nil), d.Leases...)
+// checkTerms verifies the lease trail of one batch: consecutive terms do not
+// overlap, every term but a live last one was closed, and every accepted
+// write lies within its own term.
+func checkTerms(r *Report, id int64, trail lease.Trail, writes []batch.FencedWrite) {
+	terms := append([]lease.Term(nil), trail.Terms...)
 	sort.Slice(terms, func(i, j int) bool { return terms[i].Generation < terms[j].Generation })
-	byGen := map[int64]batch.LeaseTerm{}
+	// end is when a term stopped holding the lease. An open term is the
+	// row's current one (its end is the row's live expiry) or was never
+	// closed, which loses its end.
+	end := func(t lease.Term) (time.Time, bool) {
+		switch {
+		case t.Closed:
+			return t.End(), true
+		case t.Generation == trail.Generation && trail.ExpiresAt != nil:
+			return *trail.ExpiresAt, true
+		}
+		r.violate("batch %d: term %d (%s) was never closed: its end is unknown", id, t.Generation, t.LeaseID)
+		return t.ExpiresAt, false
+	}
+	byGen := map[int64]lease.Term{}
+	ends := map[int64]time.Time{}
 	for i, t := range terms {
 		byGen[t.Generation] = t
+		ends[t.Generation], _ = end(t)
 		if i == 0 {
 			continue
 		}
@@ -196,16 +222,16 @@ func checkTerms(r *Report, id int64, d batch.Details) {
 		if t.Generation != prev.Generation+1 {
 			r.violate("batch %d: lease generations jump from %d to %d", id, prev.Generation, t.Generation)
 		}
-		if t.At.Before(prev.End()) {
+		if t.At.Before(ends[prev.Generation]) {
 			r.violate("batch %d: term %d (%s) started at %s before term %d (%s) ended at %s: two holders at once",
-				id, t.Generation, t.LeaseID, t.At, prev.Generation, prev.LeaseID, prev.End())
+				id, t.Generation, t.LeaseID, t.At, prev.Generation, prev.LeaseID, ends[prev.Generation])
 		}
 	}
 	oldest := int64(0)
 	if len(terms) > 0 {
 		oldest = terms[0].Generation
 	}
-	for _, w := range d.Writes {
+	for _, w := range writes {
 		t, ok := byGen[w.Generation]
 		if !ok {
 			if w.Generation >= oldest {
@@ -216,9 +242,9 @@ func checkTerms(r *Report, id int64, d batch.Details) {
 		if w.LeaseID != t.LeaseID {
 			r.violate("batch %d: write by %s under generation %d held by %s", id, w.LeaseID, w.Generation, t.LeaseID)
 		}
-		if w.At.Before(t.At) || w.At.After(t.End()) {
+		if w.At.Before(t.At) || w.At.After(ends[w.Generation]) {
 			r.violate("batch %d: write of phase %s at %s outside its term %d [%s, %s]: a stale write was accepted",
-				id, w.Phase, w.At, w.Generation, t.At, t.End())
+				id, w.Phase, w.At, w.Generation, t.At, ends[w.Generation])
 		}
 		if next, ok := byGen[w.Generation+1]; ok && !w.At.Before(next.At) {
 			r.violate("batch %d: write by generation %d at %s after generation %d took over at %s",

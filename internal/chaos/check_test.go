@@ -12,13 +12,15 @@ import (
 	"github.com/fleet/ingest/internal/pgtest"
 )
 
-func insertBatch(t *testing.T, pool *pgxpool.Pool, tenant, scope, status, details string) int64 {
+func insertBatch(t *testing.T, pool *pgxpool.Pool, tenant, scope, status, details, terms string) int64 {
 	t.Helper()
 	var id int64
 	require.NoError(t, pool.QueryRow(context.Background(), `
-		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
-		VALUES ('c', $1, 'db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', $2, $3, $4) RETURNING id`,
-		tenant, status, details, scope).Scan(&id))
+		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope,
+		                               execution_lease_terms, execution_lease_generation)
+		VALUES ('c', $1, 'db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', $2, $3, $4, $5::jsonb,
+		        COALESCE((SELECT max((e->>'generation')::bigint) FROM jsonb_array_elements($5::jsonb) e), 0)) RETURNING id`,
+		tenant, status, details, scope, terms).Scan(&id))
 	return id
 }
 
@@ -42,9 +44,11 @@ func slice(t *testing.T, pool *pgxpool.Pool, tenant, scope string, batchID int64
 	}
 }
 
-const goodDetails = `{"version":1,"phase":"published","redshiftCommitted":true,"publication":{"started":true,"completed":true},
-	"leases":[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","releasedAt":"2026-11-30T10:00:10Z"}],
+const (
+	goodDetails = `{"version":1,"phase":"published","redshiftCommitted":true,"publication":{"started":true,"completed":true},
 	"writes":[{"phase":"published","status":"Succeeded","leaseId":"a","generation":1,"at":"2026-11-30T10:00:10Z"}]}`
+	goodTerms = `[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","releasedAt":"2026-11-30T10:00:10Z","closed":true}]`
+)
 
 // TestCheckerFindsViolations feeds the checker a database with every kind of
 // violation it looks for, and a clean one.
@@ -53,7 +57,7 @@ func TestCheckerFindsViolations(t *testing.T) {
 	ctx := context.Background()
 
 	clean := pgtest.NewPool(t)
-	id := insertBatch(t, clean, "t", "fleet_s3:s3://b/good", "Succeeded", goodDetails)
+	id := insertBatch(t, clean, "t", "fleet_s3:s3://b/good", "Succeeded", goodDetails, goodTerms)
 	slice(t, clean, "t", "fleet_s3:s3://b/good", id, 3, 1, 1)
 	r, err := chaos.Check(ctx, clean, []chaos.Expectation{{TenantID: "t", Scope: "fleet_s3:s3://b/good", Records: 3}})
 	require.NoError(t, err)
@@ -63,18 +67,22 @@ func TestCheckerFindsViolations(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	// Overlapping terms and a stale write.
 	insertBatch(t, pool, "t", "fleet_s3:s3://b/overlap", "Succeeded", `{"version":1,"phase":"published","redshiftCommitted":true,
-		"leases":[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z"},
-		          {"leaseId":"b","generation":2,"at":"2026-11-30T10:00:20Z","expiresAt":"2026-11-30T10:01:00Z"}],
-		"writes":[{"phase":"committed","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:25Z"}]}`)
+		"writes":[{"phase":"committed","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:25Z"}]}`,
+		`[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","closed":true},
+		  {"leaseId":"b","generation":2,"at":"2026-11-30T10:00:20Z","expiresAt":"2026-11-30T10:01:00Z","releasedAt":"2026-11-30T10:00:50Z","closed":true}]`)
 	// A write after its term ended, by a generation that was taken over.
 	insertBatch(t, pool, "t", "fleet_s3:s3://b/stale", "Succeeded", `{"version":1,"phase":"published","redshiftCommitted":true,
-		"leases":[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z"},
-		          {"leaseId":"b","generation":2,"at":"2026-11-30T10:00:40Z","expiresAt":"2026-11-30T10:01:00Z"}],
-		"writes":[{"phase":"committed","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:45Z"}]}`)
+		"writes":[{"phase":"committed","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:45Z"}]}`,
+		`[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","closed":true},
+		  {"leaseId":"b","generation":2,"at":"2026-11-30T10:00:40Z","expiresAt":"2026-11-30T10:01:00Z","releasedAt":"2026-11-30T10:00:50Z","closed":true}]`)
+	// A term that ended without being closed: its end is unknown.
+	insertBatch(t, pool, "t", "fleet_s3:s3://b/unclosed", "Succeeded", `{"version":1,"phase":"published","redshiftCommitted":true}`,
+		`[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","closed":false},
+		  {"leaseId":"b","generation":2,"at":"2026-11-30T10:00:40Z","expiresAt":"2026-11-30T10:01:00Z","releasedAt":"2026-11-30T10:00:50Z","closed":true}]`)
 	// Left Running; failed without a cause; slice with duplicates.
-	insertBatch(t, pool, "t", "fleet_s3:s3://b/running", "Running", `{"version":1,"phase":"loading","redshiftCommitted":false}`)
-	insertBatch(t, pool, "t", "fleet_s3:s3://b/failed", "Failed", `{"version":1,"phase":"failed_publication","redshiftCommitted":true,"lastError":{"phase":"failed_publication","message":"x","at":"2026-11-30T10:00:00Z"}}`)
-	dup := insertBatch(t, pool, "t", "fleet_s3:s3://b/dup", "Succeeded", goodDetails)
+	insertBatch(t, pool, "t", "fleet_s3:s3://b/running", "Running", `{"version":1,"phase":"loading","redshiftCommitted":false}`, `[]`)
+	insertBatch(t, pool, "t", "fleet_s3:s3://b/failed", "Failed", `{"version":1,"phase":"failed_publication","redshiftCommitted":true,"lastError":{"phase":"failed_publication","message":"x","at":"2026-11-30T10:00:00Z"}}`, `[]`)
+	dup := insertBatch(t, pool, "t", "fleet_s3:s3://b/dup", "Succeeded", goodDetails, goodTerms)
 	slice(t, pool, "t", "fleet_s3:s3://b/dup", dup, 3, 2, 0)
 
 	r, err = chaos.Check(ctx, pool, []chaos.Expectation{
@@ -88,6 +96,7 @@ func TestCheckerFindsViolations(t *testing.T) {
 	for _, want := range []string{
 		"two holders at once",
 		"a stale write was accepted",
+		"term 1 (a) was never closed",
 		"still Running",
 		"failed (failed_publication: x) without an injected data fault",
 		"want 3 records once, slice says 3, holds 6",

@@ -8,6 +8,10 @@
 //	reserved ─▶ loading ─▶ (warehouse commit) ─▶ committed, redshiftCommitted=true
 //	         ─▶ publishing ─▶ (warehouse publication) ─▶ published (Succeeded)
 //
+// A delivery that has just committed records the commit together with the
+// publishing phase, in one write (nothing happens between the two); a
+// resumed batch starts from committed.
+//
 // Each step is idempotent, so a delivery may start over from whatever phase
 // a previous one recorded:
 //
@@ -103,13 +107,13 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 				return err
 			}
 		}
+		// The commit is recorded with the publishing phase below: one
+		// fenced write for both. A delivery that dies before it finds the
+		// slice stamped with this batch and continues from publication.
 		d = run.Details
 		d.Phase, d.RedshiftCommitted, d.RecordCount = batch.PhaseCommitted, true, st.RecordCount
 		committedAt := st.CommittedAt
 		d.CommittedAt = &committedAt
-		if err := run.Checkpoint(ctx, d); err != nil {
-			return err
-		}
 	}
 
 	if d.Publication.Completed {

@@ -15,11 +15,15 @@
 //     the holder's expiry (snoozing does not use up attempts): if the holder
 //     dies, this delivery takes over; if it finishes, this one finds a
 //     terminal batch and completes.
-//  2. starts a heartbeat that renews the lease every RenewEvery on a pool of
-//     its own. A failed renewal, or one that finds the lease gone, cancels
-//     the work context at once: the delivery stops before its term expires
-//     where possible (self-fencing), and the database fence rejects any
-//     write that slips through (batch.ErrStaleLease).
+//  2. hands the term to the process's lease.Renewer, which renews every
+//     term the process holds with one statement every RenewEvery, on a pool
+//     of its own. A renewal that finds the term gone cancels that delivery's
+//     work context at once (self-fencing); a statement that fails is retried
+//     sooner, and a term whose local deadline (computed from the database
+//     clock, see package lease) passes without a renewal is fenced the same
+//     way. The delivery stops before its term expires where possible, and
+//     the database fence rejects any write that slips through
+//     (batch.ErrStaleLease).
 //  3. runs the pipeline for the batch's source type (package pipeline),
 //     which records durable phases in the batch details under the lease.
 //  4. releases the lease on completion, failure and shutdown, so a
@@ -62,7 +66,8 @@
 // A paused worker (SIGSTOP, a long GC or network stall) that outlives its
 // lease is handled the same way: the Sweeper re-delivers, a successor takes
 // over with a higher generation, and when the paused worker resumes its
-// heartbeat finds the lease lost and every write it attempts is rejected.
+// next renewal finds the lease lost (or its local deadline has passed) and
+// every write it attempts is rejected.
 //
 // # Batches this build cannot work on
 //

@@ -32,6 +32,9 @@ const (
 	OutcomeCancelled        = "cancelled"
 	OutcomeNotCancellable   = "not_cancellable"
 	OutcomeNotRetryable     = "not_retryable"
+	// OutcomeInvalidInput: ImportMany refused this request before writing
+	// anything for it (Field and Error say why).
+	OutcomeInvalidInput = "invalid_input"
 )
 
 // InputError is a request refused before anything was written. Field names
@@ -63,6 +66,10 @@ type ImportRequest struct {
 	// Reimport starts a new batch even if the folder's latest batch
 	// succeeded. Without it such a request answers already_succeeded.
 	Reimport bool `json:"reimport,omitempty"`
+
+	// retryOf, if not zero, is the failed batch a retry starts this one
+	// for; recorded in the new batch's details.
+	retryOf int64
 }
 
 // Result is the outcome of an import or a resume: one JSON line on the
@@ -85,6 +92,8 @@ type Result struct {
 	CancelledJobs []int64 `json:"cancelled_jobs,omitempty"`
 	// PreviousHolder is the lease holder a cancel revoked.
 	PreviousHolder string `json:"previous_holder,omitempty"`
+	// Field names the refused input of an invalid_input outcome.
+	Field string `json:"field,omitempty"`
 }
 
 // Enqueuer reserves batches and inserts their River jobs in one transaction.
@@ -105,69 +114,156 @@ type Enqueuer struct {
 // the scope; already_succeeded when the folder's latest batch succeeded and
 // req.Reimport is false; enqueue_failed when the job insert failed, in which
 // case the batch is recorded Failed with failed_enqueue and the scope is
-// free. Invalid
-// input returns an *InputError and writes nothing; other errors are
-// infrastructure failures and leave nothing behind.
+// free. Invalid input returns an *InputError and writes nothing; other
+// errors are infrastructure failures and leave nothing behind.
 func (e *Enqueuer) Import(ctx context.Context, req ImportRequest) (Result, error) {
-	return e.importBatch(ctx, req, 0)
+	if err := ValidateImport(req); err != nil {
+		return Result{}, err
+	}
+	res, err := e.ImportMany(ctx, []ImportRequest{req})
+	if err != nil {
+		return Result{}, err
+	}
+	return res[0], nil
 }
 
-// importBatch is Import, recording retryOf (if not zero) in the new batch.
-func (e *Enqueuer) importBatch(ctx context.Context, req ImportRequest, retryOf int64) (Result, error) {
+// MaxBurst bounds the imports ImportMany commits in one transaction; a
+// longer list is imported in consecutive bursts of at most this many.
+const MaxBurst = 1000
+
+// ImportMany imports a burst of folders (the records of one upload
+// notification, the lines of an import file) with one transaction per
+// MaxBurst of them: one statement reserves every scope and one InsertManyTx
+// inserts every job, so the burst pays for one commit. Each request keeps
+// its own outcome, in order, as Import would answer it alone: enqueued,
+// conflict, already_succeeded, or invalid_input (with Field and Error;
+// nothing is written for it). If the job insert fails, every batch the burst
+// reserved is recorded Failed with failed_enqueue (enqueue_failed, scope
+// free). A folder named twice is reserved once; the second request answers
+// conflict with the first one's batch. An error is an infrastructure failure:
+// nothing of the failed burst remains, and the results are not returned.
+func (e *Enqueuer) ImportMany(ctx context.Context, reqs []ImportRequest) ([]Result, error) {
+	results := make([]Result, len(reqs))
+	for start := 0; start < len(reqs); start += MaxBurst {
+		end := min(start+MaxBurst, len(reqs))
+		if err := e.importBurst(ctx, reqs[start:end], results[start:end]); err != nil {
+			return nil, err
+		}
+	}
+	log := e.logger()
+	for i, res := range results {
+		e.observeReservation(res.Outcome)
+		attrs := []any{"outcome", res.Outcome, "batch_id", res.BatchID, "job_id", res.JobID,
+			"running_batch_id", res.RunningBatchID, "tenant_id", reqs[i].TenantID, "source_scope", res.SourceScope}
+		if res.Error != "" {
+			attrs = append(attrs, "field", res.Field, "error", res.Error)
+		}
+		log.Info("import", attrs...)
+	}
+	return results, nil
+}
+
+// reservation turns an import request into the batch reservation it asks
+// for, or an *InputError.
+func reservation(req ImportRequest) (batch.Reservation, error) {
 	f, err := folder.Canonicalize(req.Folder)
 	if err != nil {
-		return Result{}, inputError(err)
+		return batch.Reservation{}, inputError(err)
 	}
 	r := batch.Reservation{
 		CompanyID: req.CompanyID, TenantID: req.TenantID, TenantDatabase: req.TenantDatabase,
 		SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
 		PipelineStage: batch.PipelineStageFleet, SourceScope: f.Scope(), Details: batch.NewDetails(f.String()),
+		SkipIfSucceeded: !req.Reimport,
 	}
-	r.Details.RetryOf = retryOf
+	r.Details.RetryOf = req.retryOf
 	if err := r.Validate(); err != nil {
-		return Result{}, inputError(err)
+		return batch.Reservation{}, inputError(err)
 	}
-	r.SkipIfSucceeded = !req.Reimport
+	return r, nil
+}
+
+// burstTx begins a burst's transaction. Its statements take arrays of
+// parameters, for which PostgreSQL's generic plans are as good as custom
+// ones; left to choose, it plans the reservation statement afresh on every
+// call (a custom plan costs it two to three times the statement's own
+// execution), so the burst asks for the cached generic plan, in the same
+// round trip as BEGIN.
+var burstTx = pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"}
+
+// importBurst imports reqs in one transaction, writing their outcomes into
+// results.
+func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, results []Result) error {
 	var (
-		res       Result
-		insertErr error
+		rs  []batch.Reservation
+		idx []int // rs[k] is reqs[idx[k]]
 	)
-	err = pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
-		reserved, err := batch.NewStore(e.Pool).WithTx(tx).Reserve(ctx, r)
+	for i, req := range reqs {
+		r, err := reservation(req)
+		var in *InputError
+		if errors.As(err, &in) {
+			results[i] = Result{Outcome: OutcomeInvalidInput, Field: in.Field, Error: in.Reason}
+			continue
+		}
 		if err != nil {
 			return err
 		}
-		switch reserved.Outcome {
-		case batch.Conflict:
-			res = Result{Outcome: OutcomeConflict, RunningBatchID: reserved.RunningBatchID, SourceScope: f.Scope()}
-			return nil
-		case batch.AlreadySucceeded:
-			res = Result{Outcome: OutcomeAlreadySucceeded, BatchID: reserved.SucceededBatchID, SourceScope: f.Scope()}
+		rs, idx = append(rs, r), append(idx, i)
+	}
+	if len(rs) == 0 {
+		return nil
+	}
+	var (
+		reservedRs  []batch.Reservation
+		reservedIdx []int
+		insertErr   error
+	)
+	err := pgx.BeginTxFunc(ctx, e.Pool, burstTx, func(tx pgx.Tx) error {
+		reserved, err := batch.NewStore(tx).ReserveMany(ctx, rs)
+		if err != nil {
+			return err
+		}
+		reservedRs, reservedIdx = reservedRs[:0], reservedIdx[:0]
+		var params []river.InsertManyParams
+		for k, rr := range reserved {
+			i, scope := idx[k], rs[k].SourceScope
+			switch rr.Outcome {
+			case batch.Conflict:
+				results[i] = Result{Outcome: OutcomeConflict, RunningBatchID: rr.BatchID, SourceScope: scope}
+			case batch.AlreadySucceeded:
+				results[i] = Result{Outcome: OutcomeAlreadySucceeded, BatchID: rr.BatchID, SourceScope: scope}
+			case batch.Reserved:
+				results[i] = Result{Outcome: OutcomeEnqueued, BatchID: rr.BatchID, SourceScope: scope}
+				reservedRs, reservedIdx = append(reservedRs, rs[k]), append(reservedIdx, i)
+				params = append(params, river.InsertManyParams{Args: IngestArgs{BatchID: rr.BatchID}})
+			}
+		}
+		if len(params) == 0 {
 			return nil
 		}
-		job, err := e.River.InsertTx(ctx, tx, IngestArgs{BatchID: reserved.Batch.ID}, nil)
+		jobs, err := e.River.InsertManyTx(ctx, tx, params)
 		if err != nil {
 			insertErr = err
-			return errRollback // the reservation goes with it
+			return errRollback // the reservations go with it
 		}
-		res = Result{Outcome: OutcomeEnqueued, BatchID: reserved.Batch.ID, JobID: job.Job.ID, SourceScope: f.Scope()}
+		for n, j := range jobs {
+			results[reservedIdx[n]].JobID = j.Job.ID
+		}
 		return nil
 	})
-	if errors.Is(err, errRollback) {
-		// Nothing of the transaction remains and the scope is free; record
-		// the failed enqueue as a Failed batch so the caller can be told.
-		failed, err := batch.NewStore(e.Pool).RecordFailedEnqueue(ctx, r, insertErr.Error())
-		if err != nil {
-			return Result{}, fmt.Errorf("job insert failed (%v), and recording the failure failed: %w", insertErr, err)
-		}
-		res = Result{Outcome: OutcomeEnqueueFailed, BatchID: failed.ID, SourceScope: f.Scope(), Error: insertErr.Error()}
-	} else if err != nil {
-		return Result{}, err
+	if !errors.Is(err, errRollback) {
+		return err
 	}
-	e.observeReservation(res.Outcome)
-	e.logger().Info("import", "outcome", res.Outcome, "batch_id", res.BatchID, "job_id", res.JobID,
-		"running_batch_id", res.RunningBatchID, "tenant_id", req.TenantID, "source_scope", res.SourceScope)
-	return res, nil
+	// Nothing of the transaction remains and the scopes are free; record
+	// the failed enqueues as Failed batches so the callers can be told.
+	failed, err := batch.NewStore(e.Pool).RecordFailedEnqueueMany(ctx, reservedRs, insertErr.Error())
+	if err != nil {
+		return fmt.Errorf("job insert failed (%v), and recording the failure failed: %w", insertErr, err)
+	}
+	for n, i := range reservedIdx {
+		results[i] = Result{Outcome: OutcomeEnqueueFailed, BatchID: failed[n], SourceScope: reservedRs[n].SourceScope, Error: insertErr.Error()}
+	}
+	return nil
 }
 
 // errRollback rolls a transaction back on purpose.
@@ -314,10 +410,10 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 			return refuse(string(d.Phase))
 		}
 	}
-	res, err := e.importBatch(ctx, ImportRequest{
+	res, err := e.Import(ctx, ImportRequest{
 		TenantID: b.TenantID, TenantDatabase: b.TenantDatabase, CompanyID: b.CompanyID,
-		Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix),
-	}, b.ID)
+		Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), retryOf: b.ID,
+	})
 	if err != nil {
 		return Result{}, err
 	}
@@ -396,8 +492,15 @@ func (e *Enqueuer) observeReservation(outcome string) {
 	if e.Metrics == nil {
 		return
 	}
-	label, ok := map[string]string{OutcomeEnqueued: "reserved", OutcomeConflict: "conflict", OutcomeEnqueueFailed: "enqueue_failed"}[outcome]
-	if !ok {
+	var label string
+	switch outcome {
+	case OutcomeEnqueued:
+		label = "reserved"
+	case OutcomeConflict:
+		label = "conflict"
+	case OutcomeEnqueueFailed:
+		label = "enqueue_failed"
+	default:
 		return
 	}
 	e.Metrics.Reservations.WithLabelValues(string(batch.SourceTypeFleetS3), label).Inc()
@@ -413,16 +516,8 @@ func (e *Enqueuer) logger() *slog.Logger {
 // ValidateImport checks an import request without touching the database.
 // It returns an *InputError naming the first field refused.
 func ValidateImport(req ImportRequest) error {
-	f, err := folder.Canonicalize(req.Folder)
-	if err != nil {
-		return inputError(err)
-	}
-	r := batch.Reservation{
-		CompanyID: req.CompanyID, TenantID: req.TenantID, TenantDatabase: req.TenantDatabase,
-		SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
-		PipelineStage: batch.PipelineStageFleet, SourceScope: f.Scope(),
-	}
-	return inputError(r.Validate())
+	_, err := reservation(req)
+	return err
 }
 
 // ValidateResume checks a resume request without touching the database.

@@ -39,7 +39,12 @@ var memSeq atomic.Int64
 
 func newFixture(t *testing.T, p pipeline.Pipeline) *fixture {
 	t.Helper()
-	pool := pgtest.NewPool(t)
+	return newFixtureOn(t, pgtest.NewPool(t), p)
+}
+
+// newFixtureOn is newFixture on a given database.
+func newFixtureOn(t *testing.T, pool *pgxpool.Pool, p pipeline.Pipeline) *fixture {
+	t.Helper()
 	m := metrics.New()
 	if p == nil {
 		p = &fleet.Pipeline{Warehouse: warehouse.NewPostgres(pool), Logger: slog.New(slog.DiscardHandler)}
@@ -160,15 +165,7 @@ func TestHeartbeatSelfFencesWhenTheLeaseIsLost(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
 	sp := &stealingPipeline{pool: pool, wrote: make(chan error, 1)}
-	f := newFixture(t, sp)
-	f.pool = pool
-	// Use the stealing pipeline's database.
-	f.worker.cfg.Store = batch.NewStore(pool)
-	f.worker.cfg.Leases = lease.NewStore(pool)
-	client, err := NewInsertClient(pool, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	f.enqueuer.Pool, f.enqueuer.River = pool, client
-	f.tw = rivertest.NewWorker(t, riverpgxv5.New(pool), &river.Config{}, f.worker)
+	f := newFixtureOn(t, pool, sp)
 
 	id := f.importBatch(t, "tenant-a")
 	res := f.work(t, id)

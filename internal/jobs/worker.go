@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -21,23 +20,24 @@ import (
 
 // Defaults of WorkerConfig.
 const (
-	LeaseTTLDefault     = 30 * time.Second
-	RenewEveryDefault   = 10 * time.Second
-	minSnoozeDefault    = time.Second
-	releaseTimeout      = 5 * time.Second
-	errLeaseLostMessage = "execution lease lost"
+	LeaseTTLDefault   = 30 * time.Second
+	RenewEveryDefault = 10 * time.Second
+	minSnoozeDefault  = time.Second
+	releaseTimeout    = 5 * time.Second
 )
 
-// ErrLeaseLost is the cause of a work context cancelled because a heartbeat
-// found the lease gone or could not renew it.
-var ErrLeaseLost = errors.New(errLeaseLostMessage)
+// ErrLeaseLost is the cause of a work context cancelled because a renewal
+// found the lease gone, or its term ran out without one.
+var ErrLeaseLost = lease.ErrLost
 
 // WorkerConfig configures IngestWorker.
 type WorkerConfig struct {
 	// Store reads and writes batches (the operational pool).
 	Store *batch.Store
 	// Leases acquires, renews and releases leases. Give it a pool of its
-	// own so heartbeats never queue behind pipeline work.
+	// own so renewals never queue behind pipeline work. The worker renews
+	// every lease it holds with one statement per RenewEvery (a
+	// lease.Renewer shared by all its deliveries).
 	Leases *lease.Store
 	// Pipelines by source type.
 	Pipelines pipeline.Registry
@@ -49,8 +49,11 @@ type WorkerConfig struct {
 	// HolderPrefix identifies this process in lease ids (e.g. the pod
 	// name). Defaults to "worker".
 	HolderPrefix string
-	Metrics      *metrics.Metrics
-	Logger       *slog.Logger
+	// Clock reads the local clock for lease deadlines. Defaults to
+	// time.Now; tests skew it.
+	Clock   func() time.Time
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
 }
 
 func (c *WorkerConfig) validate() error {
@@ -89,7 +92,8 @@ func cmpOr(v, def time.Duration) time.Duration {
 // releases it when done. See the package documentation.
 type IngestWorker struct {
 	river.WorkerDefaults[IngestArgs]
-	cfg WorkerConfig
+	cfg     WorkerConfig
+	renewer *lease.Renewer
 }
 
 // NewIngestWorker validates cfg and returns the worker.
@@ -97,7 +101,14 @@ func NewIngestWorker(cfg WorkerConfig) (*IngestWorker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &IngestWorker{cfg: cfg}, nil
+	renewer, err := lease.NewRenewer(cfg.Leases, lease.RenewerConfig{
+		TTL: cfg.LeaseTTL, Every: cfg.RenewEvery, Clock: cfg.Clock, Logger: cfg.Logger,
+		Observe: func(outcome string, n int) { cfg.Metrics.LeaseRenewals.WithLabelValues(outcome).Add(float64(n)) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &IngestWorker{cfg: cfg, renewer: renewer}, nil
 }
 
 // Timeout disables River's job timeout: a healthy batch may run for as long
@@ -129,7 +140,7 @@ func (w *IngestWorker) NextRetry(job *river.Job[IngestArgs]) time.Time {
 func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) error {
 	m, log := w.cfg.Metrics, w.cfg.Logger.With("job_id", job.ID, "batch_id", job.Args.BatchID, "attempt", job.Attempt)
 	holder := w.holderID(job)
-	a, err := w.cfg.Leases.Acquire(ctx, job.Args.BatchID, holder, w.cfg.LeaseTTL)
+	a, held, err := w.renewer.Acquire(ctx, job.Args.BatchID, holder)
 	if err != nil {
 		m.Deliveries.WithLabelValues("retry").Inc()
 		return err
@@ -164,28 +175,21 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 	m.LeasesHeld.Inc()
 	defer m.LeasesHeld.Dec()
 
-	hb := &heartbeat{leases: w.cfg.Leases, lease: a.Lease, ttl: w.cfg.LeaseTTL, metrics: m, log: log}
-	workCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	hbDone := make(chan struct{})
-	go func() {
-		defer close(hbDone)
-		hb.run(workCtx, w.cfg.RenewEvery, cancel)
-	}()
-
 	log.Info("lease acquired: working on batch")
-	res, err := pipeline.Execute(workCtx, w.cfg.Store, a.Lease, hb.verify, w.cfg.Pipelines)
+	workCtx := held.Context()
+	res, err := pipeline.Execute(workCtx, w.cfg.Store, a.Lease, held.Verify, w.cfg.Pipelines)
 	leaseLost := errors.Is(context.Cause(workCtx), ErrLeaseLost)
-	cancel(nil)
-	<-hbDone
+	last := held.Close()
 
-	// Release so a successor need not wait for expiry; a no-op if the lease
-	// was already released by a terminal write or lost.
-	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	if _, rerr := w.cfg.Leases.Release(relCtx, hb.current()); rerr != nil {
-		log.Warn("releasing lease failed; it will expire", "error", rerr)
+	// Release so a successor need not wait for expiry, unless the terminal
+	// write that ended the batch released it already.
+	if err != nil || (res.Outcome != pipeline.Succeeded && res.Outcome != pipeline.Failed) {
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		if _, rerr := w.cfg.Leases.Release(relCtx, last); rerr != nil {
+			log.Warn("releasing lease failed; it will expire", "error", rerr)
+		}
+		relCancel()
 	}
-	relCancel()
 	if err != nil {
 		m.Deliveries.WithLabelValues("retry").Inc()
 		return err
@@ -299,84 +303,4 @@ func (w *IngestWorker) holderID(job *river.Job[IngestArgs]) string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("%s/job-%d/attempt-%d/%s", w.cfg.HolderPrefix, job.ID, job.Attempt, hex.EncodeToString(b[:]))
-}
-
-// heartbeat renews one lease term periodically and on demand.
-type heartbeat struct {
-	leases  *lease.Store
-	ttl     time.Duration
-	metrics *metrics.Metrics
-	log     *slog.Logger
-
-	mu    sync.Mutex
-	lease lease.Lease
-	lost  bool
-}
-
-func (h *heartbeat) current() lease.Lease {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.lease
-}
-
-// renew extends the term once. It returns batch.ErrStaleLease if the term is
-// lost, or the infrastructure error.
-func (h *heartbeat) renew(ctx context.Context) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.lost {
-		return batch.ErrStaleLease
-	}
-	// Never wait past the term's own expiry: a renewal that lands after it
-	// would be refused anyway.
-	rctx, cancel := context.WithDeadline(ctx, h.lease.ExpiresAt)
-	defer cancel()
-	l, ok, err := h.leases.Renew(rctx, h.lease, h.ttl)
-	switch {
-	case err != nil:
-		h.metrics.LeaseRenewals.WithLabelValues("error").Inc()
-		h.lost = true
-		return fmt.Errorf("%w: renewal failed: %v", ErrLeaseLost, err)
-	case !ok:
-		h.metrics.LeaseRenewals.WithLabelValues("lost").Inc()
-		h.lost = true
-		return batch.ErrStaleLease
-	}
-	h.metrics.LeaseRenewals.WithLabelValues("renewed").Inc()
-	h.lease = l
-	return nil
-}
-
-// verify is Run.VerifyLease: renew now, before an irreversible step.
-func (h *heartbeat) verify(ctx context.Context) error {
-	if err := h.renew(ctx); err != nil {
-		if errors.Is(err, ErrLeaseLost) {
-			return fmt.Errorf("%w: %v", batch.ErrStaleLease, err)
-		}
-		return err
-	}
-	return nil
-}
-
-// run renews every period until ctx ends. When a renewal fails or finds the
-// lease gone it cancels the work at once (self-fencing): the delivery makes no
-// further writes, and the database rejects any that slip through.
-func (h *heartbeat) run(ctx context.Context, every time.Duration, cancel context.CancelCauseFunc) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := h.renew(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			h.log.Error("lease heartbeat failed: stopping work on the batch", "error", err)
-			cancel(fmt.Errorf("%w: %v", ErrLeaseLost, err))
-			return
-		}
-	}
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // BenchmarkAcquire measures taking the free lease of a freshly reserved
-// batch (one UPDATE with a locking CTE that also appends the lease term to
-// the audit trail), as a new delivery does. Compare with
+// batch (one UPDATE that also appends the term to the lease trail,
+// execution_lease_terms), as a new delivery does. Compare with
 // BenchmarkBaselineRawUpdate in the same run.
 func BenchmarkAcquire(b *testing.B) {
 	pool := pgtest.NewPool(b)
@@ -32,7 +32,7 @@ func BenchmarkAcquire(b *testing.B) {
 }
 
 // BenchmarkAcquireRepeated takes and releases the leases of a few batches
-// over and over, so their audit trails stay at their bound: the worst case.
+// over and over, so their lease trails stay at their bound: the worst case.
 func BenchmarkAcquireRepeated(b *testing.B) {
 	pool := pgtest.NewPool(b)
 	ctx := context.Background()

@@ -40,12 +40,32 @@
 //     cannot overwrite its successor: the successor's acquisition bumped the
 //     generation.
 //
-// Audit trail: the same statements record every term in the batch details
-// (details.leases: holder, generation, acquisition time, last expiry,
-// renewals, release time), and the fenced write records each accepted write
-// with its generation (details.writes). Writes from Go never replace these
-// trails. The chaos suite's invariant checker reads them to prove that no two
+// Audit trail: the statements that acquire and release leases, and the
+// terminal fenced writes that end them, record every term in the column
+// execution_lease_terms (holder, generation, acquisition time, final expiry,
+// release time; the last batch.AuditLimit terms), and the fenced write
+// records each accepted write with its generation (details.writes). A term is
+// closed when it ends — released, ended by a terminal write, or taken over
+// after it expired — with its final expiry copied from
+// execution_lease_expires_at; while it is open the row's column is its
+// expiry. Renewals touch neither the trail nor the details document: they
+// update the two narrow columns execution_lease_expires_at and
+// execution_lease_renewed_at, so their cost does not grow with the batch, and
+// no lease operation ever rewrites a details document (of whatever version).
+// The chaos suite's invariant checker reads the trail to prove that no two
 // terms overlapped and that no stale-generation write was accepted.
+//
+// Renewing many terms: a worker process renews every term it holds with one
+// statement per renewal period (Store.RenewMany, driven by a Renewer shared
+// by its deliveries). The terms that come back lost are fenced one by one:
+// their deliveries' work contexts are cancelled with ErrLost.
+//
+// Local deadlines: the only clock is the database's. A holder that sent an
+// acquisition or renewal at local time t, answered with expiry e at database
+// time n, stops working by t + (e − n) on its own clock (Lease.Remaining):
+// clock skew between the two cancels out, and the deadline errs early by the
+// request's latency, never late. A term whose renewals keep failing is fenced
+// at that deadline.
 //
 // Concurrent acquirers are serialised by the row lock the UPDATE takes;
 // under READ COMMITTED the losers re-evaluate the conditions against the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/fleet/ingest/internal/batch"
@@ -15,6 +16,7 @@ import (
 // transaction.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
@@ -33,7 +35,17 @@ type Lease struct {
 	Generation int64
 	// ExpiresAt is the database-clock expiry of this term.
 	ExpiresAt time.Time
+	// RenewedAt is the database clock when the term was acquired or last
+	// renewed: ExpiresAt − RenewedAt is how long it had left at that moment,
+	// whatever the local clock says.
+	RenewedAt time.Time
 }
+
+// Remaining is how long the term had left when it was acquired or last
+// renewed, by the database clock. A holder's local deadline is the local
+// time it sent that request plus Remaining: skew between the local and the
+// database clocks cancels out.
+func (l Lease) Remaining() time.Duration { return l.ExpiresAt.Sub(l.RenewedAt) }
 
 // Fence returns the fence that a holder's state writes carry.
 func (l Lease) Fence() batch.Fence {
@@ -97,39 +109,34 @@ func (a Acquisition) TakeoverDelay() time.Duration {
 // ErrInvalidTTL is returned for a non-positive lease duration.
 var ErrInvalidTTL = errors.New("lease ttl must be positive")
 
-// leasesAppend is the batch's lease audit trail, trimmed for one more term
-// (see batch.Details.Leases).
-var leasesAppend = batch.AuditAppend("b.details->'leases'")
-
 // acquireSQL decides the acquisition in the UPDATE's own conditions: under
 // READ COMMITTED a concurrent acquirer blocks on the row and then re-checks
-// them against the winner's committed version, so exactly one wins. prev
-// reads the previous holder from the statement's snapshot, without a row
-// lock, only to report a takeover; in the rare race with a release committed
-// during the statement it may name a holder that had just released.
+// them against the winner's committed version, so exactly one wins.
+//
+// The term trail (execution_lease_terms) gets the new term appended, after
+// closing the term it takes over with that term's final expiry; it is
+// bounded to batch.AuditLimit terms. The details document is never touched.
+// The statement returns the term before the new one: closed here without a
+// release time, it was taken over (and names the previous holder and its
+// expiry); released, the lease was free.
 var acquireSQL = `
-	WITH prev AS (
-		SELECT id, execution_lease_id, execution_lease_expires_at
-		FROM ingestion_batches
-		WHERE id = $1
-	)
 	UPDATE ingestion_batches b
 	SET execution_lease_id = $2::text,
 	    execution_lease_expires_at = now() + $3 * interval '1 microsecond',
 	    execution_lease_generation = b.execution_lease_generation + 1,
 	    execution_lease_renewed_at = now(),
-	    details = CASE WHEN jsonb_typeof(b.details) = 'object'
-	        THEN jsonb_set(b.details, '{leases}', ` + leasesAppend + ` || jsonb_build_array(jsonb_build_object(
+	    execution_lease_terms = jsonb_path_query_array(
+	        CASE WHEN b.execution_lease_id IS NULL THEN b.execution_lease_terms
+	             ELSE ` + batch.LeaseTermsClosed("b", false) + ` END
+	        || jsonb_build_array(jsonb_build_object(
 	            'leaseId', $2::text, 'generation', b.execution_lease_generation + 1,
-	            'at', now(), 'expiresAt', now() + $3 * interval '1 microsecond')))
-	        ELSE b.details END,
+	            'at', now(), 'expiresAt', now() + $3 * interval '1 microsecond', 'closed', false)),
+	        '$[last - ` + strconv.Itoa(batch.AuditLimit-1) + ` to last]'),
 	    updated_at = now()
-	FROM prev
-	WHERE b.id = prev.id
+	WHERE b.id = $1
 	  AND b.status = 'Running'
 	  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= now())
-	RETURNING b.execution_lease_generation, b.execution_lease_expires_at,
-	          prev.execution_lease_id, prev.execution_lease_expires_at, now()`
+	RETURNING b.execution_lease_generation, b.execution_lease_expires_at, b.execution_lease_terms->-2, now()`
 
 // maxAcquireAttempts bounds retries when the lease is released between the
 // acquisition attempt and the look-up that explains its failure.
@@ -149,14 +156,16 @@ func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl
 	for range maxAcquireAttempts {
 		var (
 			a          = Acquisition{Outcome: Acquired, Lease: Lease{BatchID: batchID, HolderID: holderID}}
+			prev       *Term
 			prevHolder *string
 			prevExp    *time.Time
 		)
 		err := s.db.QueryRow(ctx, acquireSQL, batchID, holderID, ttl.Microseconds()).
-			Scan(&a.Lease.Generation, &a.Lease.ExpiresAt, &prevHolder, &prevExp, &a.Now)
+			Scan(&a.Lease.Generation, &a.Lease.ExpiresAt, &prev, &a.Now)
 		if err == nil {
-			if prevHolder != nil && prevExp != nil {
-				a.TakenOver, a.PreviousHolder, a.PreviousExpiresAt = true, *prevHolder, *prevExp
+			a.Lease.RenewedAt = a.Now
+			if prev != nil && prev.Closed && prev.ReleasedAt == nil {
+				a.TakenOver, a.PreviousHolder, a.PreviousExpiresAt = true, prev.LeaseID, prev.ExpiresAt
 			}
 			return a, nil
 		}
@@ -186,6 +195,20 @@ func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl
 	return Acquisition{}, fmt.Errorf("acquiring lease on batch %d: gave up after %d attempts", batchID, maxAcquireAttempts)
 }
 
+// renewSQL extends one term. It touches only the lease columns (never the
+// details document or the term trail), so its cost does not grow with the
+// batch: an update of narrow columns, HOT when the page has room.
+const renewSQL = `
+	UPDATE ingestion_batches
+	SET execution_lease_expires_at = now() + $4 * interval '1 microsecond',
+	    execution_lease_renewed_at = now()
+	WHERE id = $1
+	  AND execution_lease_id = $2
+	  AND execution_lease_generation = $3
+	  AND status = 'Running'
+	  AND execution_lease_expires_at > now()
+	RETURNING execution_lease_expires_at, now()`
+
 // Renew extends the exact term l to now() + ttl by the database clock. It
 // returns the renewed lease and true, or false when the term is no longer
 // held (expired, taken over, released, or the batch left Running); a lost
@@ -194,21 +217,7 @@ func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, b
 	if ttl <= 0 {
 		return l, false, ErrInvalidTTL
 	}
-	err := s.db.QueryRow(ctx, `
-		UPDATE ingestion_batches
-		SET execution_lease_expires_at = now() + $4 * interval '1 microsecond', execution_lease_renewed_at = now(),
-		    details = CASE WHEN (details->'leases'->-1->>'generation')::bigint = $3::bigint
-		        THEN jsonb_set(details, '{leases,-1}', (details->'leases'->-1) || jsonb_build_object(
-		                 'expiresAt', now() + $4 * interval '1 microsecond',
-		                 'renewals', COALESCE((details->'leases'->-1->>'renewals')::bigint, 0) + 1))
-		        ELSE details END
-		WHERE id = $1
-		  AND execution_lease_id = $2
-		  AND execution_lease_generation = $3
-		  AND status = 'Running'
-		  AND execution_lease_expires_at > now()
-		RETURNING execution_lease_expires_at`,
-		l.BatchID, l.HolderID, l.Generation, ttl.Microseconds()).Scan(&l.ExpiresAt)
+	err := s.db.QueryRow(ctx, renewSQL, l.BatchID, l.HolderID, l.Generation, ttl.Microseconds()).Scan(&l.ExpiresAt, &l.RenewedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, false, nil
 	}
@@ -218,18 +227,109 @@ func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, b
 	return l, true, nil
 }
 
+// Check reports whether the term l is still held, by the database clock,
+// without extending it: a read, with no write and no commit to flush. The
+// returned lease carries the term's current expiry and the database time of
+// the check.
+func (s *Store) Check(ctx context.Context, l Lease) (Lease, bool, error) {
+	err := s.db.QueryRow(ctx, `
+		SELECT execution_lease_expires_at, now() FROM ingestion_batches
+		WHERE id = $1
+		  AND execution_lease_id = $2
+		  AND execution_lease_generation = $3
+		  AND status = 'Running'
+		  AND execution_lease_expires_at > now()`,
+		l.BatchID, l.HolderID, l.Generation).Scan(&l.ExpiresAt, &l.RenewedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, false, nil
+	}
+	if err != nil {
+		return l, false, fmt.Errorf("checking lease on batch %d: %w", l.BatchID, err)
+	}
+	return l, true, nil
+}
+
+// renewManySQL is renewSQL for many terms at once.
+const renewManySQL = `
+	UPDATE ingestion_batches b
+	SET execution_lease_expires_at = now() + $4 * interval '1 microsecond',
+	    execution_lease_renewed_at = now()
+	FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS h(id, lease_id, generation)
+	WHERE b.id = h.id
+	  AND b.execution_lease_id = h.lease_id
+	  AND b.execution_lease_generation = h.generation
+	  AND b.status = 'Running'
+	  AND b.execution_lease_expires_at > now()
+	RETURNING b.id, b.execution_lease_generation, b.execution_lease_expires_at, now()`
+
+// Renewal is the result of renewing one term with RenewMany.
+type Renewal struct {
+	// Lease is the term, with its new expiry when Held.
+	Lease Lease
+	// Held is false when the term is no longer held (see Renew).
+	Held bool
+}
+
+// RenewMany extends every term in leases to now() + ttl, by the database
+// clock, in one statement: what a worker process does once per renewal
+// period for all the leases it holds. The result has one Renewal per term,
+// in order; a term that is no longer held comes back with Held false and
+// must stop all work at once. An error means nothing is known about any of
+// them.
+func (s *Store) RenewMany(ctx context.Context, leases []Lease, ttl time.Duration) ([]Renewal, error) {
+	if ttl <= 0 {
+		return nil, ErrInvalidTTL
+	}
+	out := make([]Renewal, len(leases))
+	if len(leases) == 0 {
+		return out, nil
+	}
+	ids, holders, gens := make([]int64, len(leases)), make([]string, len(leases)), make([]int64, len(leases))
+	for i, l := range leases {
+		ids[i], holders[i], gens[i] = l.BatchID, l.HolderID, l.Generation
+		out[i] = Renewal{Lease: l}
+	}
+	type key struct{ id, gen int64 }
+	renewed := make(map[key][2]time.Time, len(leases))
+	rows, err := s.db.Query(ctx, renewManySQL, ids, holders, gens, ttl.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("renewing %d leases: %w", len(leases), err)
+	}
+	for rows.Next() {
+		var (
+			k        key
+			exp, now time.Time
+		)
+		if err := rows.Scan(&k.id, &k.gen, &exp, &now); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("renewing %d leases: %w", len(leases), err)
+		}
+		renewed[k] = [2]time.Time{exp, now}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("renewing %d leases: %w", len(leases), err)
+	}
+	for i := range out {
+		if r, ok := renewed[key{ids[i], gens[i]}]; ok {
+			out[i].Held = true
+			out[i].Lease.ExpiresAt, out[i].Lease.RenewedAt = r[0], r[1]
+		}
+	}
+	return out, nil
+}
+
+// releaseSQL frees the lease of one term and closes the term in the trail.
+var releaseSQL = `
+	UPDATE ingestion_batches
+	SET execution_lease_terms = ` + batch.LeaseTermsClosed("ingestion_batches", true) + `,
+	    execution_lease_id = NULL, execution_lease_expires_at = NULL, updated_at = now()
+	WHERE id = $1 AND execution_lease_id = $2 AND execution_lease_generation = $3`
+
 // Release frees the lease if the term l still holds it, so a successor need
 // not wait for expiry. It reports whether anything was released; releasing a
 // term that was lost or already released is not an error.
 func (s *Store) Release(ctx context.Context, l Lease) (bool, error) {
-	tag, err := s.db.Exec(ctx, `
-		UPDATE ingestion_batches
-		SET execution_lease_id = NULL, execution_lease_expires_at = NULL, updated_at = now(),
-		    details = CASE WHEN (details->'leases'->-1->>'generation')::bigint = $3::bigint
-		        THEN jsonb_set(details, '{leases,-1,releasedAt}', to_jsonb(now()))
-		        ELSE details END
-		WHERE id = $1 AND execution_lease_id = $2 AND execution_lease_generation = $3`,
-		l.BatchID, l.HolderID, l.Generation)
+	tag, err := s.db.Exec(ctx, releaseSQL, l.BatchID, l.HolderID, l.Generation)
 	if err != nil {
 		return false, fmt.Errorf("releasing lease on batch %d: %w", l.BatchID, err)
 	}

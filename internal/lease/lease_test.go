@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -292,8 +293,9 @@ func TestStaleHolderWriteRejectedAfterTakeover(t *testing.T) {
 	require.Equal(t, "delivery-successor", *got.LeaseID)
 }
 
-// TestAuditTrail checks the lease terms and accepted writes the database
-// records in the batch details, which the chaos invariant checker reads.
+// TestAuditTrail checks the lease terms (execution_lease_terms) and the
+// accepted writes (details.writes) the database records, which the chaos
+// invariant checker reads.
 func TestAuditTrail(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -306,11 +308,15 @@ func TestAuditTrail(t *testing.T) {
 	// renewal shortens the term so that it runs out.
 	first, err := leases.Acquire(ctx, b.ID, "delivery-1", time.Minute)
 	require.NoError(t, err)
+	trail, err := leases.Trail(ctx, b.ID)
+	require.NoError(t, err)
+	require.Len(t, trail.Terms, 1)
+	require.False(t, trail.Terms[0].Closed, "the held term is open")
 	_, ok, err := leases.Renew(ctx, first.Lease, time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
-	// A write from a stale in-memory copy of details (no audit trail) must
-	// not erase the database's trail.
+	// A write from a stale in-memory copy of details must not erase the
+	// database's write trail.
 	d := batch.NewDetails("f")
 	d.Phase = batch.PhaseLoading
 	_, err = store.WriteDetails(ctx, first.Lease.Fence(), d)
@@ -330,45 +336,54 @@ func TestAuditTrail(t *testing.T) {
 	_, err = store.MarkSucceeded(ctx, second.Lease.Fence(), d)
 	require.NoError(t, err)
 
+	trail, err = leases.Trail(ctx, b.ID)
+	require.NoError(t, err)
+	require.Len(t, trail.Terms, 2)
+	t1, t2 := trail.Terms[0], trail.Terms[1]
+	require.Equal(t, "delivery-1", t1.LeaseID)
+	require.Equal(t, int64(1), t1.Generation)
+	require.True(t, t1.Closed, "the takeover closed the first term")
+	require.WithinDuration(t, renewed.ExpiresAt, t1.ExpiresAt, time.Microsecond, "the takeover recorded the term's final expiry")
+	require.Nil(t, t1.ReleasedAt, "the first term expired")
+	require.Equal(t, "delivery-2", t2.LeaseID)
+	require.Equal(t, int64(2), t2.Generation)
+	require.True(t, t2.Closed)
+	require.NotNil(t, t2.ReleasedAt, "the terminal write released the second term")
+	require.False(t, t2.At.Before(t1.End()), "terms never overlap")
+	require.Nil(t, trail.ExpiresAt)
+
 	got, err := store.Get(ctx, b.ID)
 	require.NoError(t, err)
 	details, err := batch.ParseDetails(got.Details)
 	require.NoError(t, err)
-	require.Len(t, details.Leases, 2)
-	t1, t2 := details.Leases[0], details.Leases[1]
-	require.Equal(t, "delivery-1", t1.LeaseID)
-	require.Equal(t, int64(1), t1.Generation)
-	require.Equal(t, int64(2), t1.Renewals)
-	require.WithinDuration(t, renewed.ExpiresAt, t1.ExpiresAt, time.Microsecond, "renewals extend the recorded term")
-	require.Nil(t, t1.ReleasedAt, "the first term expired")
-	require.Equal(t, "delivery-2", t2.LeaseID)
-	require.Equal(t, int64(2), t2.Generation)
-	require.NotNil(t, t2.ReleasedAt, "the terminal write released the second term")
-	require.False(t, t2.At.Before(t1.End()), "terms never overlap")
-
+	require.NotContains(t, string(got.Details), `"leases"`, "the lease trail is not in the details")
 	require.Len(t, details.Writes, 3)
 	require.Equal(t, []int64{1, 2, 2}, []int64{details.Writes[0].Generation, details.Writes[1].Generation, details.Writes[2].Generation})
 	require.Equal(t, batch.PhaseLoading, details.Writes[0].Phase)
 	require.Equal(t, batch.StatusSucceeded, details.Writes[2].Status)
 	require.Equal(t, batch.PhasePublished, details.Writes[2].Phase)
 	for _, w := range details.Writes {
-		term := details.Leases[w.Generation-1]
+		term := trail.Terms[w.Generation-1]
 		require.False(t, w.At.Before(term.At), "a write lies within its term")
 		require.False(t, w.At.After(term.End()), "a write lies within its term")
 	}
 
-	// Release marks the term released.
+	// Release closes the term with its release time and last expiry.
 	c := reserve(t, pool, "tenant-a", "s3://bucket/audit-release")
 	a, err := leases.Acquire(ctx, c.ID, "delivery-3", time.Minute)
 	require.NoError(t, err)
+	later, ok, err := leases.Renew(ctx, a.Lease, 2*time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
 	_, err = leases.Release(ctx, a.Lease)
 	require.NoError(t, err)
-	got, err = store.Get(ctx, c.ID)
+	trail, err = leases.Trail(ctx, c.ID)
 	require.NoError(t, err)
-	details, err = batch.ParseDetails(got.Details)
-	require.NoError(t, err)
-	require.Len(t, details.Leases, 1)
-	require.NotNil(t, details.Leases[0].ReleasedAt)
+	require.Len(t, trail.Terms, 1)
+	require.True(t, trail.Terms[0].Closed)
+	require.NotNil(t, trail.Terms[0].ReleasedAt)
+	require.WithinDuration(t, later.ExpiresAt, trail.Terms[0].ExpiresAt, time.Microsecond)
+	require.Equal(t, *trail.Terms[0].ReleasedAt, trail.Terms[0].End())
 }
 
 func TestAuditTrailIsBounded(t *testing.T) {
@@ -383,10 +398,108 @@ func TestAuditTrailIsBounded(t *testing.T) {
 		_, err = leases.Release(ctx, a.Lease)
 		require.NoError(t, err)
 	}
-	got, err := batch.NewStore(pool).Get(ctx, b.ID)
+	trail, err := leases.Trail(ctx, b.ID)
 	require.NoError(t, err)
-	d, err := batch.ParseDetails(got.Details)
+	require.Len(t, trail.Terms, batch.AuditLimit)
+	require.Equal(t, int64(batch.AuditLimit+10), trail.Terms[len(trail.Terms)-1].Generation)
+	require.Equal(t, int64(11), trail.Terms[0].Generation, "the oldest terms are dropped first")
+}
+
+// TestLeaseOperationsNeverTouchDetails: acquiring, renewing and releasing a
+// lease leave the batch details byte for byte as they were, whatever they
+// hold — a document of a version this build does not know, or a large one —
+// and a renewal does not touch the term trail either.
+func TestLeaseOperationsNeverTouchDetails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+	for _, doc := range []string{
+		`{"version": 99, "phase": "from-the-future", "leases": "not ours"}`,
+		`{"version": 1, "phase": "loading", "padding": "` + strings.Repeat("x", 64<<10) + `"}`,
+	} {
+		b := reserve(t, pool, "tenant-a", fmt.Sprintf("s3://bucket/untouched-%d", len(doc)))
+		_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET details = $2::jsonb WHERE id = $1`, b.ID, doc)
+		require.NoError(t, err)
+		details := func() string {
+			var s string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT details::text FROM ingestion_batches WHERE id = $1`, b.ID).Scan(&s))
+			return s
+		}
+		before := details()
+
+		a, err := leases.Acquire(ctx, b.ID, "delivery-1", time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, lease.Acquired, a.Outcome)
+		require.Equal(t, before, details())
+		trail, err := leases.Trail(ctx, b.ID)
+		require.NoError(t, err)
+		renewed, ok, err := leases.Renew(ctx, a.Lease, 2*time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, before, details())
+		after, err := leases.Trail(ctx, b.ID)
+		require.NoError(t, err)
+		require.Equal(t, trail.Terms, after.Terms, "a renewal leaves the term trail alone")
+		require.WithinDuration(t, renewed.ExpiresAt, *after.ExpiresAt, time.Microsecond)
+		_, err = leases.RenewMany(ctx, []lease.Lease{renewed}, 3*time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, before, details())
+		released, err := leases.Release(ctx, renewed)
+		require.NoError(t, err)
+		require.True(t, released)
+		require.Equal(t, before, details())
+	}
+}
+
+// TestRenewManyReportsExactlyTheLostTerms renews five terms in one
+// statement: the two still held are renewed, and the expired, taken-over
+// and released ones come back lost, each in its place.
+func TestRenewManyReportsExactlyTheLostTerms(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+	acquire := func(name string, ttl time.Duration) lease.Lease {
+		b := reserve(t, pool, "tenant-a", "s3://bucket/many-"+name)
+		a, err := leases.Acquire(ctx, b.ID, name, ttl)
+		require.NoError(t, err)
+		require.Equal(t, lease.Acquired, a.Outcome)
+		return a.Lease
+	}
+	kept1, expired, takenOver, released, kept2 := acquire("kept1", time.Minute), acquire("expired", time.Minute),
+		acquire("taken-over", time.Minute), acquire("released", time.Minute), acquire("kept2", time.Minute)
+	short, ok, err := leases.Renew(ctx, expired, time.Microsecond)
 	require.NoError(t, err)
-	require.Len(t, d.Leases, batch.AuditLimit)
-	require.Equal(t, int64(batch.AuditLimit+10), d.Leases[len(d.Leases)-1].Generation)
+	require.True(t, ok)
+	waitExpired(t, pool, short)
+	gone, ok, err := leases.Renew(ctx, takenOver, time.Microsecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	waitExpired(t, pool, gone)
+	successor, err := leases.Acquire(ctx, takenOver.BatchID, "successor", time.Minute)
+	require.NoError(t, err)
+	require.True(t, successor.TakenOver)
+	_, err = leases.Release(ctx, released)
+	require.NoError(t, err)
+
+	in := []lease.Lease{kept1, expired, takenOver, released, kept2}
+	res, err := leases.RenewMany(ctx, in, 5*time.Minute)
+	require.NoError(t, err)
+	require.Len(t, res, len(in))
+	for i, want := range []bool{true, false, false, false, true} {
+		require.Equal(t, want, res[i].Held, "term %s", in[i].HolderID)
+		require.Equal(t, in[i].BatchID, res[i].Lease.BatchID)
+		if want {
+			require.WithinDuration(t, res[i].Lease.RenewedAt.Add(5*time.Minute), res[i].Lease.ExpiresAt, time.Microsecond)
+			require.Equal(t, 5*time.Minute, res[i].Lease.Remaining())
+		}
+	}
+	got, err := batch.NewStore(pool).Get(ctx, takenOver.BatchID)
+	require.NoError(t, err)
+	require.Equal(t, "successor", *got.LeaseID, "the lost term's renewal did not touch its successor")
+
+	empty, err := leases.RenewMany(ctx, nil, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, empty)
 }

@@ -81,7 +81,8 @@ func (r *Run) Checkpoint(ctx context.Context, d batch.Details) error {
 	return nil
 }
 
-// VerifyLease checks that the lease is still held (renewing it), for use
+// VerifyLease checks that the lease is still held (a read when the term was
+// renewed within the last renewal period, a renewal otherwise), for use
 // right before an irreversible step such as a warehouse commit. It returns
 // batch.ErrStaleLease if the lease was lost.
 func (r *Run) VerifyLease(ctx context.Context) error {

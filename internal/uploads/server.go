@@ -1,8 +1,10 @@
 // Package uploads is the HTTP listener that turns upload notifications into
 // imports: POST /v1/imports with an explicit request, POST /v1/events/s3 with
 // an S3 event notification (plain, in an SNS envelope, or from EventBridge).
-// Both go through jobs.Enqueuer.Import, the same code path as the enqueue
-// command line, and answer with the same JSON outcomes.
+// Both go through the enqueue command line's code path (jobs.Enqueuer) and
+// answer with the same JSON outcomes; the folders one notification completes
+// are imported as one burst (Enqueuer.ImportMany: one transaction), each
+// record keeping its own answer.
 //
 // Trust boundary. The bearer token is shared by every caller, so it proves
 // only that a caller may ask for imports, not which tenant it speaks for:
@@ -292,6 +294,49 @@ func (s *Server) importOne(ctx context.Context, req jobs.ImportRequest) (int, st
 // 499); nobody reads it, but logs and metrics say what happened.
 const statusClientClosed = 499
 
+// answer is the HTTP status, metric outcome and body of one import.
+type answer struct {
+	status  int
+	outcome string
+	body    any
+}
+
+// importMany imports a burst in one transaction and answers each request as
+// importOne would.
+func (s *Server) importMany(ctx context.Context, reqs []jobs.ImportRequest) []answer {
+	if len(reqs) == 0 {
+		return nil
+	}
+	client := ctx
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	answers := make([]answer, len(reqs))
+	results, err := s.cfg.Enqueuer.ImportMany(ctx, reqs)
+	switch {
+	case err != nil && client.Err() != nil:
+		// The client went away: not a database outage (see importOne).
+		s.cfg.Logger.Info("client disconnected before the imports finished", "imports", len(reqs), "error", err)
+		for i := range answers {
+			answers[i] = answer{statusClientClosed, "client_closed", errorBody{Outcome: "client_closed", Error: "client disconnected"}}
+		}
+		return answers
+	case err != nil:
+		s.cfg.Logger.Error("import failed: database unavailable", "error", err, "imports", len(reqs))
+		for i := range answers {
+			answers[i] = answer{http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"}}
+		}
+		return answers
+	}
+	for i, res := range results {
+		if res.Outcome == jobs.OutcomeInvalidInput {
+			answers[i] = answer{http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: res.Outcome, Field: res.Field, Error: res.Error}}
+			continue
+		}
+		answers[i] = answer{statusOf(res.Outcome), res.Outcome, res}
+	}
+	return answers
+}
+
 const (
 	routeImports = "imports"
 	routeEvents  = "events_s3"
@@ -341,6 +386,7 @@ type eventResult struct {
 var severity = map[int]int{
 	http.StatusOK: 0, http.StatusAccepted: 1, http.StatusConflict: 2,
 	http.StatusUnprocessableEntity: 3, http.StatusInternalServerError: 4, http.StatusServiceUnavailable: 5,
+	statusClientClosed: 6,
 }
 
 func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
@@ -379,7 +425,12 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	results := make([]eventResult, 0, len(events))
-	worst := http.StatusOK
+	// The folders an event completes are imported together: one burst,
+	// one transaction (jobs.Enqueuer.ImportMany).
+	var (
+		burst   []jobs.ImportRequest
+		burstAt []int // burst[k] answers results[burstAt[k]]
+	)
 	for _, p := range PlanEvents(events, s.cfg.Marker, s.cfg.Mapping) {
 		res := eventResult{Bucket: p.Bucket, Key: p.Key, status: p.Status}
 		if p.Outcome != "" {
@@ -393,23 +444,31 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 				s.cfg.Logger.Warn("upload notification refused", "bucket", p.Bucket, "key", p.Key, "outcome", p.Outcome, "field", p.Field, "reason", p.Reason)
 			}
 		} else {
-			status, outcome, body := s.importOne(r.Context(), p.Request)
-			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, outcome).Inc()
-			res.status = status
-			switch b := body.(type) {
-			case jobs.Result:
-				res.Result = b
-			case errorBody:
-				res.Outcome, res.Field, res.Reason = b.Outcome, b.Field, b.Error
-			}
-		}
-		if severity[res.status] > severity[worst] {
-			worst = res.status
+			burst = append(burst, p.Request)
+			burstAt = append(burstAt, len(results))
 		}
 		results = append(results, res)
 	}
-	if worst >= http.StatusInternalServerError {
-		// The sender retries a 5xx with the same signature: let it through.
+	for k, answer := range s.importMany(r.Context(), burst) {
+		res := &results[burstAt[k]]
+		s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, answer.outcome).Inc()
+		res.status = answer.status
+		switch b := answer.body.(type) {
+		case jobs.Result:
+			res.Result = b
+		case errorBody:
+			res.Outcome, res.Field, res.Reason = b.Outcome, b.Field, b.Error
+		}
+	}
+	worst := http.StatusOK
+	for _, res := range results {
+		if severity[res.status] > severity[worst] {
+			worst = res.status
+		}
+	}
+	if worst >= http.StatusInternalServerError || worst == statusClientClosed {
+		// The sender retries a 5xx (or after hanging up) with the same
+		// signature: let it through.
 		s.releaseClaim(claimed)
 	}
 	w.Header().Set("Content-Type", "application/json")

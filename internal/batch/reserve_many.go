@@ -1,0 +1,231 @@
+package batch
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// ReserveManyResult is ReserveMany's answer for one reservation.
+type ReserveManyResult struct {
+	Outcome ReserveOutcome
+	// BatchID is the new Running batch (Reserved), the Running batch that
+	// holds the scope (Conflict), or the newest batch of the scope, which
+	// succeeded (AlreadySucceeded).
+	BatchID int64
+}
+
+// reserveManySQL reserves many scopes in one statement, with Reserve's
+// rules for each: a Running batch is inserted unless one already holds the
+// scope (the unique partial index decides, ON CONFLICT DO NOTHING) or the
+// reservation asks to skip a scope whose newest batch succeeded. Rows are
+// inserted in (tenant, scope) order, so concurrent bursts over overlapping
+// scopes wait on each other in one order and never deadlock. It answers one
+// row per input, in input order: the new batch's id when one was inserted,
+// and the scope's newest batch by the statement's snapshot.
+const reserveManySQL = `
+	WITH input AS (
+		SELECT *
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::text[], $9::bool[])
+		     WITH ORDINALITY AS i(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+		                          pipeline_stage, details, source_scope, skip_if_succeeded, ord)
+	), latest AS (
+		SELECT i.ord, l.id, l.status
+		FROM input i
+		LEFT JOIN LATERAL (
+			SELECT b.id, b.status FROM ingestion_batches b
+			WHERE b.tenant_id = i.tenant_id AND b.source_scope = i.source_scope AND b.source_scope IS NOT NULL
+			-- The order of ix_ingestion_batches_scope: no other index can
+			-- answer without sorting every batch of the tenant, whatever
+			-- the statistics say.
+			ORDER BY b.tenant_id, b.source_scope, b.id DESC LIMIT 1
+		) l ON true
+	), ins AS (
+		INSERT INTO ingestion_batches
+			(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			 business_date, pipeline_stage, status, details, source_scope)
+		SELECT i.company_id, i.tenant_id, i.tenant_database, i.ingestion_mode, i.source_type,
+		       NULL, i.pipeline_stage, 'Running', i.details || jsonb_build_object('updatedAt', now()), i.source_scope
+		FROM input i JOIN latest l ON l.ord = i.ord
+		WHERE NOT (i.skip_if_succeeded AND l.status IS NOT DISTINCT FROM 'Succeeded')
+		ORDER BY i.tenant_id, i.source_scope
+		ON CONFLICT (tenant_id, source_scope) WHERE status = 'Running' AND source_scope IS NOT NULL
+		DO NOTHING
+		RETURNING id, tenant_id, source_scope
+	)
+	SELECT i.ord, ins.id, l.id, l.status
+	FROM input i
+	JOIN latest l ON l.ord = i.ord
+	LEFT JOIN ins ON ins.tenant_id = i.tenant_id AND ins.source_scope = i.source_scope
+	ORDER BY i.ord`
+
+// ReserveMany reserves many scoped batches at once, each with Reserve's rules
+// and outcome (Reserved, Conflict with the Running batch, AlreadySucceeded),
+// answered in order: one statement for the whole burst in the common case.
+// Run it inside the caller's transaction (WithTx) to commit the burst with
+// its jobs. A scope named twice is reserved once; the later request answers
+// Conflict with the batch the earlier one reserved. Every reservation is
+// validated first: a *ValidationError names the first field refused, and
+// nothing is written; other errors are infrastructure failures.
+func (s *Store) ReserveMany(ctx context.Context, rs []Reservation) ([]ReserveManyResult, error) {
+	details := make([]string, len(rs))
+	for i := range rs {
+		if err := rs[i].Validate(); err != nil {
+			return nil, err
+		}
+		raw, err := rs[i].Details.Marshal()
+		if err != nil {
+			return nil, err
+		}
+		details[i] = string(raw)
+	}
+	out := make([]ReserveManyResult, len(rs))
+	// Each round sends the reservations still undecided, each scope once;
+	// a later statement of the transaction sees what earlier ones wrote and
+	// what others committed meanwhile.
+	pending := make([]int, len(rs))
+	for i := range pending {
+		pending[i] = i
+	}
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == maxReserveAttempts+1 {
+			return nil, fmt.Errorf("reserving %d scopes: gave up after %d rounds racing finishing batches", len(pending), attempt)
+		}
+		round, later := firstOfEachScope(rs, pending)
+		undecided, err := s.reserveRound(ctx, rs, details, round, out)
+		if err != nil {
+			return nil, err
+		}
+		pending = append(undecided, later...)
+	}
+	return out, nil
+}
+
+// firstOfEachScope splits idx into the first request of each (tenant,
+// scope) and the rest, in order.
+func firstOfEachScope(rs []Reservation, idx []int) (first, rest []int) {
+	seen := make(map[[2]string]bool, len(idx))
+	for _, i := range idx {
+		k := [2]string{rs[i].TenantID, rs[i].SourceScope}
+		if seen[k] {
+			rest = append(rest, i)
+			continue
+		}
+		seen[k] = true
+		first = append(first, i)
+	}
+	return first, rest
+}
+
+// reserveRound runs reserveManySQL for the reservations idx (distinct
+// scopes), records the decided outcomes in out, and returns those left
+// undecided: their scope was held by a batch the statement's snapshot did
+// not show, so a later round looks again.
+func (s *Store) reserveRound(ctx context.Context, rs []Reservation, details []string, idx []int, out []ReserveManyResult) ([]int, error) {
+	n := len(idx)
+	var (
+		company, tenant, database = make([]string, n), make([]string, n), make([]string, n)
+		mode, source, stage       = make([]string, n), make([]string, n), make([]string, n)
+		docs, scope               = make([]string, n), make([]string, n)
+		skip                      = make([]bool, n)
+	)
+	for k, i := range idx {
+		r := rs[i]
+		company[k], tenant[k], database[k] = r.CompanyID, r.TenantID, r.TenantDatabase
+		mode[k], source[k], stage[k] = string(r.IngestionMode), string(r.SourceType), r.PipelineStage
+		docs[k], scope[k], skip[k] = details[i], r.SourceScope, r.SkipIfSucceeded
+	}
+	rows, err := s.db.Query(ctx, reserveManySQL, company, tenant, database, mode, source, stage, docs, scope, skip)
+	if err != nil {
+		return nil, fmt.Errorf("reserving %d scopes: %w", n, err)
+	}
+	defer rows.Close()
+	var undecided []int
+	for rows.Next() {
+		var (
+			ord                int64
+			reserved, latestID *int64
+			latestStatus       *Status
+		)
+		if err := rows.Scan(&ord, &reserved, &latestID, &latestStatus); err != nil {
+			return nil, fmt.Errorf("reserving %d scopes: %w", n, err)
+		}
+		i := idx[ord-1]
+		switch {
+		case reserved != nil:
+			out[i] = ReserveManyResult{Outcome: Reserved, BatchID: *reserved}
+		case latestStatus != nil && *latestStatus == StatusSucceeded && rs[i].SkipIfSucceeded:
+			out[i] = ReserveManyResult{Outcome: AlreadySucceeded, BatchID: *latestID}
+		case latestStatus != nil && *latestStatus == StatusRunning:
+			out[i] = ReserveManyResult{Outcome: Conflict, BatchID: *latestID}
+		default:
+			undecided = append(undecided, i)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reserving %d scopes: %w", n, err)
+	}
+	return undecided, nil
+}
+
+// RecordFailedEnqueueMany is RecordFailedEnqueue for a burst: it records
+// each reservation as a batch that is Failed from the start with phase
+// failed_enqueue and the message, holding no scope, in one statement, and
+// returns the new batch ids in order.
+func (s *Store) RecordFailedEnqueueMany(ctx context.Context, rs []Reservation, message string) ([]int64, error) {
+	var (
+		company, tenant, database, mode, source, stage, docs, scope []string
+	)
+	at := time.Now().UTC()
+	for i := range rs {
+		r := rs[i]
+		if err := r.Validate(); err != nil {
+			return nil, err
+		}
+		d := r.Details
+		d.Phase = PhaseFailedEnqueue
+		d.LastError = &ErrorRecord{Phase: PhaseFailedEnqueue, Message: message, At: at}
+		raw, err := d.Marshal()
+		if err != nil {
+			return nil, err
+		}
+		company, tenant, database = append(company, r.CompanyID), append(tenant, r.TenantID), append(database, r.TenantDatabase)
+		mode, source, stage = append(mode, string(r.IngestionMode)), append(source, string(r.SourceType)), append(stage, r.PipelineStage)
+		docs, scope = append(docs, string(raw)), append(scope, r.SourceScope)
+	}
+	rows, err := s.db.Query(ctx, `
+		WITH input AS (
+			SELECT *
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::text[])
+			     WITH ORDINALITY AS i(company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, details, source_scope, ord)
+		), ins AS (
+			INSERT INTO ingestion_batches
+				(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+				 business_date, pipeline_stage, status, details, source_scope, completed_at)
+			SELECT company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			       NULL, pipeline_stage, 'Failed', details || jsonb_build_object('updatedAt', now()), source_scope, now()
+			FROM input ORDER BY ord
+			RETURNING id
+		)
+		SELECT id FROM ins ORDER BY id`,
+		company, tenant, database, mode, source, stage, docs, scope)
+	if err != nil {
+		return nil, fmt.Errorf("recording %d failed enqueues: %w", len(rs), err)
+	}
+	defer rows.Close()
+	ids := make([]int64, 0, len(rs))
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("recording %d failed enqueues: %w", len(rs), err)
+	}
+	if len(ids) != len(rs) {
+		return nil, fmt.Errorf("recording %d failed enqueues: %d recorded", len(rs), len(ids))
+	}
+	return ids, nil
+}
