@@ -18,6 +18,7 @@ import (
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/warehouse"
+	"github.com/fleet/ingest/internal/warehouse/warehousecli"
 )
 
 type enqueueCLI struct {
@@ -105,16 +106,26 @@ func exitCode(outcome string) int {
 	}
 }
 
-func newEnqueuer(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, whPool *pgxpool.Pool, window time.Duration) (*jobs.Enqueuer, error) {
+func newEnqueuer(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, stamps warehouse.StampReader, window time.Duration) (*jobs.Enqueuer, error) {
 	client, err := jobs.NewInsertClient(pool, e.Logger)
 	if err != nil {
 		return nil, err
 	}
 	enq := &jobs.Enqueuer{Pool: pool, River: client, PublicationWindow: window, Metrics: metrics.New(), Logger: e.Logger}
-	if whPool != nil {
-		enq.Verifier = warehouse.Verifier(warehouse.NewPostgres(whPool))
+	if stamps != nil {
+		enq.Verifier = warehouse.Verifier(stamps)
 	}
 	return enq, nil
+}
+
+// invalidFlag reports an invalid warehouse setting as invalid input (the
+// JSON contract, exit 2); other errors pass.
+func invalidFlag(e *cli.Env, err error) error {
+	var fe *warehousecli.FlagError
+	if errors.As(err, &fe) {
+		return invalid(e, &jobs.InputError{Field: fe.Field(), Reason: fe.Error()})
+	}
+	return err
 }
 
 type importCmd struct {
@@ -236,8 +247,12 @@ type resumeCmd struct {
 	BatchID           int64         `name:"batch-id" required:"" help:"The failed batch."`
 	TenantID          string        `name:"tenant-id" required:"" help:"The batch's tenant."`
 	Folder            string        `name:"folder" help:"The batch's source folder URL (optional: the batch knows it; if given it must match)."`
-	WarehouseURL      string        `name:"warehouse-url" env:"WAREHOUSE_URL" help:"Warehouse connection string, to prove the slice is still the batch's. Defaults to the operational database."`
 	PublicationWindow time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"A batch committed longer ago than this is publication_expired."`
+
+	// The warehouse whose stamp proves the slice is still the batch's: the
+	// same settings as the workers' (--redshift-iam-role and
+	// --redshift-staging are not needed to read a stamp).
+	warehousecli.Flags
 }
 
 func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
@@ -248,19 +263,23 @@ func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if r.PublicationWindow <= 0 {
 		return invalid(e, &jobs.InputError{Field: "publication_window", Reason: "must be positive"})
 	}
+	if err := r.Flags.Validate(false); err != nil {
+		return invalidFlag(e, err)
+	}
 	pool, err := connect(c, e)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	whPool := pool
-	if r.WarehouseURL != "" && r.WarehouseURL != c.DatabaseURL {
-		if whPool, err = cli.Connect(e.Ctx, r.WarehouseURL, c.Timeout, nil); err != nil {
-			return fmt.Errorf("warehouse: %w", err)
-		}
-		defer whPool.Close()
+	stamps, _, closeStamps, err := r.Flags.OpenStamps(e.Ctx, e.Logger)
+	if err != nil {
+		return invalidFlag(e, err)
 	}
-	enq, err := newEnqueuer(c, e, pool, whPool, r.PublicationWindow)
+	defer closeStamps()
+	if stamps == nil {
+		stamps = warehouse.NewPostgres(pool) // the local warehouse shares the operational database
+	}
+	enq, err := newEnqueuer(c, e, pool, stamps, r.PublicationWindow)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/fleet/ingest/internal/cli"
-	"github.com/fleet/ingest/internal/warehouse/redshift"
+	"github.com/fleet/ingest/internal/warehouse/warehousecli"
 	"github.com/fleet/ingest/migrations"
 )
 
@@ -47,12 +47,12 @@ type migrateCmd struct {
 	SkipWarehouse bool          `name:"skip-warehouse" help:"Apply only the operational database's migrations (project and River), not the warehouse schema."`
 	Timeout       time.Duration `default:"5m" help:"Give up after this long."`
 
-	warehouseFlags
+	warehousecli.Flags
 }
 
 func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
-	if err := m.warehouseFlags.validate(false); err != nil {
-		return err
+	if err := m.Flags.Validate(false); err != nil {
+		return warehousecli.ExitError(err)
 	}
 	ctx, cancel := context.WithTimeout(e.Ctx, m.Timeout)
 	defer cancel()
@@ -76,14 +76,10 @@ func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
 	}
 	switch {
 	case m.SkipWarehouse:
-	case m.Warehouse == warehouseRedshift:
-		migrator, err := redshift.OpenMigrator(ctx, m.Redshift.config(e.Logger))
+	case m.IsRedshift():
+		migrator, err := m.OpenMigrator(ctx, e.Logger)
 		if err != nil {
-			var ce *redshift.ConfigError
-			if errors.As(err, &ce) {
-				return invalid(err)
-			}
-			return err
+			return warehousecli.ExitError(err)
 		}
 		applied, err := migrator.Migrate(ctx)
 		for _, a := range applied {

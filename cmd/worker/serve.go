@@ -21,6 +21,7 @@ import (
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/warehouse/warehousecli"
 	"github.com/fleet/ingest/migrations"
 )
 
@@ -44,7 +45,7 @@ type runCmd struct {
 	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Connections this process opens to the operational database: the lease pool (concurrency + 2: acquisitions, releases, lease checks and the one renewal statement per period) and the rest for River, pipeline writes, the sweeper and gauges. Default 3 × --concurrency + 6; at least 2 × --concurrency + 6."`
 	ClockOffset          time.Duration `name:"test-clock-offset" hidden:"" help:"Tests only: shift this process's local clock (lease deadlines) by this much."`
 
-	warehouseFlags
+	warehousecli.Flags
 }
 
 // pools returns the sizes of the operational pools for r's concurrency and
@@ -77,7 +78,7 @@ func (r *runCmd) validate() error {
 	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.ProgressEvery <= 0 || r.RescueStuckJobsAfter <= 0:
 		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval, --progress-every and --rescue-stuck-jobs-after must be positive")
 	}
-	return r.warehouseFlags.validate(true)
+	return warehousecli.ExitError(r.Flags.Validate(true))
 }
 
 func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
@@ -116,9 +117,9 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		return err
 	}
 	defer hbPool.Close()
-	wh, whName, closeWarehouse, err := r.warehouseFlags.open(ctx, g.DatabaseURL, int32(r.Concurrency+1), log)
+	wh, whName, closeWarehouse, err := r.Flags.Open(ctx, g.DatabaseURL, int32(r.Concurrency+1), log)
 	if err != nil {
-		return err
+		return warehousecli.ExitError(err)
 	}
 	defer closeWarehouse()
 

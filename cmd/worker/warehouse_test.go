@@ -65,9 +65,9 @@ func TestRunRedshiftInvalidInput(t *testing.T) {
 		{without("--redshift-staging"), "--redshift-staging"},
 		{append(without("--redshift-staging"), "--redshift-staging", "s3://bucket/it's/"), "--redshift-staging"},
 		{append(good, "--redshift-db-user", "loader"), "--redshift-db-user"},
-		{append(good, "--warehouse-url", "postgres://x@127.0.0.1/wh"), "--warehouse-url is for --warehouse postgres"},
+		{append(good, "--warehouse-url", "postgres://x@127.0.0.1/wh"), "--warehouse-url: is for --warehouse postgres"},
 		{append(good, "--redshift-load-timeout", "0s"), "--redshift-load-timeout"},
-		{[]string{"run", "--database-url", "postgres://nobody@127.0.0.1:1/none", "--redshift-workgroup", "fleet"}, "--redshift-* settings need --warehouse redshift"},
+		{[]string{"run", "--database-url", "postgres://nobody@127.0.0.1:1/none", "--redshift-workgroup", "fleet"}, "the --redshift-* settings need --warehouse redshift"},
 		{[]string{"run", "--warehouse", "bigquery"}, "--warehouse"},
 	}
 	for _, c := range cases {

@@ -72,6 +72,12 @@ var (
 	ErrTransient = errors.New("transient warehouse failure")
 )
 
+// StampReader reads slice stamps: all a resume needs of the warehouse.
+type StampReader interface {
+	// Stamp returns the slice's stamp, and false if there is no slice.
+	Stamp(ctx context.Context, tenantID, sourceScope string) (Stamp, bool, error)
+}
+
 // Warehouse is where Fleet folders are loaded and published.
 type Warehouse interface {
 	// Load replaces the slice (s.TenantID, s.SourceScope) with every record
@@ -96,8 +102,8 @@ type Warehouse interface {
 	Publish(ctx context.Context, s Slice, window time.Duration, beforeCommit func(context.Context) error) (Stamp, error)
 }
 
-// Verifier adapts a Warehouse to the batch store's resume proof.
-func Verifier(w Warehouse) batch.SliceVerifier {
+// Verifier adapts a warehouse's stamps to the batch store's resume proof.
+func Verifier(w StampReader) batch.SliceVerifier {
 	return batch.SliceVerifierFunc(func(ctx context.Context, tenantID, scope string) (int64, bool, error) {
 		st, found, err := w.Stamp(ctx, tenantID, scope)
 		return st.BatchID, found, err

@@ -191,15 +191,16 @@ func (w *Warehouse) settleLoad(ctx context.Context, s warehouse.Slice, cause err
 	}
 }
 
-// Stamp implements warehouse.Warehouse.
-func (w *Warehouse) Stamp(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, bool, error) {
+// Stamp implements warehouse.Warehouse (and warehouse.StampReader for
+// Stamps).
+func (w *dataAPI) Stamp(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, bool, error) {
 	st, _, found, err := w.stamp(ctx, tenantID, sourceScope)
 	return st, found, err
 }
 
 // stamp reads the slice's stamp and its age in seconds on the warehouse
 // clock.
-func (w *Warehouse) stamp(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, int64, bool, error) {
+func (w *dataAPI) stamp(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, int64, bool, error) {
 	rows, err := w.query(ctx, "fleet-stamp", readStamp, params("tenant_id", tenantID, "source_scope", sourceScope))
 	if err != nil {
 		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %w", err)

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/warehouse/redshift"
+	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
+)
+
+// TestResumeProvesTheSliceInRedshift: with --warehouse redshift, resume
+// reads the slice's stamp through the Data API (here its double), not from
+// a local schema: a batch stamped only in Redshift resumes with it and is
+// refused without it; a batch Redshift does not hold is refused
+// warehouse_slice_missing. It sets the AWS environment, so it does not run
+// in parallel.
+func TestResumeProvesTheSliceInRedshift(t *testing.T) {
+	ctx := context.Background()
+	srv := s3test.Start(t)
+	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "fleet", Database: "dev"})
+	for _, kv := range append(srv.Env(), double.Env()...) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	migrator, err := redshift.OpenMigrator(ctx, redshift.Config{WorkgroupName: "fleet", Database: "dev"})
+	require.NoError(t, err)
+	_, err = migrator.Migrate(ctx)
+	require.NoError(t, err)
+
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	stamped := phased(t, pool, "tenant-r", batch.PhaseFailedPublication, batch.StatusFailed, 0)
+	missing := phased(t, pool, "tenant-s", batch.PhaseFailedPublication, batch.StatusFailed, 0)
+	_, err = double.Pool.Exec(ctx, `
+		INSERT INTO curated.fleet_slices (tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
+		VALUES ($1, $2, $3, $4, 42, now(), NULL)`, stamped.TenantID, stamped.Scope(), stamped.ID, stamped.LeaseGeneration)
+	require.NoError(t, err)
+
+	resume := func(b batch.Batch, extra ...string) (map[string]any, int) {
+		t.Helper()
+		out, code := runCLI(t, dbURL, append([]string{"resume", "--batch-id", fmt.Sprint(b.ID), "--tenant-id", b.TenantID}, extra...)...)
+		var v map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &v), out)
+		return v, code
+	}
+	redshiftFlags := []string{"--warehouse", "redshift", "--redshift-workgroup", "fleet", "--redshift-database", "dev"}
+
+	// The local warehouse (the operational database's schema curated)
+	// holds no slice: without --warehouse redshift nothing proves it.
+	v, code := resume(stamped)
+	require.Equal(t, cli.ExitNotResumable, code, v)
+	require.Equal(t, "warehouse_slice_missing", v["reason"])
+
+	v, code = resume(missing, redshiftFlags...)
+	require.Equal(t, cli.ExitNotResumable, code, v)
+	require.Equal(t, "warehouse_slice_missing", v["reason"])
+
+	v, code = resume(stamped, redshiftFlags...)
+	require.Equal(t, cli.ExitOK, code, v)
+	require.Equal(t, "resumed", v["outcome"])
+	b, err := batch.NewStore(pool).Get(ctx, stamped.ID)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusRunning, b.Status)
+
+	// Reading a stamp needs the target only; a missing one is invalid
+	// input naming the flag, and nothing is written.
+	v, code = resume(missing, "--warehouse", "redshift", "--redshift-database", "dev")
+	require.Equal(t, cli.ExitInvalidInput, code, v)
+	require.Equal(t, "invalid_input", v["outcome"])
+	require.Equal(t, "redshift_workgroup", v["field"])
+	b, err = batch.NewStore(pool).Get(ctx, missing.ID)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusFailed, b.Status)
+}
