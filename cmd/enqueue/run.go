@@ -106,6 +106,23 @@ func exitCode(outcome string) int {
 	}
 }
 
+// act connects, builds the enqueuer and runs one operation under
+// --timeout, reporting its outcome.
+func act(c *enqueueCLI, e *cli.Env, op func(context.Context, *jobs.Enqueuer) (jobs.Result, error)) error {
+	pool, err := connect(c, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	enq, err := newEnqueuer(c, e, pool, nil, 0)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
+	defer cancel()
+	return report(e)(op(ctx, enq))
+}
+
 func newEnqueuer(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, stamps warehouse.StampReader, window time.Duration) (*jobs.Enqueuer, error) {
 	client, err := jobs.NewInsertClient(pool, e.Logger)
 	if err != nil {
@@ -145,18 +162,7 @@ func (i *importCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err := jobs.ValidateImport(req); err != nil {
 		return invalid(e, err)
 	}
-	pool, err := connect(c, e)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	enq, err := newEnqueuer(c, e, pool, nil, 0)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
-	defer cancel()
-	return report(e)(enq.Import(ctx, req))
+	return act(c, e, func(ctx context.Context, enq *jobs.Enqueuer) (jobs.Result, error) { return enq.Import(ctx, req) })
 }
 
 // runFromFile imports every folder listed in --from-file with
@@ -298,18 +304,7 @@ func (r *retryCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err := jobs.ValidateRetry(req); err != nil {
 		return invalid(e, err)
 	}
-	pool, err := connect(c, e)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	enq, err := newEnqueuer(c, e, pool, nil, 0)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
-	defer cancel()
-	return report(e)(enq.Retry(ctx, req))
+	return act(c, e, func(ctx context.Context, enq *jobs.Enqueuer) (jobs.Result, error) { return enq.Retry(ctx, req) })
 }
 
 type cancelCmd struct {
@@ -331,16 +326,5 @@ func (k *cancelCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err := jobs.ValidateCancel(req); err != nil {
 		return invalid(e, err)
 	}
-	pool, err := connect(c, e)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	enq, err := newEnqueuer(c, e, pool, nil, 0)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
-	defer cancel()
-	return report(e)(enq.Cancel(ctx, req))
+	return act(c, e, func(ctx context.Context, enq *jobs.Enqueuer) (jobs.Result, error) { return enq.Cancel(ctx, req) })
 }
