@@ -13,9 +13,12 @@
 -- heartbeat); migration 20 (operator control) adds it too, so it is added
 -- here only if missing, and Down leaves it.
 --
--- Existing trails are copied from details->'leases' (each term is closed
--- except the current one of a batch still holding its lease) and removed from
--- the details documents they were written into. A lower fillfactor leaves
+-- The trails of Running batches are copied from details->'leases' (each
+-- term is closed except the current one of a batch still holding its lease)
+-- and removed from their details documents, so the lease protocol continues
+-- them. Finished batches keep theirs in details as history: rewriting every
+-- row of a large table would hold this migration's lock for as long, and
+-- ParseDetails reads (and drops) the legacy key. A lower fillfactor leaves
 -- room on each page so that renewals are HOT updates (no index writes).
 
 -- +goose Up
@@ -33,7 +36,8 @@ SET execution_lease_terms = (
         FROM jsonb_array_elements(b.details->'leases') WITH ORDINALITY AS t(term, i)
         WHERE jsonb_typeof(t.term) = 'object'),
     details = b.details - 'leases'
-WHERE jsonb_typeof(b.details) = 'object' AND jsonb_typeof(b.details->'leases') = 'array';
+WHERE b.status = 'Running'
+  AND jsonb_typeof(b.details) = 'object' AND jsonb_typeof(b.details->'leases') = 'array';
 
 ALTER TABLE ingestion_batches SET (fillfactor = 80);
 

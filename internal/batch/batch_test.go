@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -703,11 +704,20 @@ func TestParseDetailsIsStrict(t *testing.T) {
 		require.ErrorIs(t, err, batch.ErrDetailsInvalid, name)
 	}
 
-	// The lease trail left details for its own column (migration 30 moved
-	// every existing one): a document that still carries it is refused.
-	_, err := batch.ParseDetails([]byte(`{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},` +
-		`"leases":[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z"}]}`))
-	require.ErrorIs(t, err, batch.ErrDetailsInvalid)
+	// The lease trail left details for its own column (migration 30). A
+	// document that still carries it (a finished batch's history, or an
+	// older worker during a rolling upgrade) parses, checked as strictly as
+	// the rest, and the trail is dropped: this build never writes it back.
+	legacy := `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},` +
+		`"leases":[{"leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z","releasedAt":"2026-11-30T10:00:02Z","renewals":3}]}`
+	d, err := batch.ParseDetails([]byte(legacy))
+	require.NoError(t, err)
+	require.Nil(t, d.LegacyLeases)
+	out, err := d.Marshal()
+	require.NoError(t, err)
+	require.NotContains(t, string(out), "leases")
+	_, err = batch.ParseDetails([]byte(strings.Replace(legacy, `"renewals"`, `"Renewals"`, 1)))
+	require.ErrorIs(t, err, batch.ErrDetailsInvalid, "the legacy trail is checked like the rest")
 
 	// What the database statements write today parses: the write audit
 	// trail with every key it sets, updatedAt, progress, retryOf.

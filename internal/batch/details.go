@@ -95,6 +95,25 @@ type Details struct {
 	// Writes is the audit trail of accepted fenced writes, appended by the
 	// fenced statement itself. Bounded to the last AuditLimit entries.
 	Writes []FencedWrite `json:"writes,omitempty"`
+
+	// legacyLeases is the lease trail as builds before migration 30 kept it
+	// in details (the trail is now the column execution_lease_terms). Such
+	// a document is still read, from a finished batch's history or from an
+	// older worker of a rolling upgrade; the key is checked like any other,
+	// then dropped (always nil after ParseDetails): this build never
+	// writes it.
+	LegacyLeases []legacyLeaseTerm `json:"leases,omitempty"`
+}
+
+// legacyLeaseTerm is a term of the lease trail in details before
+// migration 30.
+type legacyLeaseTerm struct {
+	LeaseID    string     `json:"leaseId"`
+	Generation int64      `json:"generation"`
+	At         time.Time  `json:"at"`
+	ExpiresAt  time.Time  `json:"expiresAt"`
+	ReleasedAt *time.Time `json:"releasedAt,omitempty"`
+	Renewals   int64      `json:"renewals,omitempty"`
 }
 
 // AuditLimit bounds the audit trails the database keeps: details.writes
@@ -200,6 +219,7 @@ func ParseDetails(raw []byte) (Details, error) {
 	if err := d.checkPhases(); err != nil {
 		return Details{}, fmt.Errorf("%w: %v", ErrDetailsInvalid, err)
 	}
+	d.LegacyLeases = nil
 	return d, nil
 }
 
