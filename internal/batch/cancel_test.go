@@ -153,3 +153,32 @@ func TestParkIsFenced(t *testing.T) {
 	require.LessOrEqual(t, len(*parked.ParkedReason), 500)
 	require.True(t, strings.HasPrefix(long, *parked.ParkedReason))
 }
+
+// TestCancelledBatchIsNotResumable: a batch an operator cancelled after its
+// warehouse commit is not moved back to Running by a resume (that would
+// undo the cancel); retry starts a new batch instead.
+func TestCancelledBatchIsNotResumable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	s := batch.NewStore(pool)
+	b := reserve(t, s, fleetReservation("tenant-a", "s3://bucket/cancel-committed"))
+	held := acquire(t, pool, b.ID, "holder")
+	d, err := batch.ParseDetails(b.Details)
+	require.NoError(t, err)
+	now := time.Now().UTC()
+	d.Phase, d.RedshiftCommitted, d.CommittedAt, d.RecordCount = batch.PhasePublishing, true, &now, 10
+	_, err = s.WriteDetails(ctx, held.Fence(), d)
+	require.NoError(t, err)
+	res, err := s.Cancel(ctx, batch.CancelRequest{BatchID: b.ID, TenantID: "tenant-a", By: "ops"})
+	require.NoError(t, err)
+	require.Equal(t, batch.Cancelled, res.Outcome)
+
+	rr, err := s.Resume(ctx, resumeRequest(b), ownedBy(b.ID))
+	require.NoError(t, err)
+	require.Equal(t, batch.NotResumable, rr.Outcome)
+	require.Equal(t, batch.ReasonCancelled, rr.Reason)
+	got, err := s.Get(ctx, b.ID)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusFailed, got.Status, "still cancelled")
+}

@@ -250,6 +250,9 @@ const (
 	ReasonNotCommitted          = "not_committed"
 	ReasonAlreadyPublished      = "already_published"
 	ReasonWarehouseSliceMissing = "warehouse_slice_missing"
+	// ReasonCancelled: an operator cancelled the batch; resuming would undo
+	// the cancel (a new batch for its folder is enqueue retry).
+	ReasonCancelled = "cancelled"
 )
 
 // ResumeResult is what Resume decided.
@@ -310,6 +313,8 @@ func (s *Store) Resume(ctx context.Context, req ResumeRequest, verifier SliceVer
 			return refuse(ReasonSucceeded)
 		case b.Status == StatusRunning:
 			return refuse(ReasonRunning)
+		case b.CancelledAt != nil:
+			return refuse(ReasonCancelled)
 		}
 		d, err := ParseDetails(b.Details)
 		switch {
