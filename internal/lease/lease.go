@@ -318,6 +318,35 @@ func (s *Store) RenewMany(ctx context.Context, leases []Lease, ttl time.Duration
 	return out, nil
 }
 
+// EndedByTerminalWrite reports which of leases, no longer held, were ended
+// by their own holder's terminal write (the batch is Succeeded or Failed
+// under the same generation) rather than lost: a delivery that just
+// finished and has not yet stopped renewing. A cancel or a takeover moves the
+// generation on, so those terms are not in the result.
+func (s *Store) EndedByTerminalWrite(ctx context.Context, leases []Lease) (map[int64]bool, error) {
+	ids, gens := make([]int64, len(leases)), make([]int64, len(leases))
+	for i, l := range leases {
+		ids[i], gens[i] = l.BatchID, l.Generation
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT b.id FROM ingestion_batches b
+		JOIN unnest($1::bigint[], $2::bigint[]) AS t(id, generation)
+		  ON b.id = t.id AND b.execution_lease_generation = t.generation
+		WHERE b.status <> 'Running'`, ids, gens)
+	if err != nil {
+		return nil, fmt.Errorf("reading ended leases: %w", err)
+	}
+	ended, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("reading ended leases: %w", err)
+	}
+	out := make(map[int64]bool, len(ended))
+	for _, id := range ended {
+		out[id] = true
+	}
+	return out, nil
+}
+
 // releaseSQL frees the lease of one term and closes the term in the trail.
 var releaseSQL = `
 	UPDATE ingestion_batches

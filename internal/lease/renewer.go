@@ -222,17 +222,19 @@ func (h *Holding) renewed(l Lease, sent time.Time) {
 	}
 }
 
-// fence marks the term lost and cancels its work with cause.
-func (h *Holding) fence(cause error) {
+// fence marks the term done and cancels its work with cause. It reports
+// whether it did: false when the term was already closed or fenced.
+func (h *Holding) fence(cause error) bool {
 	h.mu.Lock()
 	if h.done {
 		h.mu.Unlock()
-		return
+		return false
 	}
 	h.done = true
 	h.timer.Stop()
 	h.mu.Unlock()
 	h.cancel(cause)
+	return true
 }
 
 // expire runs at the local deadline.
@@ -330,20 +332,43 @@ func (r *Renewer) RenewAll(ctx context.Context) error {
 		r.observe(RenewalError, len(sortedLeases))
 		return err
 	}
-	renewed, lost := 0, 0
+	renewed := 0
+	var gone []int // indexes of terms no longer held
 	for i, rr := range res {
-		h := sortedHoldings[i]
 		if rr.Held {
 			renewed++
-			h.renewed(rr.Lease, sent)
+			sortedHoldings[i].renewed(rr.Lease, sent)
 			continue
 		}
-		lost++
-		l := rr.Lease
-		r.cfg.Logger.Error("lease lost: stopping work on the batch", "batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation)
-		h.fence(fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID))
+		gone = append(gone, i)
 	}
 	r.observe(RenewalRenewed, renewed)
+	if len(gone) == 0 {
+		return nil
+	}
+	// A delivery that wrote its batch's terminal state while the statement
+	// ran is done, not fenced: it stops renewing as soon as it returns.
+	goneLeases := make([]Lease, len(gone))
+	for k, i := range gone {
+		goneLeases[k] = res[i].Lease
+	}
+	ended, err := r.store.EndedByTerminalWrite(rctx, goneLeases)
+	if err != nil {
+		ended = nil // unknown: treat every one as lost
+	}
+	lost := 0
+	for _, i := range gone {
+		h, l := sortedHoldings[i], res[i].Lease
+		if ended[l.BatchID] {
+			h.fence(fmt.Errorf("term %d of batch %d ended with the batch's terminal write", l.Generation, l.BatchID))
+			continue
+		}
+		if !h.fence(fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID)) {
+			continue // closed by its delivery meanwhile
+		}
+		lost++
+		r.cfg.Logger.Error("lease lost: stopping work on the batch", "batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation)
+	}
 	r.observe(RenewalLost, lost)
 	return nil
 }

@@ -218,3 +218,44 @@ func TestRenewerFencesATermWhoseRenewalsFail(t *testing.T) {
 	errs, _ := obs.get(lease.RenewalError)
 	require.Positive(t, errs, "the failed renewals were counted")
 }
+
+// TestRenewerDoesNotReportATermEndedByItsOwnTerminalWriteAsLost: a delivery
+// writes its batch's terminal state and, before it stops renewing, a
+// renewal round finds the term gone. That term ended; it was not lost: no
+// "lost" is counted (the renewals-failing alert reads that counter) and the
+// work's context does not carry ErrLost. A term an operator's cancel
+// revoked still counts as lost.
+func TestRenewerDoesNotReportATermEndedByItsOwnTerminalWriteAsLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	store := lease.NewStore(pool)
+	var obs observed
+	r, err := lease.NewRenewer(store, lease.RenewerConfig{TTL: time.Hour, Every: 50 * time.Minute, Observe: obs.observe})
+	require.NoError(t, err)
+
+	done := reserve(t, pool, "tenant-a", "s3://bucket/ended")
+	_, finished, err := r.Acquire(ctx, done.ID, "delivery-finished")
+	require.NoError(t, err)
+	d, err := batch.ParseDetails(done.Details)
+	require.NoError(t, err)
+	d.Phase = batch.PhasePublished
+	_, err = batch.NewStore(pool).MarkSucceeded(ctx, finished.Lease().Fence(), d)
+	require.NoError(t, err)
+
+	cancelled := reserve(t, pool, "tenant-a", "s3://bucket/revoked")
+	_, revoked, err := r.Acquire(ctx, cancelled.ID, "delivery-revoked")
+	require.NoError(t, err)
+	res, err := batch.NewStore(pool).Cancel(ctx, batch.CancelRequest{BatchID: cancelled.ID, TenantID: "tenant-a", By: "ops"})
+	require.NoError(t, err)
+	require.Equal(t, batch.Cancelled, res.Outcome)
+
+	require.NoError(t, r.RenewAll(ctx))
+	lost, _ := obs.get(lease.RenewalLost)
+	require.Equal(t, 1, lost, "only the revoked term is lost")
+	require.ErrorIs(t, context.Cause(revoked.Context()), lease.ErrLost)
+	require.Error(t, context.Cause(finished.Context()), "the finished term is no longer renewed")
+	require.NotErrorIs(t, context.Cause(finished.Context()), lease.ErrLost)
+	finished.Close()
+	revoked.Close()
+}
