@@ -198,10 +198,8 @@ func (i *importCmd) runFromFile(c *enqueueCLI, e *cli.Env) error {
 	ctx, cancel := context.WithTimeout(e.Ctx, time.Duration(1+len(reqs)/jobs.MaxBurst)*c.Timeout)
 	defer cancel()
 	results, err := enq.ImportMany(ctx, reqs)
-	if err != nil {
-		return err
-	}
 	worst := cli.ExitOK
+	// On an error the bursts committed before it still have their answers.
 	for _, res := range results {
 		printJSON(e.Stdout, res)
 		code := exitCode(res.Outcome)
@@ -211,6 +209,9 @@ func (i *importCmd) runFromFile(c *enqueueCLI, e *cli.Env) error {
 		if exitSeverity(code) > exitSeverity(worst) {
 			worst = code
 		}
+	}
+	if err != nil {
+		return err
 	}
 	if worst != cli.ExitOK {
 		return cli.ExitError{Code: worst}

@@ -188,3 +188,36 @@ func TestConcurrentBurstsReserveEachFolderOnce(t *testing.T) {
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM river_job`).Scan(&jobs))
 	require.Equal(t, folders, jobs)
 }
+
+// TestImportManyReturnsTheCommittedBurstsOfAFailedImport: a list longer
+// than one burst whose second burst fails on an infrastructure error
+// returns the error and the outcomes of the first burst, which was
+// committed; nothing of the failed burst remains.
+func TestImportManyReturnsTheCommittedBurstsOfAFailedImport(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, nil)
+	_, err := f.pool.Exec(ctx, `
+		CREATE FUNCTION refuse_tenant() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN IF NEW.tenant_id = 'tenant-boom' THEN RAISE EXCEPTION 'storage refuses (injected)'; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER refuse_tenant BEFORE INSERT ON ingestion_batches FOR EACH ROW EXECUTE FUNCTION refuse_tenant();`)
+	require.NoError(t, err)
+	reqs := make([]ImportRequest, 0, MaxBurst+2)
+	for i := range MaxBurst + 1 {
+		reqs = append(reqs, importReq(fmt.Sprintf("s3://bucket/long/%d", i)))
+	}
+	boom := importReq("s3://bucket/long/boom")
+	boom.TenantID = "tenant-boom"
+	reqs = append(reqs, boom)
+
+	res, err := f.enqueuer.ImportMany(ctx, reqs)
+	require.ErrorContains(t, err, "injected")
+	require.ErrorContains(t, err, fmt.Sprintf("importing folders %d to %d of %d", MaxBurst+1, MaxBurst+2, MaxBurst+2))
+	require.Len(t, res, MaxBurst, "the first burst's outcomes")
+	for _, r := range res {
+		require.Equal(t, OutcomeEnqueued, r.Outcome)
+	}
+	var n int
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&n))
+	require.Equal(t, MaxBurst, n, "nothing of the failed burst remains")
+}

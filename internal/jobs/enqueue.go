@@ -141,15 +141,28 @@ const MaxBurst = 1000
 // reserved is recorded Failed with failed_enqueue (enqueue_failed, scope
 // free). A folder named twice is reserved once; the second request answers
 // conflict with the first one's batch. An error is an infrastructure failure:
-// nothing of the failed burst remains, and the results are not returned.
+// nothing of the failed burst (or of those after it) remains, and the
+// outcomes of the bursts committed before it are returned with the error
+// (results[:k], in order; k is a multiple of MaxBurst, 0 for a single
+// burst), so a caller can tell which folders were imported.
 func (e *Enqueuer) ImportMany(ctx context.Context, reqs []ImportRequest) ([]Result, error) {
 	results := make([]Result, len(reqs))
 	for start := 0; start < len(reqs); start += MaxBurst {
 		end := min(start+MaxBurst, len(reqs))
 		if err := e.importBurst(ctx, reqs[start:end], results[start:end]); err != nil {
-			return nil, err
+			e.logResults(reqs[:start], results[:start])
+			if start > 0 {
+				err = fmt.Errorf("importing folders %d to %d of %d (those before were committed): %w", start+1, end, len(reqs), err)
+			}
+			return results[:start], err
 		}
 	}
+	e.logResults(reqs, results)
+	return results, nil
+}
+
+// logResults counts and logs the outcomes of committed imports.
+func (e *Enqueuer) logResults(reqs []ImportRequest, results []Result) {
 	log := e.logger()
 	for i, res := range results {
 		e.observeReservation(res.Outcome)
@@ -160,7 +173,6 @@ func (e *Enqueuer) ImportMany(ctx context.Context, reqs []ImportRequest) ([]Resu
 		}
 		log.Info("import", attrs...)
 	}
-	return results, nil
 }
 
 // reservation turns an import request into the batch reservation it asks
