@@ -41,7 +41,9 @@ if ! psql "$base_url" -XAtqc 'select 1' >/dev/null 2>&1; then
 fi
 
 demo_db="fleet_demo_$(date +%s)_$$"
-demo_url=$(printf '%s' "$base_url" | sed -E "s#(postgres(ql)?://[^/]*)/[^?]*#\\1/$demo_db#")
+# The same server and options, the demo's database: replace the URL's path,
+# or add one when it has none.
+demo_url=$(printf '%s' "$base_url" | sed -E "s#^(postgres(ql)?://[^/?]*)(/[^?]*)?#\\1/$demo_db#")
 say "Fresh demo database: $demo_db (dropped at the end; KEEP_DEMO_DB=1 keeps it)"
 psql "$base_url" -XAtqc "CREATE DATABASE $demo_db"
 cleanup_db() {
@@ -53,6 +55,13 @@ cleanup_db() {
 	psql "$base_url" -XAtqc "DROP DATABASE IF EXISTS $demo_db WITH (FORCE)" >/dev/null || true
 }
 trap cleanup_db EXIT
+# The demo works only in the database it made: refuse a DATABASE_URL this
+# script cannot point at it (a key=value DSN, a URL without a path).
+if [ "$(psql "$demo_url" -XAtqc 'SELECT current_database()' 2>/dev/null)" != "$demo_db" ]; then
+	echo "make demo: cannot point DATABASE_URL ($(printf '%s' "$base_url" | sed -E 's#//([^:@/]*):[^@/]*@#//\1:***@#')) at its own database $demo_db;" >&2
+	echo "give it as postgres://user@host:port/dbname?… (the database name is replaced)" >&2
+	exit 2
+fi
 export DATABASE_URL=$demo_url
 
 say "Building bin/worker and bin/enqueue"
