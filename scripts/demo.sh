@@ -56,9 +56,9 @@ cleanup_db() {
 }
 trap cleanup_db EXIT
 # The demo works only in the database it made: refuse a DATABASE_URL this
-# script cannot point at it (a key=value DSN, a URL without a path).
+# script cannot point at it (a key=value DSN).
 if [ "$(psql "$demo_url" -XAtqc 'SELECT current_database()' 2>/dev/null)" != "$demo_db" ]; then
-	echo "make demo: cannot point DATABASE_URL ($(printf '%s' "$base_url" | sed -E 's#//([^:@/]*):[^@/]*@#//\1:***@#')) at its own database $demo_db;" >&2
+	echo "make demo: cannot point DATABASE_URL ($(printf '%s' "$base_url" | sed -E 's#//([^:@/]*):[^@/]*@#//\1:***@#; s#(password=)[^ ]*#\1***#')) at its own database $demo_db;" >&2
 	echo "give it as postgres://user@host:port/dbname?… (the database name is replaced)" >&2
 	exit 2
 fi
