@@ -370,15 +370,16 @@ const (
 )
 
 // Retry starts a new batch for the folder of a batch that failed before its
-// warehouse commit (failed_pre_commit, failed_enqueue) or was cancelled,
-// with the tenant, database and company of the failed batch, through the same
+// warehouse commit (failed_pre_commit, failed_enqueue), was cancelled, or
+// committed too long ago to be published (publication_expired), with the
+// tenant, database and company of the failed batch, through the same
 // reservation as Import: outcomes enqueued (with retry_of), conflict,
 // already_succeeded (a later batch of the folder succeeded) and
 // enqueue_failed. A batch that is not such a failure answers not_retryable
 // with the reason (running, succeeded, failed_publication_resume_instead,
-// superseded, publication_expired, details_invalid,
-// details_unknown_version, source_type_mismatch); a missing batch or another
-// tenant's answers not_found.
+// superseded, details_invalid, details_unknown_version,
+// source_type_mismatch); a missing batch or another tenant's answers
+// not_found.
 func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) {
 	if err := ValidateRetry(req); err != nil {
 		return Result{}, err
@@ -415,7 +416,8 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 			return refuse(batch.ReasonDetailsInvalid)
 		}
 		switch d.Phase {
-		case batch.PhaseFailedPreCommit, batch.PhaseFailedEnqueue, batch.PhaseCancelled:
+		case batch.PhaseFailedPreCommit, batch.PhaseFailedEnqueue, batch.PhaseCancelled,
+			batch.PhasePublicationExpired: // committed, but too long ago to publish: load it again
 		case batch.PhaseFailedPublication:
 			return refuse(ReasonResumeInstead)
 		default:

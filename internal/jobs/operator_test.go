@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/lease"
 )
 
 func badFolder(t *testing.T) string {
@@ -145,4 +147,30 @@ func TestResumeTakesTheFolderFromTheBatch(t *testing.T) {
 	res, err = f.enqueuer.Resume(ctx, ResumeRequest{BatchID: imp.BatchID, TenantID: "tenant-b"})
 	require.NoError(t, err)
 	require.Equal(t, OutcomeNotFound, res.Outcome)
+}
+
+// TestRetryReloadsAPublicationThatExpired: a batch committed too long ago
+// to be published (publication_expired) cannot be resumed; retry loads its
+// folder again as a new batch, as the runbook says.
+func TestRetryReloadsAPublicationThatExpired(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, nil)
+	id := f.importBatch(t, "tenant-a")
+	store := batch.NewStore(f.pool)
+	a, err := lease.NewStore(f.pool).Acquire(ctx, id, "delivery", time.Minute)
+	require.NoError(t, err)
+	b, err := store.Get(ctx, id)
+	require.NoError(t, err)
+	d, err := batch.ParseDetails(b.Details)
+	require.NoError(t, err)
+	committed := time.Now().Add(-48 * time.Hour).UTC()
+	d.Phase, d.RedshiftCommitted, d.CommittedAt = batch.PhasePublishing, true, &committed
+	_, err = store.MarkFailed(ctx, a.Lease.Fence(), d, batch.PhasePublicationExpired, "publication window has passed")
+	require.NoError(t, err)
+
+	res, err := f.enqueuer.Retry(ctx, RetryRequest{BatchID: id, TenantID: "tenant-a"})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeEnqueued, res.Outcome)
+	require.Equal(t, id, res.RetryOf)
 }
