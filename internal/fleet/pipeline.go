@@ -148,6 +148,26 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 	return nil
 }
 
+var _ pipeline.Settler = (*Pipeline)(nil)
+
+// Settle implements pipeline.Settler: a batch whose details do not record a
+// warehouse commit is checked against the warehouse stamp, never assumed
+// uncommitted; a slice stamped with the batch is recorded as its commit.
+func (p *Pipeline) Settle(ctx context.Context, b batch.Batch, d batch.Details) (batch.Details, error) {
+	if d.RedshiftCommitted {
+		return d, nil
+	}
+	st, found, err := p.Warehouse.Stamp(ctx, b.TenantID, b.Scope())
+	if err != nil {
+		return d, err
+	}
+	if found && st.BatchID == b.ID {
+		committedAt := st.CommittedAt
+		d.Phase, d.RedshiftCommitted, d.RecordCount, d.CommittedAt = batch.PhaseCommitted, true, st.RecordCount, &committedAt
+	}
+	return d, nil
+}
+
 // load records the loading phase and loads the folder into the slice.
 func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder, slice warehouse.Slice, logger *slog.Logger) (warehouse.Stamp, error) {
 	d := run.Details

@@ -279,6 +279,13 @@ func (w *IngestWorker) giveUp(ctx context.Context, job *river.Job[IngestArgs], r
 	if err != nil {
 		return res.Err
 	}
+	// Never assume the work did not commit: the pipeline reads it back.
+	if s, ok := w.cfg.Pipelines[b.SourceType].(pipeline.Settler); ok {
+		if d, err = s.Settle(ctx, b, d); err != nil {
+			log.Warn("giving up: could not tell whether the batch committed; it stays Running for a later delivery", "error", err)
+			return res.Err
+		}
+	}
 	phase := batch.PhaseFailedPreCommit
 	if d.RedshiftCommitted {
 		phase = batch.PhaseFailedPublication

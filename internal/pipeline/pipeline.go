@@ -57,6 +57,16 @@ type Pipeline interface {
 	Execute(ctx context.Context, run *Run) error
 }
 
+// Settler is a Pipeline that can prove, when a batch's transient failures
+// have outlasted every attempt, how far the work really got. A commit whose
+// outcome the last attempt never learned (a warehouse statement that can
+// commit after its client gave up) must not be recorded as a pre-commit
+// failure: Settle reads the truth back (the warehouse stamp) and returns d
+// with any commit it proves recorded.
+type Settler interface {
+	Settle(ctx context.Context, b batch.Batch, d batch.Details) (batch.Details, error)
+}
+
 // Registry maps source types to their pipelines.
 type Registry map[batch.SourceType]Pipeline
 
