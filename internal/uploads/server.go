@@ -495,7 +495,7 @@ func (s *Server) authenticateSigned(r *http.Request, body []byte, msg snsMessage
 		if err := s.sns.verify(r.Context(), msg); err != nil {
 			return "", http.StatusUnauthorized, "unauthenticated: SNS " + err.Error()
 		}
-		key, maxAge = "sns:"+msg.Signature, s.sns.cfg.MaxAge
+		key, maxAge = snsReplayKey(msg), s.sns.cfg.MaxAge
 	default:
 		return "", http.StatusUnauthorized, "unauthenticated: missing credentials"
 	}
