@@ -152,14 +152,22 @@ type snsVerifier struct {
 	certs map[string]*x509.Certificate
 }
 
-func newSNSVerifier(cfg SNSConfig) (*snsVerifier, error) {
+// validate checks the accepted topics.
+func (cfg SNSConfig) validate() error {
 	if len(cfg.TopicARNs) == 0 {
-		return nil, errors.New("uploads: SNS authentication needs at least one accepted topic ARN")
+		return errors.New("SNS authentication needs at least one accepted topic ARN")
 	}
 	for _, arn := range cfg.TopicARNs {
 		if !strings.HasPrefix(arn, "arn:aws") || strings.Count(arn, ":") != 5 {
-			return nil, fmt.Errorf("uploads: %q is not an SNS topic ARN (arn:aws:sns:REGION:ACCOUNT:TOPIC)", arn)
+			return fmt.Errorf("%q is not an SNS topic ARN (arn:aws:sns:REGION:ACCOUNT:TOPIC)", arn)
 		}
+	}
+	return nil
+}
+
+func newSNSVerifier(cfg SNSConfig) (*snsVerifier, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("uploads: %w", err)
 	}
 	if cfg.MaxAge <= 0 {
 		cfg.MaxAge = SNSMaxAgeDefault
