@@ -53,7 +53,8 @@ func notServed(what string) string {
 // password of HTTP Basic authentication (any user name), which browsers
 // prompt for and then send with every request of the page, its API calls
 // included. Without credentials it answers 401 with a Basic challenge; with
-// the import token 403. Requests that change something are refused 403
+// the import token 403 (401 with the challenge when it came as a Basic
+// password, so that the browser asks again). Requests that change something are refused 403
 // when a browser could have sent them from another site's page
 // (crossSiteRefusal): the browser would attach the operator's cached
 // credentials. Without an operator token it answers 404 with a JSON error
@@ -69,6 +70,11 @@ func (s *Server) OperatorOnly(what string, h http.Handler) http.Handler {
 			return
 		}
 		if status, why := s.operatorRefusal(r, true); status != 0 {
+			if _, _, basic := r.BasicAuth(); basic {
+				// A browser that was given the wrong password asks again
+				// only after a 401.
+				status = http.StatusUnauthorized
+			}
 			if status == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", `Basic realm="fleet-ingest operator", charset="UTF-8"`)
 			}

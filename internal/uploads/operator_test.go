@@ -70,7 +70,7 @@ func TestRiverUINeedsTheOperatorToken(t *testing.T) {
 		"wrong password":             {basic("nope"), http.StatusUnauthorized},
 		"operator token, other case": {"Bearer " + strings.ToUpper(operatorToken), http.StatusUnauthorized},
 		"import token, bearer":       {"Bearer " + token, http.StatusForbidden},
-		"import token, basic":        {basic(token), http.StatusForbidden},
+		"import token, basic":        {basic(token), http.StatusUnauthorized}, // the browser asks again
 		"operator token, bearer":     {"Bearer " + operatorToken, http.StatusNoContent},
 		"operator token, basic":      {basic(operatorToken), http.StatusNoContent},
 	} {
@@ -84,6 +84,17 @@ func TestRiverUINeedsTheOperatorToken(t *testing.T) {
 			require.Equal(t, before, reached.Load(), "%s: nothing of the UI is served", name)
 		}
 	}
+}
+
+// TestInsecureNoAuthNeverOpensOperatorRoutes: --insecure-no-auth lets
+// imports through without a token, never the operator routes.
+func TestInsecureNoAuthNeverOpensOperatorRoutes(t *testing.T) {
+	t.Parallel()
+	hs, reached := operatorRoute(t, func(c *Config) { c.AuthToken, c.InsecureNoAuth = "", true })
+	require.Equal(t, http.StatusUnauthorized, do(t, http.MethodGet, hs.URL+"/riverui/", nil).StatusCode)
+	require.Equal(t, http.StatusUnauthorized, do(t, http.MethodGet, hs.URL+"/riverui/", map[string]string{"Authorization": "Bearer "}).StatusCode)
+	require.Zero(t, reached.Load())
+	require.Equal(t, http.StatusNoContent, do(t, http.MethodGet, hs.URL+"/riverui/", map[string]string{"Authorization": "Bearer " + operatorToken}).StatusCode)
 }
 
 // TestRiverUIIsNotServedWithoutAnOperatorToken: with no operator token,
