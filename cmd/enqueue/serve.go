@@ -120,10 +120,8 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 	if err := cfg.Validate(); err != nil {
 		var ce *uploads.ConfigError
 		errors.As(err, &ce)
-		if ce.Setting == "OperatorToken" {
-			err = fmt.Errorf("refusing to serve: %s (--operator-token-file)", ce.Reason)
-		}
-		return uploads.Config{}, refuseSetting(e, settingFields[ce.Setting], err)
+		field := settingFields[ce.Setting]
+		return uploads.Config{}, refuseSetting(e, field, fmt.Errorf("refusing to serve: --%s: %s", strings.ReplaceAll(field, "_", "-"), ce.Reason))
 	}
 	return cfg, nil
 }

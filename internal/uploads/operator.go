@@ -54,11 +54,11 @@ func notServed(what string) string {
 // prompt for and then send with every request of the page, its API calls
 // included. Without credentials it answers 401 with a Basic challenge; with
 // the import token 403 (401 with the challenge when it came as a Basic
-// password, so that the browser asks again). Requests that change something are refused 403
-// when a browser could have sent them from another site's page
-// (crossSiteRefusal): the browser would attach the operator's cached
-// credentials. Without an operator token it answers 404 with a JSON error
-// saying so. Nothing of h is served to a refused request.
+// password, so that the browser asks again). Requests that change
+// something are refused 403 when a browser could have sent them from
+// another site's page (crossSiteRefusal): the browser would attach the
+// operator's cached credentials. Without an operator token it answers 404
+// with a JSON error saying so. Nothing of h is served to a refused request.
 func (s *Server) OperatorOnly(what string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		refuse := func(status int, outcome, why string) {
