@@ -221,7 +221,10 @@ func TestCancelRouteNeedsTheOperatorToken(t *testing.T) {
 func TestServeRefusesAnOperatorTokenEqualToTheImportToken(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
-	cmd := exec.Command(filepath.Join(binDir, "enqueue"), "serve", "--listen", "127.0.0.1:0")
+	// A build that started anyway would serve until killed: fail, not hang.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "enqueue"), "serve", "--listen", "127.0.0.1:0")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "ENQUEUE_AUTH_TOKEN=same-tok", "ENQUEUE_OPERATOR_TOKEN=same-tok")
 	out, _ := cmd.CombinedOutput()
 	require.Equal(t, 2, cmd.ProcessState.ExitCode(), string(out))
