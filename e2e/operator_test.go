@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -153,4 +157,79 @@ func TestParkedBatchIsNotRedeliveredInALoop(t *testing.T) {
 // getBatchRaw reads a batch without parsing its details.
 func getBatchRaw(pool *pgxpool.Pool, id int64) (batch.Batch, error) {
 	return batch.NewStore(pool).Get(context.Background(), id)
+}
+
+// TestCancelRouteNeedsTheOperatorToken replays, through a real enqueue
+// serve, the tenant spoofing the shared token allowed: a notification
+// sender naming a tenant (tenant ids are in S3 paths) and a batch id (they
+// are sequential) in the body of POST /v1/batches/{id}/cancel. The import
+// token is refused 403 and the batch keeps running; the operator token
+// (from --operator-token-file) cancels it. Without an operator token the
+// route is not served.
+func TestCancelRouteNeedsTheOperatorToken(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	operatorFile := filepath.Join(t.TempDir(), "operator-token")
+	require.NoError(t, os.WriteFile(operatorFile, []byte("op-s3cr3t\n"), 0o600))
+	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=import-tok"}, "--operator-token-file", operatorFile, "--dev-allow-local-folders")
+	status, out := postJSON(t, base+"/v1/imports", "import-tok",
+		map[string]any{"tenant_id": "victim", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
+	require.Equal(t, http.StatusAccepted, status, "%v", out)
+	id := int64(out["batch_id"].(float64))
+	cancelURL := fmt.Sprintf("%s/v1/batches/%d/cancel", base, id)
+
+	for name, tc := range map[string]struct {
+		token  string
+		status int
+	}{
+		"import token": {"import-tok", http.StatusForbidden},
+		"no token":     {"", http.StatusUnauthorized},
+		"wrong token":  {"op-s3cr3", http.StatusUnauthorized},
+	} {
+		status, out := postJSON(t, cancelURL, tc.token, map[string]any{"tenant_id": "victim", "reason": "spoofed"})
+		require.Equal(t, tc.status, status, "%s: %v", name, out)
+	}
+	b, _ := getBatch(t, pool, id)
+	require.Equal(t, batch.StatusRunning, b.Status, "the spoofed cancels changed nothing")
+	require.Equal(t, map[string]int{"available": 1}, jobStates(t, pool, id))
+
+	status, out = postJSON(t, cancelURL, "op-s3cr3t", map[string]any{"tenant_id": "victim", "reason": "operator"})
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	require.Equal(t, "cancelled", out["outcome"])
+	b, _ = getBatch(t, pool, id)
+	require.Equal(t, batch.StatusFailed, b.Status)
+	require.NotContains(t, serve.logs.String(), "op-s3cr3t", "the operator token never appears in logs")
+
+	// Without an operator token: not served, whatever the token.
+	_, bare := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=import-tok"}, "--dev-allow-local-folders")
+	status, out = postJSON(t, bare+"/v1/imports", "import-tok",
+		map[string]any{"tenant_id": "victim", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
+	require.Equal(t, http.StatusAccepted, status, "%v", out)
+	other := int64(out["batch_id"].(float64))
+	status, out = postJSON(t, fmt.Sprintf("%s/v1/batches/%d/cancel", bare, other), "import-tok", map[string]any{"tenant_id": "victim"})
+	require.Equal(t, http.StatusNotFound, status, "%v", out)
+	require.Equal(t, "not_served", out["outcome"])
+	require.Contains(t, out["error"], "--operator-token-file")
+	b, _ = getBatch(t, pool, other)
+	require.Equal(t, batch.StatusRunning, b.Status)
+}
+
+// TestServeRefusesAnOperatorTokenEqualToTheImportToken: the operator token
+// would then be in every notification sender's hands; serve exits 2 before
+// listening, saying why.
+func TestServeRefusesAnOperatorTokenEqualToTheImportToken(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	// A build that started anyway would serve until killed: fail, not hang.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "enqueue"), "serve", "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "ENQUEUE_AUTH_TOKEN=same-tok", "ENQUEUE_OPERATOR_TOKEN=same-tok")
+	out, _ := cmd.CombinedOutput()
+	require.Equal(t, 2, cmd.ProcessState.ExitCode(), string(out))
+	require.Contains(t, string(out), "the operator token must differ from the import token")
+	require.Contains(t, string(out), `"field":"operator_token_file"`)
+	require.NotContains(t, string(out), "listening")
+	require.NotContains(t, string(out), "same-tok")
 }

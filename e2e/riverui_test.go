@@ -2,9 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,23 +32,66 @@ func chromiumPath(t *testing.T) string {
 }
 
 // TestRiverUIShowsTheJobsOfABatch loads the River UI that enqueue serve
-// mounts at /riverui/ in headless Chromium and finds the job of a batch it
-// enqueued; without the bearer token the UI is not served.
+// mounts at /riverui/ in headless Chromium, with the operator token, finds
+// the job of a batch it enqueued and cancels another with the UI's own
+// Cancel button. A page of another site, submitting a text/plain form to
+// River's API in the same browser (which attaches the operator's
+// credentials), cancels nothing. Without the operator token, or with the
+// import token, the UI is not served.
 func TestRiverUIShowsTheJobsOfABatch(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
-	_, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token"}, "--dev-allow-local-folders")
-	status, out := postJSON(t, base+"/v1/imports", "ui-token",
-		map[string]any{"tenant_id": "tenant-ui", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
-	require.Equal(t, http.StatusAccepted, status, "%v", out)
-	jobID := int64(out["job_id"].(float64))
-	batchID := int64(out["batch_id"].(float64))
+	pool := pgtest.Pool(t, dbURL)
+	_, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
+	enqueue := func() (jobID, batchID int64) {
+		status, out := postJSON(t, base+"/v1/imports", "ui-token",
+			map[string]any{"tenant_id": "tenant-ui", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
+		require.Equal(t, http.StatusAccepted, status, "%v", out)
+		return int64(out["job_id"].(float64)), int64(out["batch_id"].(float64))
+	}
+	jobID, batchID := enqueue()
+	targetJob, _ := enqueue()    // what the other site's page tries to cancel
+	cancelledJob, _ := enqueue() // what the operator cancels in the UI
+	jobState := func(id int64) string {
+		var state string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, id).Scan(&state))
+		return state
+	}
 
-	resp, err := http.Get(base + "/riverui/")
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the UI is behind the same authentication")
-	require.Contains(t, resp.Header.Get("WWW-Authenticate"), "Basic")
+	for name, tc := range map[string]struct {
+		auth   string
+		status int
+	}{
+		"no credentials":        {"", http.StatusUnauthorized},
+		"import token":          {"Bearer ui-token", http.StatusForbidden},
+		"import token as Basic": {"Basic " + base64.StdEncoding.EncodeToString([]byte("ops:ui-token")), http.StatusUnauthorized}, // the browser asks again
+	} {
+		req, err := http.NewRequest(http.MethodGet, base+"/riverui/", nil)
+		require.NoError(t, err)
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, tc.status, resp.StatusCode, name)
+		if tc.status == http.StatusUnauthorized {
+			require.Contains(t, resp.Header.Get("WWW-Authenticate"), "Basic", "browsers are asked for the operator token")
+		}
+	}
+
+	// The other site: another host name for the loopback address, so the
+	// browser deems it cross-site.
+	formTarget := base + "/riverui/api/jobs/cancel"
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, `<form id="f" method="POST" enctype="text/plain" action="%s">`+
+			`<input type="hidden" name='{"ids":["%d"],"x":"' value='"}'></form>`+
+			`<script>document.getElementById("f").submit()</script>`, formTarget, targetJob)
+	}))
+	defer other.Close()
+	otherURL := strings.Replace(other.URL, "127.0.0.1", "localhost", 1)
 
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(chromiumPath(t)),
@@ -58,21 +105,27 @@ func TestRiverUIShowsTheJobsOfABatch(t *testing.T) {
 		chromedp.UserDataDir(t.TempDir()),
 	)
 	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(allocCtx)
+	bctx, cancel := chromedp.NewContext(allocCtx)
 	defer cancel()
-	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	bctx, cancelTimeout := context.WithTimeout(bctx, 90*time.Second)
 	defer cancelTimeout()
 
-	var listed, detail string
-	err = chromedp.Do(ctx,
+	var listed, detail, attack string
+	err := chromedp.Do(bctx,
+		// The operator's credentials go with every request of this
+		// browser, to any site, as cached HTTP Basic credentials would.
 		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
 			if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
 				return err
 			}
 			_, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders,
-				network.SetExtraHTTPHeadersParams{Headers: network.Headers{"Authorization": "Bearer ui-token"}})
+				network.SetExtraHTTPHeadersParams{Headers: network.Headers{"Authorization": "Bearer ui-operator-token"}})
 			return err
 		}),
+		chromedp.Navigate(otherURL),
+		void(chromedp.Poll[bool](fmt.Sprintf(`location.href === %q && document.readyState === "complete"`, formTarget),
+			chromedp.WithPollingTimeout(60*time.Second))),
+		text(&attack),
 		chromedp.Navigate(base+"/riverui/jobs?state=available"),
 		void(chromedp.Poll[bool](`document.body.innerText.includes("fleet_ingest")`, chromedp.WithPollingTimeout(60*time.Second))),
 		text(&listed),
@@ -80,11 +133,45 @@ func TestRiverUIShowsTheJobsOfABatch(t *testing.T) {
 		void(chromedp.Poll[bool](fmt.Sprintf(`document.body.innerText.includes("batch_id") && document.body.innerText.includes(%q)`, fmt.Sprint(batchID)),
 			chromedp.WithPollingTimeout(60*time.Second))),
 		text(&detail),
+		// The UI's own Cancel button: a same-origin text/plain POST.
+		chromedp.Navigate(fmt.Sprintf("%s/riverui/jobs/%d", base, cancelledJob)),
+		void(chromedp.Poll[bool](`[...document.querySelectorAll("button")].some(b => b.textContent.trim() === "Cancel" && !b.disabled)`,
+			chromedp.WithPollingTimeout(60*time.Second))),
+		void(chromedp.Evaluate[bool](`(() => { [...document.querySelectorAll("button")].find(b => b.textContent.trim() === "Cancel").click(); return true })()`)),
 	)
-	require.NoError(t, err, "listed page:\n%s\ndetail page:\n%s", listed, detail)
+	require.NoError(t, err, "attack page:\n%s\nlisted page:\n%s\ndetail page:\n%s", attack, listed, detail)
+	require.Contains(t, attack, "cross-site request refused", "River's API answered the other site's form")
 	require.Contains(t, listed, "fleet_ingest")
 	require.Contains(t, detail, "batch_id")
 	require.Contains(t, detail, fmt.Sprint(jobID))
+	require.Eventually(t, func() bool { return jobState(cancelledJob) == "cancelled" }, 60*time.Second, 50*time.Millisecond,
+		"the UI's Cancel button cancels the job")
+	require.Equal(t, "available", jobState(targetJob), "the other site's form cancelled nothing")
+}
+
+// TestRiverUIIsNotServedWithoutAnOperatorToken: enqueue serve without
+// --operator-token-file says so at start and answers /riverui/ 404 with a
+// JSON error naming the flag, to the import token too.
+func TestRiverUIIsNotServedWithoutAnOperatorToken(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token"})
+	require.Contains(t, serve.logs.String(), "the River UI are not served")
+	for _, auth := range []string{"", "Bearer ui-token"} {
+		req, err := http.NewRequest(http.MethodGet, base+"/riverui/", nil)
+		require.NoError(t, err)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var out map[string]string
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		resp.Body.Close()
+		require.Equal(t, http.StatusNotFound, resp.StatusCode)
+		require.Equal(t, "not_served", out["outcome"])
+		require.Contains(t, out["error"], "--operator-token-file")
+	}
 }
 
 // void drops an action's value.

@@ -332,25 +332,30 @@ func TestHostileInputRefusedAndNothingWritten(t *testing.T) {
 	require.Equal(t, 1, tables)
 }
 
-// TestSecretsNeverLeak runs the processes with a database password and an
-// auth token and greps their logs, error output and /metrics for them.
+// TestSecretsNeverLeak runs the processes with a database password, an
+// import token and an operator token, and greps their logs, error output
+// and /metrics for them.
 func TestSecretsNeverLeak(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
-	const password, token = "pw-Zq9-never-print", "tok-Xr7-never-print"
+	const password, token, operator = "pw-Zq9-never-print", "tok-Xr7-never-print", "op-Kw4-never-print"
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
 	u.User = url.UserPassword(u.User.Username(), password) // trust auth: accepted, never needed
 	withPassword := u.String()
 
 	w := startWorker(t, withPassword, append([]string{"--log-level", "debug"}, fastLease...)...)
-	serve, base := startServe(t, withPassword, []string{"ENQUEUE_AUTH_TOKEN=" + token, "LOG_LEVEL=debug"}, "--dev-allow-local-folders")
+	serve, base := startServe(t, withPassword, []string{"ENQUEUE_AUTH_TOKEN=" + token, "ENQUEUE_OPERATOR_TOKEN=" + operator, "LOG_LEVEL=debug"}, "--dev-allow-local-folders")
 	folderURL := writeFolder(t, sample)
 	status, body := postJSON(t, base+"/v1/imports", token, map[string]any{"tenant_id": "t", "tenant_database": "db", "company_id": "c", "folder": folderURL})
 	require.Equal(t, 202, status, body)
 	waitStatus(t, pool, int64(body["batch_id"].(float64)), batch.StatusSucceeded, 30*time.Second)
 	status, _ = postJSON(t, base+"/v1/imports", "wrong-"+token, map[string]any{"tenant_id": "t"})
+	require.Equal(t, 401, status)
+	status, _ = postJSON(t, base+"/v1/batches/1/cancel", token, map[string]any{"tenant_id": "t"})
+	require.Equal(t, 403, status, "refused operator requests log no token")
+	status, _ = postJSON(t, base+"/v1/batches/1/cancel", operator+"-wrong", map[string]any{"tenant_id": "t"})
 	require.Equal(t, 401, status)
 
 	bad := strings.Replace(withPassword, u.Host, "127.0.0.1:1", 1) + "&connect_timeout=1"
@@ -369,6 +374,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	} {
 		require.NotContains(t, text, password, name)
 		require.NotContains(t, text, token, name)
+		require.NotContains(t, text, operator, name)
 	}
 	require.Contains(t, w.logs.String(), "xxxxx", "the password is shown masked")
 }

@@ -187,3 +187,40 @@ func TestServeFinishesInFlightRequestsOnSIGTERM(t *testing.T) {
 	require.Equal(t, batch.PhaseReserved, d.Phase)
 	require.Equal(t, map[string]int{"available": 1}, jobStates(t, pool, id), "the reservation has its job")
 }
+
+// TestServeTimeoutBoundsEachRequest: --timeout bounds the database work of
+// each request (it was always 30 s): an import stuck behind a lock answers
+// 503 once it is over, long before the client gives up.
+func TestServeTimeoutBoundsEachRequest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	_, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=tok"}, "--timeout", "3s", "--dev-allow-local-folders")
+
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer blocker.Rollback(ctx) //nolint:errcheck
+	_, err = blocker.Exec(ctx, `LOCK TABLE ingestion_batches IN EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	body, err := json.Marshal(map[string]any{"tenant_id": "t", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/imports", bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer tok")
+	// Well under the old fixed 30 s, well over --timeout on a loaded machine.
+	client := &http.Client{Timeout: 25 * time.Second}
+	resp, err := client.Do(req)
+	require.NoError(t, err, "the request outlived --timeout")
+	defer resp.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%v", out)
+	require.Equal(t, "unavailable", out["outcome"])
+	require.NoError(t, blocker.Rollback(ctx))
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&n))
+	require.Zero(t, n, "the timed-out import left nothing behind")
+}

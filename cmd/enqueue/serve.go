@@ -17,22 +17,24 @@ import (
 )
 
 type serveCmd struct {
-	Listen         string        `name:"listen" env:"LISTEN_ADDR" default:":8080" help:"Address to listen on."`
-	AuthTokenFile  string        `name:"auth-token-file" env:"ENQUEUE_AUTH_TOKEN_FILE" help:"File holding the bearer token requests must carry."`
-	AuthToken      string        `name:"auth-token" env:"ENQUEUE_AUTH_TOKEN" hidden:"" help:"Bearer token (environment only; a flag value would show in ps)."`
-	InsecureNoAuth bool          `name:"insecure-no-auth" help:"Accept requests without authentication. Never in production."`
-	HMACSecretFile string        `name:"hmac-secret-file" env:"ENQUEUE_HMAC_SECRET_FILE" help:"File holding a shared secret; /v1/events/s3 then also accepts requests signed with X-Fleet-Timestamp and X-Fleet-Signature."`
-	Marker         string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"Object name whose creation completes a folder."`
-	PathPattern    string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
-	Buckets        []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any)."`
-	MaxBodyBytes   int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
-	MaxHTTPConns   int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open HTTP connections; beyond it the longest-idle one is closed."`
-	SNSTopicARNs   []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
-	SNSAutoConfirm bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
-	DevLocal       bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
-	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
-	NoRiverUI      bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI at /riverui/."`
-	MaxConns       int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within the request timeout. Size it for the concurrent requests expected, within the server's max_connections."`
+	Listen            string        `name:"listen" env:"LISTEN_ADDR" default:":8080" help:"Address to listen on."`
+	AuthTokenFile     string        `name:"auth-token-file" env:"ENQUEUE_AUTH_TOKEN_FILE" help:"File holding the import token: the bearer token import requests must carry."`
+	AuthToken         string        `name:"auth-token" env:"ENQUEUE_AUTH_TOKEN" hidden:"" help:"Import token (environment only; a flag value would show in ps)."`
+	OperatorTokenFile string        `name:"operator-token-file" env:"ENQUEUE_OPERATOR_TOKEN_FILE" help:"File holding the operator token, the only credential of POST /v1/batches/{id}/cancel and the River UI (which act on any tenant's work; the import token never opens them). Without it they are not served. It must differ from the import token."`
+	OperatorToken     string        `name:"operator-token" env:"ENQUEUE_OPERATOR_TOKEN" hidden:"" help:"Operator token (environment only; a flag value would show in ps)."`
+	InsecureNoAuth    bool          `name:"insecure-no-auth" help:"Accept import requests without authentication. Never in production. Operator routes still need the operator token."`
+	HMACSecretFile    string        `name:"hmac-secret-file" env:"ENQUEUE_HMAC_SECRET_FILE" help:"File holding a shared secret; /v1/events/s3 then also accepts requests signed with X-Fleet-Timestamp and X-Fleet-Signature."`
+	Marker            string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"Object name whose creation completes a folder."`
+	PathPattern       string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
+	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any)."`
+	MaxBodyBytes      int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
+	MaxHTTPConns      int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open HTTP connections; beyond it the longest-idle one is closed."`
+	SNSTopicARNs      []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
+	SNSAutoConfirm    bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
+	DevLocal          bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
+	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
+	NoRiverUI         bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI at /riverui/."`
+	MaxConns          int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within --timeout. Size it for the concurrent requests expected, within the server's max_connections."`
 }
 
 func readSecret(path string) (string, error) {
@@ -47,36 +49,90 @@ func readSecret(path string) (string, error) {
 	return s, nil
 }
 
+// settingFields names the flag (as an invalid_input field) behind each
+// uploads.Config setting that Validate may refuse.
+var settingFields = map[string]string{
+	"AuthToken": "auth_token_file", "OperatorToken": "operator_token_file", "Marker": "marker",
+	"RequestTimeout": "timeout", "Mapping": "path_pattern", "SNS": "sns_topic_arn",
+}
+
+// refuseSetting reports an invalid setting as the invalid_input outcome
+// (one JSON line on stdout, an error in the log) and exit code 2.
+func refuseSetting(e *cli.Env, field string, err error) error {
+	printJSON(e.Stdout, map[string]string{"outcome": "invalid_input", "field": field, "error": err.Error()})
+	e.Logger.Error(err.Error(), "field", field)
+	return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
+}
+
+// config reads the secrets and checks every setting, connecting to nothing
+// and starting nothing; the listener's Enqueuer, Pool and Metrics are left
+// for Run to fill in.
+func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
+	secret := func(value, file, field string) (string, error) {
+		if file == "" {
+			return value, nil
+		}
+		v, err := readSecret(file)
+		if err != nil {
+			return "", refuseSetting(e, field, fmt.Errorf("--%s: %w", strings.ReplaceAll(field, "_", "-"), err))
+		}
+		return v, nil
+	}
+	token, err := secret(s.AuthToken, s.AuthTokenFile, "auth_token_file")
+	if err != nil {
+		return uploads.Config{}, err
+	}
+	operator, err := secret(s.OperatorToken, s.OperatorTokenFile, "operator_token_file")
+	if err != nil {
+		return uploads.Config{}, err
+	}
+	hmacSecret, err := secret("", s.HMACSecretFile, "hmac_secret_file")
+	if err != nil {
+		return uploads.Config{}, err
+	}
+	var sns *uploads.SNSConfig
+	if len(s.SNSTopicARNs) > 0 {
+		sns = &uploads.SNSConfig{TopicARNs: s.SNSTopicARNs, AutoConfirm: s.SNSAutoConfirm}
+	}
+	switch {
+	case token == "" && !s.InsecureNoAuth:
+		return uploads.Config{}, refuseSetting(e, "auth_token_file",
+			errors.New("refusing to serve without authentication: set --auth-token-file or ENQUEUE_AUTH_TOKEN, or pass --insecure-no-auth"))
+	case c.DatabaseURL == "":
+		return uploads.Config{}, refuseSetting(e, "database_url", cli.ErrNoDatabaseURL)
+	case c.Timeout <= 0:
+		return uploads.Config{}, refuseSetting(e, "timeout", errors.New("--timeout must be positive"))
+	case s.MaxConns < 1:
+		return uploads.Config{}, refuseSetting(e, "max_conns", errors.New("--max-conns must be at least 1"))
+	case s.MaxHTTPConns < 1:
+		return uploads.Config{}, refuseSetting(e, "max_http_conns", errors.New("--max-http-conns must be at least 1"))
+	case s.ShutdownGrace < 0:
+		return uploads.Config{}, refuseSetting(e, "shutdown_grace", errors.New("--shutdown-grace must not be negative"))
+	case s.SNSAutoConfirm && sns == nil:
+		return uploads.Config{}, refuseSetting(e, "sns_auto_confirm", errors.New("--sns-auto-confirm needs --sns-topic-arn"))
+	}
+	cfg := uploads.Config{
+		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorToken: operator, HMACSecret: []byte(hmacSecret), SNS: sns,
+		AllowLocalFolders: s.DevLocal,
+		Marker:            s.Marker, Mapping: uploads.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
+		MaxBodyBytes: s.MaxBodyBytes, RequestTimeout: c.Timeout, Logger: e.Logger,
+	}
+	if err := cfg.Validate(); err != nil {
+		var ce *uploads.ConfigError
+		errors.As(err, &ce)
+		field := settingFields[ce.Setting]
+		return uploads.Config{}, refuseSetting(e, field, fmt.Errorf("refusing to serve: --%s: %s", strings.ReplaceAll(field, "_", "-"), ce.Reason))
+	}
+	return cfg, nil
+}
+
 func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
-	token := s.AuthToken
-	if s.AuthTokenFile != "" {
-		t, err := readSecret(s.AuthTokenFile)
-		if err != nil {
-			return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--auth-token-file: %w", err)}
-		}
-		token = t
-	}
-	if token == "" && !s.InsecureNoAuth {
-		err := errors.New("refusing to serve without authentication: set --auth-token-file or ENQUEUE_AUTH_TOKEN, or pass --insecure-no-auth")
-		e.Logger.Error(err.Error())
-		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
-	}
-	var secret []byte
-	if s.HMACSecretFile != "" {
-		sec, err := readSecret(s.HMACSecretFile)
-		if err != nil {
-			return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--hmac-secret-file: %w", err)}
-		}
-		secret = []byte(sec)
-	}
-	if c.DatabaseURL == "" {
-		return cli.ExitError{Code: cli.ExitInvalidInput, Err: cli.ErrNoDatabaseURL}
-	}
-	if s.MaxConns < 1 {
-		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--max-conns must be at least 1")}
+	cfg, err := s.config(c, e)
+	if err != nil {
+		return err
 	}
 	// The database must answer at start; later outages answer 503.
-	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, func(cfg *pgxpool.Config) { cfg.MaxConns = int32(s.MaxConns) })
+	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(s.MaxConns) })
 	if err != nil {
 		return err
 	}
@@ -85,18 +141,8 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return err
 	}
-	var sns *uploads.SNSConfig
-	if len(s.SNSTopicARNs) > 0 {
-		sns = &uploads.SNSConfig{TopicARNs: s.SNSTopicARNs, AutoConfirm: s.SNSAutoConfirm}
-	} else if s.SNSAutoConfirm {
-		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--sns-auto-confirm needs --sns-topic-arn")}
-	}
-	srv, err := uploads.New(uploads.Config{
-		Enqueuer: enq, Pool: pool, AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, HMACSecret: secret, SNS: sns,
-		AllowLocalFolders: s.DevLocal,
-		Marker:            s.Marker, Mapping: uploads.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
-		MaxBodyBytes: s.MaxBodyBytes, Metrics: enq.Metrics, Logger: e.Logger,
-	})
+	cfg.Enqueuer, cfg.Pool, cfg.Metrics = enq, pool, enq.Metrics
+	srv, err := uploads.New(cfg)
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
@@ -106,20 +152,19 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if s.DevLocal {
 		e.Logger.Warn("--dev-allow-local-folders: file:// and mem:// folders are accepted over HTTP; never in production")
 	}
-	pruneCtx, stopPruning := context.WithCancel(context.WithoutCancel(e.Ctx))
-	defer stopPruning()
-	go srv.PruneReplays(pruneCtx, time.Minute)
-	if s.MaxHTTPConns < 1 {
-		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--max-http-conns must be at least 1")}
+	if cfg.OperatorToken == "" {
+		e.Logger.Info("no operator token (--operator-token-file): POST /v1/batches/{id}/cancel and the River UI are not served")
 	}
 	handler := srv.Handler()
 	if !s.NoRiverUI {
-		ui, err := riverUI(e.Ctx, enq.River, e.Logger)
-		if err != nil {
-			return fmt.Errorf("river UI: %w", err)
+		ui := http.NotFoundHandler() // not reached without an operator token: OperatorOnly answers
+		if cfg.OperatorToken != "" {
+			if ui, err = riverUI(e.Ctx, enq.River, e.Logger); err != nil {
+				return fmt.Errorf("river UI: %w", err)
+			}
 		}
 		mux := http.NewServeMux()
-		mux.Handle(riverUIPrefix+"/", srv.Authenticated(ui))
+		mux.Handle(riverUIPrefix+"/", srv.OperatorOnly("the River UI", ui))
 		mux.Handle("/", handler)
 		handler = mux
 	}
@@ -127,10 +172,13 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}
+	pruneCtx, stopPruning := context.WithCancel(context.WithoutCancel(e.Ctx))
+	defer stopPruning()
+	go srv.PruneReplays(pruneCtx, time.Minute)
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
-	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", token != "", "hmac", len(secret) > 0,
+	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", cfg.AuthToken != "", "operator", cfg.OperatorToken != "", "hmac", len(cfg.HMACSecret) > 0,
 		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
 
 	select {

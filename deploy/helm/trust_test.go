@@ -245,3 +245,36 @@ func TestChartNetworkPolicies(t *testing.T) {
 		require.NotContains(t, key, "NetworkPolicy/")
 	}
 }
+
+// TestChartOperatorToken: the operator token (cancel route, River UI) is
+// optional; when its key is given it is a file in the same volume as the
+// import token, wired to --operator-token-file, never an environment
+// variable; without it enqueue gets no --operator-token-file and serves
+// neither route.
+func TestChartOperatorToken(t *testing.T) {
+	t.Parallel()
+	c := pods(t, mustRender(t, nil)).enqueue
+	_, ok := argValue(c.Containers[0].Args, "--operator-token-file")
+	require.False(t, ok, "no operator token by default")
+	require.Equal(t, []corev1.KeyToPath{{Key: "token", Path: "token"}}, c.Volumes[0].Secret.Items)
+
+	p := pods(t, mustRender(t, map[string]any{"secrets": map[string]any{"enqueue": map[string]any{"operatorTokenKey": "operator"}}})).enqueue
+	container := p.Containers[0]
+	operatorFile, ok := argValue(container.Args, "--operator-token-file")
+	require.True(t, ok)
+	tokenFile, ok := argValue(container.Args, "--auth-token-file")
+	require.True(t, ok)
+	require.Len(t, container.VolumeMounts, 1, "one volume for both tokens")
+	mount := container.VolumeMounts[0]
+	require.True(t, mount.ReadOnly)
+	require.Equal(t, mount.MountPath+"/operator-token", operatorFile)
+	require.Equal(t, mount.MountPath+"/token", tokenFile)
+	require.Len(t, p.Volumes, 1)
+	require.Equal(t, mount.Name, p.Volumes[0].Name)
+	require.Equal(t, "fleet-ingest-enqueue", p.Volumes[0].Secret.SecretName)
+	require.Equal(t, []corev1.KeyToPath{{Key: "token", Path: "token"}, {Key: "operator", Path: "operator-token"}}, p.Volumes[0].Secret.Items)
+	for _, e := range container.Env {
+		require.NotContains(t, e.Name, "OPERATOR_TOKEN", "the operator token is a file, never environment")
+	}
+	require.Equal(t, []string{"fleet-ingest-enqueue"}, secretsOf(p))
+}

@@ -30,7 +30,7 @@ var (
 	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery"}
 	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed"}
 	// CancelRequestOutcomes are the outcomes of POST /v1/batches/{id}/cancel.
-	CancelRequestOutcomes = []string{"cancelled", "not_cancellable", "not_found", "invalid", "unauthorized", "unavailable", "client_closed"}
+	CancelRequestOutcomes = []string{"cancelled", "not_cancellable", "not_found", "invalid", "unauthorized", "forbidden", "not_served", "unavailable", "client_closed"}
 )
 
 // SNSConfirmationOutcomes label ingest_sns_subscription_confirmations_total.

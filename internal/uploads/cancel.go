@@ -26,13 +26,22 @@ type cancelBody struct {
 }
 
 // handleCancel serves POST /v1/batches/{id}/cancel with a body
-// {"tenant_id", "reason"}: the same operation as enqueue cancel. Answers:
-// 200 cancelled, 404 not_found (also another tenant's batch), 409
-// not_cancellable (terminal already), 422 invalid input, 400 malformed body,
-// 401 unauthenticated, 503 database unavailable.
+// {"tenant_id", "reason"}: the same operation as enqueue cancel, for
+// operators only. The body's tenant_id is no authority (tenant ids are in
+// S3 paths, batch ids are sequential): the caller must carry the operator
+// token as a bearer token; the import token is refused 403. HTTP Basic is
+// not accepted here, so a browser never sends credentials of its own to
+// this route. Answers: 200 cancelled, 404 not_found (also another tenant's
+// batch) or not_served (no operator token configured), 409 not_cancellable
+// (terminal already), 422 invalid input, 400 malformed body, 401
+// unauthenticated, 403 forbidden, 503 database unavailable.
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
-	if !s.bearerOK(r) {
-		s.refuse(w, routeCancel, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
+	if s.cfg.OperatorToken == "" {
+		s.refuse(w, routeCancel, http.StatusNotFound, "not_served", "", notServed("POST /v1/batches/{id}/cancel"))
+		return
+	}
+	if status, why := s.operatorRefusal(r, false); status != 0 {
+		s.refuse(w, routeCancel, status, outcomeOf(status), "", why)
 		return
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)

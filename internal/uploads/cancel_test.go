@@ -3,6 +3,7 @@ package uploads
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -32,22 +33,41 @@ func TestCancelRoute(t *testing.T) {
 
 	status, _ = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), nil)
 	require.Equal(t, http.StatusUnauthorized, status)
-	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-b"}), auth)
+	// The import token, whatever tenant the body names: refused.
+	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), auth)
+	require.Equal(t, http.StatusForbidden, status, "the import token does not cancel: %v", out)
+	require.Equal(t, "forbidden", out["outcome"])
+	basicImport := map[string]string{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("x:"+token))}
+	basicOperator := map[string]string{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("x:"+operatorToken))}
+	for name, hdr := range map[string]map[string]string{
+		"wrong token":                       {"Authorization": "Bearer " + operatorToken + "x"},
+		"operator token as HTTP Basic":      basicOperator,
+		"operator token prefix":             {"Authorization": "Bearer " + operatorToken[:10]},
+		"operator token without the scheme": {"Authorization": operatorToken},
+	} {
+		status, _ = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), hdr)
+		require.Equal(t, http.StatusUnauthorized, status, name)
+	}
+	status, _ = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), basicImport)
+	require.Equal(t, http.StatusForbidden, status, "the import token as HTTP Basic")
+	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-b"}), operatorAuth)
 	require.Equal(t, http.StatusNotFound, status, "another tenant's batch")
 	require.Equal(t, "not_found", out["outcome"])
-	status, out = f.post(t, "/v1/batches/0/cancel", "application/json", body(map[string]any{"tenant_id": "tenant-a"}), auth)
+	status, out = f.post(t, "/v1/batches/0/cancel", "application/json", body(map[string]any{"tenant_id": "tenant-a"}), operatorAuth)
 	require.Equal(t, http.StatusUnprocessableEntity, status)
 	require.Equal(t, "batch_id", out["field"])
-	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": ""}), auth)
+	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": ""}), operatorAuth)
 	require.Equal(t, http.StatusUnprocessableEntity, status)
 	require.Equal(t, "tenant_id", out["field"])
-	status, _ = f.post(t, path, "application/json", []byte(`{"tenant_id":"tenant-a","force":true}`), auth)
+	status, _ = f.post(t, path, "application/json", []byte(`{"tenant_id":"tenant-a","force":true}`), operatorAuth)
 	require.Equal(t, http.StatusBadRequest, status)
+	status, _ = f.post(t, path, "text/plain", body(map[string]any{"tenant_id": "tenant-a"}), operatorAuth)
+	require.Equal(t, http.StatusUnsupportedMediaType, status)
 	b, err := batch.NewStore(pool).Get(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusRunning, b.Status, "refusals touch nothing")
 
-	headers := map[string]string{"Authorization": "Bearer " + token, OperatorHeader: "alice"}
+	headers := map[string]string{"Authorization": "Bearer " + operatorToken, OperatorHeader: "alice"}
 	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a", "reason": "bad upload"}), headers)
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, "cancelled", out["outcome"])
@@ -58,12 +78,36 @@ func TestCancelRoute(t *testing.T) {
 	require.True(t, strings.HasPrefix(*b.CancelledBy, "http:alice@"), *b.CancelledBy)
 	require.Equal(t, "bad upload", *b.CancelReason)
 
-	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), auth)
+	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), operatorAuth)
 	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "not_cancellable", out["outcome"])
 	require.Equal(t, "cancelled", out["phase"])
 	require.Equal(t, float64(1), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "cancelled")))
 	require.Equal(t, float64(1), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "not_cancellable")))
+	require.Equal(t, float64(2), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "forbidden")))
+}
+
+// TestCancelRouteIsNotServedWithoutAnOperatorToken: without an operator
+// token nothing opens the cancel route, the import token included; the
+// answer says what it needs.
+func TestCancelRouteIsNotServedWithoutAnOperatorToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	f := newServer(t, pool, func(c *Config) { c.OperatorToken = "" })
+	status, out := f.post(t, "/v1/imports", "application/json", importBody("tenant-a", tenantFolder("tenant-a", "up/c2")), auth)
+	require.Equal(t, http.StatusAccepted, status)
+	id := int64(out["batch_id"].(float64))
+	for name, hdr := range map[string]map[string]string{"import token": auth, "none": nil, "an operator token of another listener": operatorAuth} {
+		status, out = f.post(t, "/v1/batches/"+strconv.FormatInt(id, 10)+"/cancel", "application/json", []byte(`{"tenant_id":"tenant-a"}`), hdr)
+		require.Equal(t, http.StatusNotFound, status, name)
+		require.Equal(t, "not_served", out["outcome"], name)
+		require.Contains(t, out["error"], "--operator-token-file", name)
+	}
+	b, err := batch.NewStore(pool).Get(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusRunning, b.Status)
+	require.Equal(t, float64(3), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "not_served")))
 }
 
 // lockedBuffer is a goroutine-safe log sink.

@@ -20,10 +20,20 @@
 //     signature from an accepted topic (SNSConfig). A signature is valid
 //     for a bounded time and accepted once across every replica and restart
 //     (ReplayStore, in PostgreSQL).
+//   - operator routes act on any tenant's work: POST
+//     /v1/batches/{id}/cancel, and the River UI behind OperatorOnly. They
+//     need a separate operator token (Config.OperatorToken), never the
+//     import token (403); a body's tenant_id is no authority. Without an
+//     operator token they are not served (404). The River UI, which
+//     browsers open with HTTP Basic credentials they then attach to every
+//     request, refuses changes a page of another site could have sent
+//     (crossSiteRefusal).
 //
 // Status codes: 202 enqueued, 200 already_succeeded or ignored, 409
 // conflict, 422 invalid input or unmapped folder, 400 malformed body, 401
-// unauthenticated, 413 body too large, 415 wrong content type, 500 enqueue
+// unauthenticated, 403 the import token on an operator route (or a
+// cross-site change in the River UI), 404 an operator route without an
+// operator token, 413 body too large, 415 wrong content type, 500 enqueue
 // failure (the batch is recorded Failed), 503 database unavailable.
 package uploads
 
@@ -65,10 +75,15 @@ type Config struct {
 	// Pool is pinged by /readyz and holds the replay records of signed
 	// requests. Required when HMACSecret or SNS is set.
 	Pool *pgxpool.Pool
-	// AuthToken is the bearer token every /v1 request must carry. Required
-	// unless InsecureNoAuth.
+	// AuthToken is the import token: the bearer token every /v1 import
+	// request must carry. Required unless InsecureNoAuth.
 	AuthToken      string
 	InsecureNoAuth bool
+	// OperatorToken is the only credential of the operator routes (POST
+	// /v1/batches/{id}/cancel, the River UI), which act on any tenant's
+	// work. It must differ from AuthToken and HMACSecret. Empty: the
+	// operator routes answer 404. InsecureNoAuth never opens them.
+	OperatorToken string
 	// HMACSecret, if set, also authenticates /v1/events/s3 requests signed
 	// with SignatureHeader and TimestampHeader.
 	HMACSecret []byte
@@ -102,24 +117,55 @@ type Server struct {
 	sns    *snsVerifier
 }
 
+// ConfigError is a Config that Validate refuses; Setting names the field.
+type ConfigError struct {
+	Setting string
+	Reason  string
+}
+
+func (e *ConfigError) Error() string { return "uploads: " + e.Setting + ": " + e.Reason }
+
+// Validate checks the settings that need no database, all but Enqueuer and
+// Pool, which New checks too: a command calls it before it connects or
+// starts anything. Its errors are *ConfigError.
+func (c Config) Validate() error {
+	refuse := func(setting, reason string) error { return &ConfigError{Setting: setting, Reason: reason} }
+	switch {
+	case c.AuthToken == "" && !c.InsecureNoAuth:
+		return refuse("AuthToken", "an auth token is required (or explicitly allow no auth)")
+	case c.OperatorToken != "" && tokenEqual(c.OperatorToken, c.AuthToken):
+		return refuse("OperatorToken", "the operator token must differ from the import token")
+	case c.OperatorToken != "" && tokenEqual(c.OperatorToken, string(c.HMACSecret)):
+		return refuse("OperatorToken", "the operator token must differ from the HMAC secret")
+	case strings.Contains(c.Marker, "/"):
+		return refuse("Marker", "the marker must be an object name, not a path")
+	case c.RequestTimeout < 0:
+		return refuse("RequestTimeout", "must not be negative")
+	}
+	if err := c.Mapping.Validate(); err != nil {
+		return refuse("Mapping", err.Error())
+	}
+	if c.SNS != nil {
+		if err := c.SNS.validate(); err != nil {
+			return refuse("SNS", err.Error())
+		}
+	}
+	return nil
+}
+
 // New validates cfg and returns a server, not yet ready (see SetReady).
 func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Enqueuer == nil:
 		return nil, errors.New("uploads: Enqueuer is required")
-	case cfg.AuthToken == "" && !cfg.InsecureNoAuth:
-		return nil, errors.New("uploads: an auth token is required (or explicitly allow no auth)")
 	case (len(cfg.HMACSecret) > 0 || cfg.SNS != nil) && cfg.Pool == nil:
 		return nil, errors.New("uploads: signed requests need the database (Pool) for replay protection")
 	}
-	if err := cfg.Mapping.Validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Marker == "" {
 		cfg.Marker = MarkerDefault
-	}
-	if strings.Contains(cfg.Marker, "/") {
-		return nil, errors.New("uploads: the marker must be an object name, not a path")
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = MaxBodyBytesDefault
@@ -216,6 +262,10 @@ type errorBody struct {
 
 func (s *Server) reply(w http.ResponseWriter, route string, status int, outcome string, body any) {
 	s.cfg.Metrics.HTTPRequests.WithLabelValues(route, outcome).Inc()
+	writeJSON(w, status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(body)
@@ -495,7 +545,7 @@ func (s *Server) authenticateSigned(r *http.Request, body []byte, msg snsMessage
 		if err := s.sns.verify(r.Context(), msg); err != nil {
 			return "", http.StatusUnauthorized, "unauthenticated: SNS " + err.Error()
 		}
-		key, maxAge = "sns:"+msg.Signature, s.sns.cfg.MaxAge
+		key, maxAge = snsReplayKey(msg), s.sns.cfg.MaxAge
 	default:
 		return "", http.StatusUnauthorized, "unauthenticated: missing credentials"
 	}

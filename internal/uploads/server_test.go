@@ -22,7 +22,10 @@ import (
 	"github.com/fleet/ingest/internal/pgtest"
 )
 
-const token = "test-token-0123456789"
+const (
+	token         = "test-token-0123456789"
+	operatorToken = "operator-token-9876543210"
+)
 
 var secret = []byte("hmac-secret")
 
@@ -40,7 +43,7 @@ func newServer(t *testing.T, pool *pgxpool.Pool, mod func(*Config)) *fixture {
 	cfg := Config{
 		Enqueuer:  &jobs.Enqueuer{Pool: pool, River: client, Metrics: m, Logger: slog.New(slog.DiscardHandler)},
 		Pool:      pool,
-		AuthToken: token, HMACSecret: secret,
+		AuthToken: token, OperatorToken: operatorToken, HMACSecret: secret,
 		MaxBodyBytes: 4096,
 		Metrics:      m, Logger: slog.New(slog.DiscardHandler),
 	}
@@ -77,7 +80,10 @@ func (f *fixture) post(t *testing.T, path, contentType string, body []byte, head
 	return resp.StatusCode, out
 }
 
-var auth = map[string]string{"Authorization": "Bearer " + token}
+var (
+	auth         = map[string]string{"Authorization": "Bearer " + token}
+	operatorAuth = map[string]string{"Authorization": "Bearer " + operatorToken}
+)
 
 func importBody(tenant, folder string) []byte {
 	b, _ := json.Marshal(map[string]string{"tenant_id": tenant, "tenant_database": "tenant_db", "company_id": "c1", "folder": folder})

@@ -152,14 +152,22 @@ type snsVerifier struct {
 	certs map[string]*x509.Certificate
 }
 
-func newSNSVerifier(cfg SNSConfig) (*snsVerifier, error) {
+// validate checks the accepted topics.
+func (cfg SNSConfig) validate() error {
 	if len(cfg.TopicARNs) == 0 {
-		return nil, errors.New("uploads: SNS authentication needs at least one accepted topic ARN")
+		return errors.New("SNS authentication needs at least one accepted topic ARN")
 	}
 	for _, arn := range cfg.TopicARNs {
 		if !strings.HasPrefix(arn, "arn:aws") || strings.Count(arn, ":") != 5 {
-			return nil, fmt.Errorf("uploads: %q is not an SNS topic ARN (arn:aws:sns:REGION:ACCOUNT:TOPIC)", arn)
+			return fmt.Errorf("%q is not an SNS topic ARN (arn:aws:sns:REGION:ACCOUNT:TOPIC)", arn)
 		}
+	}
+	return nil
+}
+
+func newSNSVerifier(cfg SNSConfig) (*snsVerifier, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("uploads: %w", err)
 	}
 	if cfg.MaxAge <= 0 {
 		cfg.MaxAge = SNSMaxAgeDefault
@@ -223,6 +231,16 @@ func (v *snsVerifier) verify(ctx context.Context, m snsMessage) error {
 		return errors.New("bad signature")
 	}
 	return nil
+}
+
+// snsReplayKey is the replay key of a verified message: the bytes of its
+// signature, not their base64 text. The decoder skips line breaks and
+// ignores the unused bits of the last character, so one signature has many
+// spellings that all verify; keyed on the text, each would be a new
+// message.
+func snsReplayKey(m snsMessage) string {
+	sig, _ := base64.StdEncoding.DecodeString(m.Signature) // verified: it decodes
+	return "sns:" + string(sig)
 }
 
 // certificate returns the certificate at raw, fetched over HTTPS from an

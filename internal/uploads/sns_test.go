@@ -361,3 +361,53 @@ func TestSNSStringToSign(t *testing.T) {
 		require.Error(t, err, raw)
 	}
 }
+
+// TestSNSReplayWithAnotherSpellingOfTheSignatureIsRefused: base64 decoding
+// skips line breaks and ignores the unused bits of the last character, so
+// one signature has many spellings that all verify. A captured message
+// resent with another spelling is a replay, refused 401.
+func TestSNSReplayWithAnotherSpellingOfTheSignatureIsRefused(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	sns := newFakeSNS(t)
+	f := newServer(t, pool, withSNS(sns, false, nil))
+	captured := sns.message(t, snsNotification, testTopic, string(s3Event("fleet-uploads", "tenants/t1/db1/c1/respell/_SUCCESS", "ObjectCreated:Put")), "2", nil)
+	respelled := func(respell func(string) string) []byte {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(captured, &m))
+		m["Signature"] = respell(m["Signature"].(string))
+		b, err := json.Marshal(m)
+		require.NoError(t, err)
+		return b
+	}
+	status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", captured, nil)
+	require.Equal(t, http.StatusAccepted, status, out)
+
+	for name, respell := range map[string]func(string) string{
+		"line feed appended": func(s string) string { return s + "\n" },
+		"CRLF inside":        func(s string) string { return s[:64] + "\r\n" + s[64:] },
+		"line breaks every 76": func(s string) string {
+			var b strings.Builder
+			for len(s) > 76 {
+				b.WriteString(s[:76] + "\n")
+				s = s[76:]
+			}
+			return b.String() + s
+		},
+		// A 2048-bit signature is 256 bytes: its last base64 character
+		// carries 4 unused bits, which the decoder ignores.
+		"unused bits set": func(s string) string {
+			const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+			i := strings.TrimRight(s, "=")
+			last := strings.IndexByte(alphabet, i[len(i)-1])
+			return i[:len(i)-1] + string(alphabet[last^0x1]) + s[len(i):]
+		},
+	} {
+		replay := respelled(respell)
+		require.NotEqual(t, captured, replay, name)
+		status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", replay, nil)
+		require.Equal(t, http.StatusUnauthorized, status, "%s: %v", name, out)
+		require.Contains(t, out["error"], "already used", name)
+	}
+	require.Equal(t, 1, count(t, pool), "the replays imported nothing")
+}
