@@ -22,6 +22,7 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
 )
 
@@ -168,7 +169,7 @@ type supervisedWorker struct {
 	proxy   *chaos.Proxy
 	mu      sync.Mutex
 	cmd     *exec.Cmd
-	logs    *syncBuffer
+	logs    *testproc.SyncBuffer
 	stopped atomic.Bool
 	exited  chan struct{}
 }
@@ -257,7 +258,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		defer proxy.Close()
 		name := fmt.Sprintf("chaos%d-w%d", n, i)
 		workers[i] = &supervisedWorker{
-			t: t, name: name, proxy: proxy, logs: &syncBuffer{}, exited: make(chan struct{}), env: whEnv, flags: whFlags,
+			t: t, name: name, proxy: proxy, logs: &testproc.SyncBuffer{}, exited: make(chan struct{}), env: whEnv, flags: whFlags,
 			url: fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&application_name=%s", proxy.Addr(), db, name),
 		}
 		go workers[i].run()

@@ -28,6 +28,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/testproc"
 )
 
 var binDir string
@@ -105,30 +106,12 @@ var sample = map[string]string{
 
 const sampleRecords = 5
 
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // workerProc is a worker process under test.
 type workerProc struct {
 	t    *testing.T
 	name string
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *testproc.SyncBuffer
 	addr string
 	done chan struct{}
 	err  error
@@ -151,7 +134,7 @@ func startProcess(t *testing.T, name, binary string, args, env []string, addrLin
 	}
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), env...)
-	p := &workerProc{t: t, name: name, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	p := &workerProc{t: t, name: name, cmd: cmd, logs: &testproc.SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
 	require.NoError(t, cmd.Start())
 	go func() {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testproc"
 )
 
 func runCLI(t *testing.T, dbURL string, args ...string) (string, int) {
@@ -234,25 +234,6 @@ func TestTableOutputIsInert(t *testing.T) {
 	require.Equal(t, `"a\x1b[2Jb"`, inert("a\x1b[2Jb"))
 }
 
-// syncBuffer is a goroutine-safe writer for a command running in the
-// background.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestStatusWatchFollowsProgressUntilTerminal: status --watch prints the
 // load's progress as it changes and returns once the batch is terminal.
 func TestStatusWatchFollowsProgressUntilTerminal(t *testing.T) {
@@ -278,7 +259,7 @@ func TestStatusWatchFollowsProgressUntilTerminal(t *testing.T) {
 	}
 	progress(1, 100)
 
-	var stdout, stderr syncBuffer
+	var stdout, stderr testproc.SyncBuffer
 	code := make(chan int, 1)
 	go func() {
 		code <- run(ctx, []string{"status", "--batch-id", fmt.Sprint(b.ID), "--watch", "--interval", "100ms",

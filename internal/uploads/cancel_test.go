@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testproc"
 )
 
 func TestCancelRoute(t *testing.T) {
@@ -110,24 +110,6 @@ func TestCancelRouteIsNotServedWithoutAnOperatorToken(t *testing.T) {
 	require.Equal(t, float64(3), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "not_served")))
 }
 
-// lockedBuffer is a goroutine-safe log sink.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestClientDisconnectIsNotADatabaseOutage: a client that gives up while its
 // import waits in the database is logged as a disconnect, not as "database
 // unavailable".
@@ -135,7 +117,7 @@ func TestClientDisconnectIsNotADatabaseOutage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	logs := &lockedBuffer{}
+	logs := &testproc.SyncBuffer{}
 	f := newServer(t, pool, func(c *Config) { c.Logger = slog.New(slog.NewJSONHandler(logs, nil)) })
 
 	blocker, err := pool.Begin(ctx)

@@ -32,6 +32,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testproc"
 )
 
 // fakeSNS stands in for the Amazon SNS hosts: a TLS server whose
@@ -174,30 +175,13 @@ func (f *fakeSNS) message(t *testing.T, typ, topic, body, version string, mod fu
 	return b
 }
 
-func withSNS(f *fakeSNS, autoConfirm bool, logs *syncBuffer) func(*Config) {
+func withSNS(f *fakeSNS, autoConfirm bool, logs *testproc.SyncBuffer) func(*Config) {
 	return func(c *Config) {
 		c.SNS = &SNSConfig{TopicARNs: []string{testTopic}, AutoConfirm: autoConfirm, HTTPClient: f.client}
 		if logs != nil {
 			c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestSNSSignedNotifications: Amazon SNS sends neither a token nor our HMAC
@@ -269,7 +253,7 @@ func TestSNSSubscriptionConfirmation(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
 	sns := newFakeSNS(t)
-	logs := &syncBuffer{}
+	logs := &testproc.SyncBuffer{}
 	auto := newServer(t, pool, withSNS(sns, true, logs))
 	manual := newServer(t, pool, withSNS(sns, false, nil))
 	post := func(f *fixture, body []byte) (int, map[string]any) {

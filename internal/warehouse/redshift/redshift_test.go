@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,27 +24,8 @@ import (
 	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/redshift"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
+	"github.com/fleet/ingest/internal/warehouse/warehousetest"
 )
-
-var folderSeq atomic.Int64
-
-// memFolder writes files into a fresh mem:// folder and opens it.
-func memFolder(t *testing.T, files map[string]string) (*folder.Source, []folder.Object, string) {
-	t.Helper()
-	ctx := context.Background()
-	name := fmt.Sprintf("redshift-test-%d", folderSeq.Add(1))
-	for k, v := range files {
-		require.NoError(t, folder.MemBucket(name).WriteAll(ctx, "in/"+k, []byte(v), nil))
-	}
-	f, err := folder.Canonicalize("mem://" + name + "/in")
-	require.NoError(t, err)
-	src, err := folder.Opener{}.Open(ctx, f)
-	require.NoError(t, err)
-	t.Cleanup(func() { src.Close() })
-	objs, err := src.Objects(ctx)
-	require.NoError(t, err)
-	return src, objs, f.Scope()
-}
 
 func csvRows(tag string, n int) string {
 	var b strings.Builder
@@ -58,7 +38,7 @@ func csvRows(tag string, n int) string {
 
 func (e *env) load(t *testing.T, s warehouse.Slice, files map[string]string) (warehouse.Stamp, error) {
 	t.Helper()
-	src, objs, _ := memFolder(t, files)
+	src, objs, _ := warehousetest.Source(t, files)
 	return e.wh.Load(context.Background(), s, src, objs, nil)
 }
 
@@ -110,7 +90,7 @@ func mustStamp(t *testing.T, wh warehouse.Warehouse, s warehouse.Slice) warehous
 func TestStagingManifestAndCleanup(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	src, objs, scope := memFolder(t, map[string]string{"a.csv": "id,name\n1,Ann\n2,Bo\n", "b.ndjson": `{"deep":{"x":[1,{"y":"z"}]}}` + "\n"})
+	src, objs, scope := warehousetest.Source(t, map[string]string{"a.csv": "id,name\n1,Ann\n2,Bo\n", "b.ndjson": `{"deep":{"x":[1,{"y":"z"}]}}` + "\n"})
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 41, Generation: 3}
 	var seen []string
 	var man redshift.Manifest
@@ -159,7 +139,7 @@ func TestStagingManifestAndCleanup(t *testing.T) {
 func TestStagedLinesAreCuratedRows(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	src, objs, scope := memFolder(t, map[string]string{"a.csv": "id,note\n1,\"say \"\"hi\"\"\"\n"})
+	src, objs, scope := warehousetest.Source(t, map[string]string{"a.csv": "id,note\n1,\"say \"\"hi\"\"\"\n"})
 	s := warehouse.Slice{TenantID: `tenant "q"`, SourceScope: scope, BatchID: 5, Generation: 1}
 	var line map[string]any
 	_, err := e.wh.Load(context.Background(), s, src, objs, func(context.Context) error {
@@ -203,7 +183,7 @@ func TestStagingPartsAreBoundedAndUploadedInParts(t *testing.T) {
 		}
 		fmt.Fprintf(&b, "%d,%s\n", i, buf)
 	}
-	src, objs, scope := memFolder(t, map[string]string{"big.csv": b.String()})
+	src, objs, scope := warehousetest.Source(t, map[string]string{"big.csv": b.String()})
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 9, Generation: 1}
 	var man redshift.Manifest
 	st, err := e.wh.Load(context.Background(), s, src, objs, func(context.Context) error {
@@ -270,7 +250,7 @@ func TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging(t *testing.T) {
 func TestEveryFailedStatementLeavesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	_, _, scope := memFolder(t, map[string]string{"x.csv": "id\n1\n"})
+	_, _, scope := warehousetest.Source(t, map[string]string{"x.csv": "id\n1\n"})
 	base := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 1}
 	_, err := e.load(t, base, map[string]string{"x.csv": csvRows("old", 3)})
 	require.NoError(t, err)
@@ -372,7 +352,7 @@ func TestCancelledLoadCancelsItsStatement(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", Hold: true})
-	src, objs, scope := memFolder(t, map[string]string{"x.csv": csvRows("a", 3)})
+	src, objs, scope := warehousetest.Source(t, map[string]string{"x.csv": csvRows("a", 3)})
 	ctx, cancel := context.WithCancelCause(context.Background())
 	errc := make(chan error, 1)
 	go func() {
@@ -398,7 +378,7 @@ func TestCancelledLoadCancelsItsStatement(t *testing.T) {
 func TestMissingMandatoryPartFailsTheCopy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	src, objs, scope := memFolder(t, map[string]string{"x.csv": csvRows("a", 3)})
+	src, objs, scope := warehousetest.Source(t, map[string]string{"x.csv": csvRows("a", 3)})
 	_, err := e.wh.Load(context.Background(), warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 1}, src, objs,
 		func(ctx context.Context) error {
 			_, err := e.s3.Client().DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(stagingBucket), Key: aws.String("fleet/staging/batch-1/gen-1/part-00000.ndjson.gz")})

@@ -150,8 +150,10 @@ var folderSeq atomic.Int64
 // live one) never sees one run's slices in another.
 var tenant = fmt.Sprintf("tenant-%d-%d", time.Now().UnixNano(), os.Getpid())
 
-// source writes files into a fresh mem:// folder and opens it.
-func source(t *testing.T, files map[string]string) (*folder.Source, []folder.Object, string) {
+// Source writes files into a fresh mem:// folder and opens it; it returns
+// the source, its objects and the folder's scope. The suite and the tests of
+// each implementation use it to make folders.
+func Source(t *testing.T, files map[string]string) (*folder.Source, []folder.Object, string) {
 	t.Helper()
 	ctx := context.Background()
 	name := fmt.Sprintf("warehousetest-%d", folderSeq.Add(1))
@@ -192,7 +194,7 @@ func rows(tag string, n int) string {
 
 func load(t *testing.T, h Harness, s warehouse.Slice, files map[string]string) warehouse.Stamp {
 	t.Helper()
-	src, objs, _ := source(t, files)
+	src, objs, _ := Source(t, files)
 	st, err := h.Warehouse.Load(context.Background(), s, src, objs, nil)
 	require.NoError(t, err)
 	return st
@@ -220,7 +222,7 @@ func consistent(t *testing.T, h Harness, s warehouse.Slice) (warehouse.Stamp, []
 
 func testLoad(t *testing.T, h Harness) {
 	ctx := context.Background()
-	src, objs, scope := source(t, map[string]string{
+	src, objs, scope := Source(t, map[string]string{
 		"a.csv":         "id,name,note\n1,Ann,\"multi\nline\"\n2,\"Bo \"\"B\"\"\",plain\n",
 		"b/c.ndjson":    "{\"id\": 3, \"nested\": {\"k\": [1, 2.5, null, true]}}\n\n{\"id\": 4, \"name\": \"Ünï\"}\n",
 		"_SUCCESS":      "",
@@ -303,7 +305,7 @@ func testSuperseded(t *testing.T, h Harness) {
 	load(t, h, slice(scope, 5, 3), map[string]string{"x.csv": rows("five", 3)})
 
 	for _, s := range []warehouse.Slice{slice(scope, 4, 9), slice(scope, 5, 2)} {
-		src, objs, _ := source(t, map[string]string{"old.csv": rows("old", 7)})
+		src, objs, _ := Source(t, map[string]string{"old.csv": rows("old", 7)})
 		_, err := h.Warehouse.Load(ctx, s, src, objs, nil)
 		require.ErrorIs(t, err, warehouse.ErrSliceSuperseded, "batch %d generation %d", s.BatchID, s.Generation)
 		got, _, _ := consistent(t, h, s)
@@ -321,7 +323,7 @@ func testMalformed(t *testing.T, h Harness) {
 		{"a.csv": rows("fine", 2), "b.csv": "id,tag\n1,x\n2,x,extra\n"},
 		{"c.ndjson": "{\"id\": 1}\n[1, 2]\n"},
 	} {
-		src, objs, _ := source(t, files)
+		src, objs, _ := Source(t, files)
 		_, err := h.Warehouse.Load(ctx, slice(scope, int64(2+i), 1), src, objs, nil)
 		require.ErrorIs(t, err, folder.ErrMalformed)
 		require.Contains(t, err.Error(), "line", "the error names the line: %v", err)
@@ -336,7 +338,7 @@ func testBeforeCommit(t *testing.T, h Harness) {
 	ctx := context.Background()
 	scope := newScope()
 	load(t, h, slice(scope, 1, 1), map[string]string{"good.csv": rows("good", 3)})
-	src, objs, _ := source(t, map[string]string{"new.csv": rows("new", 5)})
+	src, objs, _ := Source(t, map[string]string{"new.csv": rows("new", 5)})
 	calls := 0
 	_, err := h.Warehouse.Load(ctx, slice(scope, 2, 1), src, objs, func(context.Context) error {
 		calls++
@@ -434,7 +436,7 @@ func testDyingLoad(t *testing.T, h Harness) {
 	scope := newScope()
 	load(t, h, slice(scope, 1, 1), map[string]string{"x.csv": rows("one", 3)})
 
-	src, objs, _ := source(t, map[string]string{"y.csv": rows("two", 5)})
+	src, objs, _ := Source(t, map[string]string{"y.csv": rows("two", 5)})
 	settle := h.DyingLoad(t, slice(scope, 2, 1), src, objs)
 	// Whatever the warehouse has done so far, the stamp tells it.
 	_, _, _ = consistent(t, h, slice(scope, 2, 1))
@@ -450,7 +452,7 @@ func testDyingLoad(t *testing.T, h Harness) {
 
 	// The next delivery, reading the stamp, loads again under a later
 	// generation (or would skip the load, had it seen its batch).
-	src, objs, _ = source(t, map[string]string{"y.csv": rows("two", 5)})
+	src, objs, _ = Source(t, map[string]string{"y.csv": rows("two", 5)})
 	next, err := h.Warehouse.Load(ctx, slice(scope, 2, 2), src, objs, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), next.Generation)
