@@ -368,7 +368,7 @@ func (e *env) startWorkers(n int, extra ...string) ([]*workerProc, error) {
 		if err != nil {
 			return nil, err
 		}
-		cmd := exec.Command(e.workerBin, append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", name, "--log-level", "warn"}, extra...)...)
+		cmd := exec.Command(e.workerBin, append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", name, "--log-level", "warn", "--dev-allow-local-folders"}, extra...)...)
 		cmd.Env = append(os.Environ(), "DATABASE_URL="+e.dbURL)
 		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {

@@ -177,7 +177,7 @@ type supervisedWorker struct {
 func (w *supervisedWorker) run() {
 	defer close(w.exited)
 	for !w.stopped.Load() {
-		args := append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", w.name}, chaosWorkerFlags...)
+		args := append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", w.name, "--dev-allow-local-folders"}, chaosWorkerFlags...)
 		cmd := exec.Command(filepath.Join(binDir, "worker"), append(args, w.flags...)...)
 		cmd.Env = append(append(os.Environ(), "DATABASE_URL="+w.url), w.env...)
 		cmd.Stdout, cmd.Stderr = w.logs, w.logs

@@ -164,7 +164,7 @@ func startProcess(t *testing.T, name, binary string, args, env []string, addrLin
 func startWorker(t *testing.T, dbURL string, extra ...string) *workerProc {
 	t.Helper()
 	name := fmt.Sprintf("w%d", workerSeq.Add(1))
-	p := startProcess(t, name, "worker", append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", name}, extra...),
+	p := startProcess(t, name, "worker", append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", name, "--dev-allow-local-folders"}, extra...),
 		[]string{"DATABASE_URL=" + dbURL}, `"msg":"metrics listener started"`)
 	p.waitLog(`"msg":"worker started"`, 30*time.Second)
 	return p

@@ -217,7 +217,7 @@ func TestIdleConnectionsDoNotKillWorkerHealthz(t *testing.T) {
 	name := fmt.Sprintf("w%d", workerSeq.Add(1))
 	const fdLimit = 256
 	w := startProcess(t, name, prlimit, append([]string{fmt.Sprintf("--nofile=%d:%d", fdLimit, fdLimit), "--",
-		filepath.Join(binDir, "worker"), "run", "--metrics-addr", "127.0.0.1:0", "--name", name, "--metrics-max-conns", "32"}, fastLease...),
+		filepath.Join(binDir, "worker"), "run", "--metrics-addr", "127.0.0.1:0", "--name", name, "--metrics-max-conns", "32", "--dev-allow-local-folders"}, fastLease...),
 		[]string{"DATABASE_URL=" + dbURL}, `"msg":"metrics listener started"`)
 	w.waitLog(`"msg":"worker started"`, 30*time.Second)
 

@@ -87,7 +87,7 @@ touch "$folder/_SUCCESS"
 find "$folder" -type f | sed "s#$root/##" | sort
 
 say "Starting a worker"
-bin/worker --metrics-addr 127.0.0.1:0 --log-format text --name demo-worker >.dev/worker.log 2>&1 &
+bin/worker --metrics-addr 127.0.0.1:0 --log-format text --name demo-worker --dev-allow-local-folders >.dev/worker.log 2>&1 &
 worker_pid=$!
 trap 'kill -TERM $worker_pid 2>/dev/null || true; wait $worker_pid 2>/dev/null || true; cleanup_db' EXIT
 addr=""

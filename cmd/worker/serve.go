@@ -43,6 +43,9 @@ type runCmd struct {
 	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
 	MaxColumns           int           `name:"max-columns" env:"MAX_COLUMNS" default:"4096" help:"Most columns of a CSV record; a folder with more fails failed_pre_commit."`
 	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Connections this process opens to the operational database: the lease pool (concurrency + 2: acquisitions, releases, lease checks and the one renewal statement per period) and the rest for River, pipeline writes, the sweeper and gauges. Default 3 × --concurrency + 6; at least 2 × --concurrency + 6. The PostgreSQL warehouse has a pool of its own (concurrency + 1), on the same server unless --warehouse-url names another."`
+	PathPattern          string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company; a batch whose tenant, database or company differs from what its folder's path names is parked unread. Use the same pattern as enqueue serve."`
+	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
+	DevLocal             bool          `name:"dev-allow-local-folders" help:"Also read file:// and mem:// folders. Development only: a file:// batch loads a directory of this host into the warehouse. Without it such batches are parked unread."`
 	ClockOffset          time.Duration `name:"test-clock-offset" hidden:"" help:"Tests only: shift this process's local clock (lease deadlines) by this much."`
 
 	warehousecli.Flags
@@ -57,6 +60,11 @@ func (r *runCmd) pools() (leases, main int32) {
 		total = 3*r.Concurrency + 6
 	}
 	return leases, int32(total) - leases
+}
+
+// mapping is the worker's own rule for which folders it reads, as whose.
+func (r *runCmd) mapping() folder.Mapping {
+	return folder.Mapping{Pattern: r.PathPattern, Buckets: r.Buckets}
 }
 
 func (r *runCmd) validate() error {
@@ -75,6 +83,11 @@ func (r *runCmd) validate() error {
 		return errors.New("--metrics-max-conns must be at least 1")
 	case r.MaxRecordBytes < 1024 || r.MaxColumns < 1:
 		return errors.New("--max-record-bytes must be at least 1024 and --max-columns at least 1")
+	}
+	if err := r.mapping().Validate(); err != nil {
+		return fmt.Errorf("--path-pattern or --bucket: %w", err)
+	}
+	switch {
 	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.ProgressEvery <= 0 || r.RescueStuckJobsAfter <= 0:
 		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval, --progress-every and --rescue-stuck-jobs-after must be positive")
 	}
@@ -132,6 +145,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns}},
 				Warehouse: wh, PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
 				ProgressEvery: r.ProgressEvery,
+				Mapping:       r.mapping(), AllowLocalFolders: r.DevLocal,
 			},
 		},
 		LeaseTTL:     r.LeaseTTL,

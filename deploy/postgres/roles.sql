@@ -28,7 +28,11 @@
 --     runtime role's list. Such an UPDATE fails with SQLSTATE 42501.
 --   * Row-level security on ingestion_batches: fleet_enqueue may insert or
 --     update a row only into status Running or Failed (a row Succeeded by
---     it violates the policy: 42501). RLS is default-deny for every other
+--     it violates the policy: 42501), and may insert an s3:// batch only
+--     as the tenant, database and company its folder's path names under
+--     fleet_path_pattern() (below; keep it equal to --path-pattern).
+--   * Sequences: USAGE only (nextval through the inserts); no role can
+--     setval() River's or the batches' sequences. RLS is default-deny for every other
 --     role but the owner and superusers: a new runtime role needs a policy
 --     here.
 --   * Only these roles and the owner may connect: CONNECT and TEMPORARY
@@ -108,9 +112,57 @@ BEGIN
         -- besides the job updates granted below).
         EXECUTE format('GRANT SELECT ON public.%I TO fleet_enqueue', t);
     END LOOP;
+    -- USAGE alone: nextval through the inserts' defaults. SELECT (currval)
+    -- is not needed and UPDATE would allow setval(), with which either
+    -- role could make every later insert collide.
     FOR t IN SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'river%' LOOP
-        EXECUTE format('GRANT USAGE, SELECT, UPDATE ON SEQUENCE public.%I TO fleet_worker, fleet_enqueue', t);
+        EXECUTE format('REVOKE ALL ON SEQUENCE public.%I FROM fleet_worker, fleet_enqueue', t);
+        EXECUTE format('GRANT USAGE ON SEQUENCE public.%I TO fleet_worker, fleet_enqueue', t);
     END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------
+-- The path pattern: which tenant, database and company an S3 folder belongs
+-- to. It must be the --path-pattern of enqueue serve and the worker
+-- (default below); edit the literal if yours differs, and re-run.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION public.fleet_path_pattern() RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT 'tenants/{tenant_id}/{tenant_database}/{company_id}/'::text $$;
+
+-- fleet_scope_names_batch is true when a batch's scope names its own
+-- tenant, database and company: an s3:// scope (fleet_s3:s3://bucket/…)
+-- whose key prefix matches fleet_path_pattern() segment by segment, the
+-- placeholders equal to the row's values. Scopes of other schemes (file://
+-- and mem://, which workers read only in development) and rows without a
+-- scope (date-scoped sources) are not mapped to tenants and pass; workers
+-- re-check every batch against their own --path-pattern anyway.
+CREATE OR REPLACE FUNCTION public.fleet_scope_names_batch(scope text, tenant text, db text, company text)
+    RETURNS boolean LANGUAGE plpgsql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog
+    AS $$
+DECLARE
+    want text[] := string_to_array(btrim(public.fleet_path_pattern(), '/'), '/');
+    got  text[];
+BEGIN
+    IF scope IS NULL OR left(scope, 14) <> 'fleet_s3:s3://' THEN
+        RETURN true;
+    END IF;
+    got := string_to_array(substr(scope, 15), '/'); -- bucket, then the key segments
+    IF coalesce(array_length(got, 1), 0) - 1 < array_length(want, 1) THEN
+        RETURN false;
+    END IF;
+    FOR i IN 1 .. array_length(want, 1) LOOP
+        IF got[i + 1] IS DISTINCT FROM CASE want[i]
+                WHEN '{tenant_id}' THEN tenant
+                WHEN '{tenant_database}' THEN db
+                WHEN '{company_id}' THEN company
+                ELSE want[i] END THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
 END
 $$;
 
@@ -123,7 +175,8 @@ GRANT SELECT ON ingestion_batches TO fleet_enqueue;
 GRANT INSERT (company_id, tenant_id, tenant_database, ingestion_mode, source_type,
               business_date, pipeline_stage, status, details, source_scope, completed_at)
     ON ingestion_batches TO fleet_enqueue;
-GRANT USAGE, SELECT ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue;
+REVOKE ALL ON SEQUENCE ingestion_batches_id_seq FROM fleet_worker, fleet_enqueue;
+GRANT USAGE ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue;
 -- Resumes (Failed → Running) and operator transitions (→ Failed): a cancel
 -- moves the lease generation on (fencing the holder), closes the revoked
 -- term in the lease trail and records who asked.
@@ -136,7 +189,8 @@ CREATE POLICY fleet_enqueue_read ON ingestion_batches FOR SELECT TO fleet_enqueu
     USING (true);
 DROP POLICY IF EXISTS fleet_enqueue_insert ON ingestion_batches;
 CREATE POLICY fleet_enqueue_insert ON ingestion_batches FOR INSERT TO fleet_enqueue
-    WITH CHECK (status IN ('Running', 'Failed'));
+    WITH CHECK (status IN ('Running', 'Failed')
+                AND public.fleet_scope_names_batch(source_scope, tenant_id, tenant_database, company_id));
 DROP POLICY IF EXISTS fleet_enqueue_update ON ingestion_batches;
 CREATE POLICY fleet_enqueue_update ON ingestion_batches FOR UPDATE TO fleet_enqueue
     USING (true) WITH CHECK (status IN ('Running', 'Failed'));
@@ -162,7 +216,8 @@ BEGIN
         GRANT SELECT, INSERT, DELETE ON curated.fleet_records TO fleet_worker;
         GRANT SELECT, INSERT, UPDATE ON curated.fleet_slices TO fleet_worker;
         GRANT SELECT, INSERT ON curated.fleet_publications TO fleet_worker;
-        GRANT USAGE, SELECT ON SEQUENCE curated.fleet_publications_id_seq TO fleet_worker;
+        REVOKE ALL ON SEQUENCE curated.fleet_publications_id_seq FROM fleet_worker, fleet_enqueue;
+        GRANT USAGE ON SEQUENCE curated.fleet_publications_id_seq TO fleet_worker;
         GRANT SELECT ON curated.fleet_slices TO fleet_enqueue;
     END IF;
 END

@@ -26,8 +26,20 @@ type ValidationError struct {
 
 func (e *ValidationError) Error() string { return e.Field + ": " + e.Reason }
 
+// IsInvisible reports whether r is a character that changes how the text
+// around it is shown, or is not shown at all, without being a control
+// character: Unicode format characters (bidirectional overrides and
+// isolates, zero-width spaces and joiners, the byte order mark, …) and the
+// line and paragraph separators. A name holding one can look like another
+// name, so identifiers and folders refuse them.
+func IsInvisible(r rune) bool {
+	return unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
+}
+
 // checkText validates a free-form identifier: non-empty, valid UTF-8, no
-// control characters, no surrounding whitespace, at most max bytes.
+// control characters or invisible formatting characters (IsInvisible), no
+// whitespace at either end (by rune: U+2003 is whitespace, a full-width
+// letter is not), at most max bytes.
 func checkText(field, value string, max int) error {
 	switch {
 	case value == "":
@@ -41,8 +53,13 @@ func checkText(field, value string, max int) error {
 		if unicode.IsControl(r) {
 			return &ValidationError{field, "must not contain control characters"}
 		}
+		if IsInvisible(r) {
+			return &ValidationError{field, fmt.Sprintf("must not contain invisible formatting characters (U+%04X)", r)}
+		}
 	}
-	if unicode.IsSpace(rune(value[0])) || unicode.IsSpace(rune(value[len(value)-1])) {
+	first, _ := utf8.DecodeRuneInString(value)
+	last, _ := utf8.DecodeLastRuneInString(value)
+	if unicode.IsSpace(first) || unicode.IsSpace(last) {
 		return &ValidationError{field, "must not start or end with whitespace"}
 	}
 	return nil

@@ -96,7 +96,7 @@ func TestStaleHolderCannotPublishAfterItsSuccessorFailed(t *testing.T) {
 	stale := make(chan pipeline.Result, 1)
 	go func() {
 		res, err := pipeline.Execute(ctx, e.store, a.Lease, e.verifier(a.Lease, nil),
-			pipeline.Registry{batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: gate}})
+			pipeline.Registry{batch.SourceTypeFleetS3: &fleet.Pipeline{AllowLocalFolders: true, Warehouse: gate}})
 		require.NoError(t, err)
 		stale <- res
 	}()

@@ -99,7 +99,7 @@ func TestLargeFolderHelperProcess(t *testing.T) {
 	b := e.reserve("tenant-large", os.Getenv("FLEET_LARGE_FOLDER"))
 	a, err := e.leases.Acquire(ctx, b.ID, "large-"+strconv.Itoa(os.Getpid()), time.Hour)
 	require.NoError(t, err)
-	res, err := pipeline.Execute(ctx, e.store, a.Lease, nil, pipeline.Registry{batch.SourceTypeFleetS3: &fleet.Pipeline{Warehouse: e.wh}})
+	res, err := pipeline.Execute(ctx, e.store, a.Lease, nil, pipeline.Registry{batch.SourceTypeFleetS3: &fleet.Pipeline{AllowLocalFolders: true, Warehouse: e.wh}})
 	require.NoError(t, err)
 	require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
 	testproc.ReportPeakRSS(t)

@@ -65,6 +65,53 @@ type Pipeline struct {
 	// records read so far) is recorded in the batch details, fenced on the
 	// lease. Defaults to ProgressEveryDefault (5 s).
 	ProgressEvery time.Duration
+	// Mapping is this worker's own rule for which tenant an S3 folder
+	// belongs to and which buckets it reads (folder.Mapping): Admit
+	// re-checks every batch against it before a byte is read, whoever
+	// wrote the batch row. The zero value is the default pattern and any
+	// valid bucket name.
+	Mapping folder.Mapping
+	// AllowLocalFolders lets the worker read file:// and mem:// folders.
+	// Development and tests only: a file:// batch reads a directory of the
+	// worker's host into the warehouse. Without it such batches are parked.
+	AllowLocalFolders bool
+}
+
+var _ pipeline.Admitter = (*Pipeline)(nil)
+
+// Admit re-validates a batch before any work is done on it, so that a
+// batch row written by any door — or directly by a database role that may
+// insert batches — is worked only if this worker would have accepted it:
+// its details name the folder of its scope; the folder is an s3:// folder
+// (file:// and mem:// only with AllowLocalFolders) of a bucket on the
+// worker's allow-list; and the tenant, database and company of the batch
+// are those the folder's path names under the worker's pattern. The error
+// says why not; it names no host path.
+func (p *Pipeline) Admit(b batch.Batch, d batch.Details) error {
+	f, err := folder.Canonicalize(d.SourceFolder)
+	if err != nil || f.Scope() != b.Scope() {
+		return fmt.Errorf("the details' source folder does not name the batch's scope %q", b.Scope())
+	}
+	if f.Scheme != folder.SchemeS3 {
+		if p.AllowLocalFolders {
+			return nil
+		}
+		return fmt.Errorf("%s:// folders are not read by this worker: only s3:// (worker run --dev-allow-local-folders is for development)", f.Scheme)
+	}
+	t, err := p.Mapping.Resolve(f)
+	if err != nil {
+		return err
+	}
+	for _, c := range []struct{ field, batch, path string }{
+		{"tenant_id", b.TenantID, t.TenantID},
+		{"tenant_database", b.TenantDatabase, t.TenantDatabase},
+		{"company_id", b.CompanyID, t.CompanyID},
+	} {
+		if c.batch != c.path {
+			return fmt.Errorf("the folder's path names %s %q, the batch %q: a folder is loaded only as its own tenant's", c.field, c.path, c.batch)
+		}
+	}
+	return nil
 }
 
 // ProgressEveryDefault is the default Pipeline.ProgressEvery.

@@ -37,7 +37,7 @@ func newEnv(t *testing.T) *env {
 	wh := warehouse.NewPostgres(pool)
 	return &env{
 		t: t, pool: pool, store: batch.NewStore(pool), leases: lease.NewStore(pool), wh: wh,
-		pipeline: &fleet.Pipeline{Warehouse: wh},
+		pipeline: &fleet.Pipeline{AllowLocalFolders: true, Warehouse: wh},
 	}
 }
 
@@ -283,7 +283,7 @@ func TestPhasesAreIdempotent(t *testing.T) {
 		// Drive the batch up to publishing and publish in the warehouse, as a
 		// delivery that died before recording published would have.
 		p := &crashAfter{phase: batch.PhasePublishing, inner: e.pipeline}
-		res := e.deliver(b.ID, &fleet.Pipeline{Warehouse: p})
+		res := e.deliver(b.ID, &fleet.Pipeline{AllowLocalFolders: true, Warehouse: p})
 		require.Equal(t, pipeline.Retry, res.Outcome)
 		_, d := e.details(b.ID)
 		require.Equal(t, batch.PhasePublishing, d.Phase)
@@ -533,7 +533,7 @@ func TestPublicationExpired(t *testing.T) {
 	t.Run("publication attempted after the window", func(t *testing.T) {
 		url := e.folder(sampleFiles)
 		b := e.reserve("tenant-b", url)
-		res := e.deliver(b.ID, &fleet.Pipeline{Warehouse: e.wh, PublicationWindow: time.Microsecond})
+		res := e.deliver(b.ID, &fleet.Pipeline{AllowLocalFolders: true, Warehouse: e.wh, PublicationWindow: time.Microsecond})
 		require.Equal(t, pipeline.Failed, res.Outcome)
 		require.Equal(t, batch.PhasePublicationExpired, res.Phase)
 		n, _ := e.publications(b.Scope())
@@ -584,7 +584,7 @@ func TestTransientWarehouseErrorIsRetriedNotFailed(t *testing.T) {
 	pool := pgtest.Pool(t, dbURL)
 	whPool := pgtest.Pool(t, dbURL) // the warehouse has connections of its own
 	e := &env{t: t, pool: pool, store: batch.NewStore(pool), leases: lease.NewStore(pool), wh: warehouse.NewPostgres(whPool)}
-	e.pipeline = &fleet.Pipeline{Warehouse: e.wh}
+	e.pipeline = &fleet.Pipeline{AllowLocalFolders: true, Warehouse: e.wh}
 	url := e.folder(sampleFiles)
 	b := e.reserve("tenant-a", url)
 

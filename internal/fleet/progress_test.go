@@ -79,7 +79,7 @@ func TestLoadProgressIsRecorded(t *testing.T) {
 
 	wh := &slowWarehouse{firstDone: make(chan struct{}), goOn: make(chan struct{})}
 	m := metrics.New()
-	p := &fleet.Pipeline{Warehouse: wh, Metrics: m, ProgressEvery: 20 * time.Millisecond}
+	p := &fleet.Pipeline{AllowLocalFolders: true, Warehouse: wh, Metrics: m, ProgressEvery: 20 * time.Millisecond}
 	done := make(chan pipeline.Result, 1)
 	go func() { done <- e.deliver(b.ID, p) }()
 	<-wh.firstDone

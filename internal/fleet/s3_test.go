@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 func TestS3MissingBucketFailsPreCommit(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	b := e.reserve("tenant-a", "s3://no-such-fleet-bucket/tenants/a/upload")
+	b := e.reserve("tenant-a", "s3://no-such-fleet-bucket/tenants/tenant-a/tenant_db/company-1/upload")
 	res := e.deliver(b.ID, e.pipeline)
 	require.Equal(t, pipeline.Failed, res.Outcome, "%v", res.Err)
 	require.Equal(t, batch.PhaseFailedPreCommit, res.Phase)
@@ -56,9 +56,9 @@ func TestS3ThrottlingIsRetriedNotFailed(t *testing.T) {
 	e := newEnv(t)
 	s3srv.CreateBucket(t, "fleet-throttled")
 	for k, v := range sampleFiles {
-		s3srv.Put(t, "fleet-throttled", "tenants/a/upload/"+k, []byte(v))
+		s3srv.Put(t, "fleet-throttled", "tenants/tenant-a/tenant_db/company-1/upload/"+k, []byte(v))
 	}
-	b := e.reserve("tenant-a", "s3://fleet-throttled/tenants/a/upload")
+	b := e.reserve("tenant-a", "s3://fleet-throttled/tenants/tenant-a/tenant_db/company-1/upload")
 	s3srv.Throttle("fleet-throttled", 1_000)
 	res := e.deliver(b.ID, e.pipeline)
 	require.Equal(t, pipeline.Retry, res.Outcome, "%v", res.Err)
@@ -83,7 +83,7 @@ func TestPipelineOnRedshift(t *testing.T) {
 	s3srv.CreateBucket(t, "fleet-rs-source")
 	s3srv.CreateBucket(t, "fleet-rs-staging")
 	for k, v := range sampleFiles {
-		s3srv.Put(t, "fleet-rs-source", "tenants/a/upload/"+k, []byte(v))
+		s3srv.Put(t, "fleet-rs-source", "tenants/tenant-a/tenant_db/company-1/upload/"+k, []byte(v))
 	}
 	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: s3srv.Client(), Workgroup: "fleet", Database: "dev"})
 	wh, err := redshift.New(redshift.Config{
@@ -94,9 +94,9 @@ func TestPipelineOnRedshift(t *testing.T) {
 	require.NoError(t, err)
 	_, err = wh.Migrate(ctx)
 	require.NoError(t, err)
-	p := &fleet.Pipeline{Warehouse: wh, Logger: slog.New(slog.DiscardHandler)}
+	p := &fleet.Pipeline{AllowLocalFolders: true, Warehouse: wh, Logger: slog.New(slog.DiscardHandler)}
 
-	b := e.reserve("tenant-a", "s3://fleet-rs-source/tenants/a/upload")
+	b := e.reserve("tenant-a", "s3://fleet-rs-source/tenants/tenant-a/tenant_db/company-1/upload")
 	res := e.deliver(b.ID, p)
 	require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
 	_, d := e.details(b.ID)

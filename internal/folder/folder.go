@@ -54,7 +54,8 @@ func invalid(format string, args ...any) error {
 // dropped, so s3://Bucket//a/b and s3://bucket/a/b/ name the same folder.
 //
 // It rejects, with an error wrapping ErrInvalidFolder: anything but s3, mem
-// and file URLs; invalid UTF-8 and control characters; query strings and
+// and file URLs; invalid UTF-8, control characters and invisible
+// formatting characters (batch.IsInvisible); query strings and
 // fragments; user info and ports; "." and ".." segments; an empty bucket or
 // empty path (a bucket root is not a folder); backslashes; and any folder
 // whose scope would exceed batch.MaxSourceScopeLen bytes.
@@ -68,6 +69,9 @@ func Canonicalize(raw string) (Folder, error) {
 	for _, r := range raw {
 		if unicode.IsControl(r) {
 			return Folder{}, invalid("contains a control character")
+		}
+		if batch.IsInvisible(r) {
+			return Folder{}, invalid("contains an invisible formatting character (U+%04X)", r)
 		}
 	}
 	if len(raw) > 4*batch.MaxSourceScopeLen {
@@ -127,9 +131,8 @@ func Canonicalize(raw string) (Folder, error) {
 	return f, nil
 }
 
-// canonicalBucket lower-cases and checks an S3-style bucket name: 3 to 63
-// characters of letters, digits, dots and hyphens, starting and ending with a
-// letter or digit.
+// canonicalBucket lower-cases host and checks it is a bucket name by
+// Amazon S3's rules (ValidateBucketName).
 func canonicalBucket(host string) (string, error) {
 	if host == "" {
 		return "", invalid("empty bucket name")
@@ -138,14 +141,8 @@ func canonicalBucket(host string) (string, error) {
 		return "", invalid("user info and ports are not allowed in a bucket URL")
 	}
 	b := strings.ToLower(host)
-	if len(b) < 3 || len(b) > 63 {
-		return "", invalid("bucket name must be 3 to 63 characters")
-	}
-	for i, r := range b {
-		alnum := (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9')
-		if !alnum && (i == 0 || i == len(b)-1 || (r != '.' && r != '-')) {
-			return "", invalid("bucket name %q: only letters, digits, '.' and '-', starting and ending with a letter or digit", host)
-		}
+	if err := ValidateBucketName(b); err != nil {
+		return "", err
 	}
 	return b, nil
 }

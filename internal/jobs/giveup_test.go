@@ -34,7 +34,7 @@ func TestGivingUpReadsTheCommitBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	p := &fleet.Pipeline{Warehouse: commitThenLose{warehouse.NewPostgres(pool)}, Logger: slog.New(slog.DiscardHandler)}
+	p := &fleet.Pipeline{AllowLocalFolders: true, Warehouse: commitThenLose{warehouse.NewPostgres(pool)}, Logger: slog.New(slog.DiscardHandler)}
 	f := newFixtureOn(t, pool, p)
 	id := f.importBatch(t, "tenant-a")
 

@@ -47,7 +47,7 @@ func newFixtureOn(t *testing.T, pool *pgxpool.Pool, p pipeline.Pipeline) *fixtur
 	t.Helper()
 	m := metrics.New()
 	if p == nil {
-		p = &fleet.Pipeline{Warehouse: warehouse.NewPostgres(pool), Logger: slog.New(slog.DiscardHandler)}
+		p = &fleet.Pipeline{AllowLocalFolders: true, Warehouse: warehouse.NewPostgres(pool), Logger: slog.New(slog.DiscardHandler)}
 	}
 	w, err := NewIngestWorker(WorkerConfig{
 		Store: batch.NewStore(pool), Leases: lease.NewStore(pool),

@@ -102,6 +102,16 @@ func (r *Run) VerifyLease(ctx context.Context) error {
 	return r.verify(ctx)
 }
 
+// Admitter is implemented by a Pipeline that re-validates each batch
+// before any work on it: the batch row may have been written by any door,
+// or by a database role directly, and a worker reads what the row names.
+// Execute calls Admit after the details parse and before anything is read
+// or written for the batch; an error parks the batch with it as the
+// reason, unread (Parked).
+type Admitter interface {
+	Admit(b batch.Batch, d batch.Details) error
+}
+
 // Failure is a handled, terminal failure of a batch.
 type Failure struct {
 	Phase batch.Phase
@@ -128,7 +138,8 @@ const (
 	SkippedTerminal Outcome = "skipped_terminal"
 	// Parked: this build cannot work on the Running batch (its details do
 	// not parse or are of an unknown version, it is Running in a no-work
-	// phase, or no pipeline serves its source type). The batch was parked
+	// phase, no pipeline serves its source type, or the pipeline's Admit
+	// refused it). The batch was parked
 	// with the reason (batch.Store.Park), its details untouched; Err says
 	// why. It is not to be delivered again until an operator acts.
 	Parked Outcome = "parked"
@@ -177,6 +188,11 @@ func Execute(ctx context.Context, store *batch.Store, l lease.Lease, verify func
 	p, ok := registry[b.SourceType]
 	if !ok {
 		return park(ctx, store, l, b, fmt.Sprintf("no pipeline for source type %q in this build", b.SourceType))
+	}
+	if a, ok := p.(Admitter); ok {
+		if err := a.Admit(b, d); err != nil {
+			return park(ctx, store, l, b, "refused by this worker's rules: "+err.Error())
+		}
 	}
 	if b.ParkedAt != nil {
 		// Parked by a build that could not work on it; this one can.
