@@ -35,6 +35,12 @@ type serveCmd struct {
 	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
 	NoRiverUI         bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI at /riverui/."`
 	MaxConns          int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within --timeout. Size it for the concurrent requests expected, within the server's max_connections."`
+
+	// The door: how much an authenticated caller may ask for, and how
+	// much an unauthenticated one can make the listener read.
+	SignedMaxBodyBytes int64   `name:"signed-max-body-bytes" env:"SIGNED_MAX_BODY_BYTES" default:"65536" help:"Largest body of a request without the import token (HMAC- or SNS-signed), read before its signature is checked; at most --max-body-bytes."`
+	RateLimit          float64 `name:"rate-limit" env:"RATE_LIMIT" default:"20" help:"Folders per second one credential (the import token, the HMAC secret, one SNS topic) may start; each authenticated request takes one per folder it would start, at least one. Over it: 429 with Retry-After (503 to SNS, which retries only 5xx). 0 turns the limit off."`
+	RateBurst          int     `name:"rate-burst" env:"RATE_BURST" default:"100" help:"Most folders one credential may start at once, and so in one request (more is refused 422)."`
 }
 
 func readSecret(path string) (string, error) {
@@ -54,6 +60,7 @@ func readSecret(path string) (string, error) {
 var settingFields = map[string]string{
 	"AuthToken": "auth_token_file", "OperatorToken": "operator_token_file", "Marker": "marker",
 	"RequestTimeout": "timeout", "Mapping": "path_pattern", "SNS": "sns_topic_arn",
+	"SignedMaxBodyBytes": "signed_max_body_bytes", "RateLimit": "rate_limit", "RateBurst": "rate_burst",
 }
 
 // refuseSetting reports an invalid setting as the invalid_input outcome
@@ -108,6 +115,12 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		return uploads.Config{}, refuseSetting(e, "max_http_conns", errors.New("--max-http-conns must be at least 1"))
 	case s.ShutdownGrace < 0:
 		return uploads.Config{}, refuseSetting(e, "shutdown_grace", errors.New("--shutdown-grace must not be negative"))
+	case s.RateLimit < 0:
+		return uploads.Config{}, refuseSetting(e, "rate_limit", errors.New("--rate-limit must not be negative (0 turns the limit off)"))
+	case s.RateLimit > 0 && s.RateBurst < 1:
+		return uploads.Config{}, refuseSetting(e, "rate_burst", errors.New("--rate-burst must be at least 1"))
+	case s.SignedMaxBodyBytes < 1:
+		return uploads.Config{}, refuseSetting(e, "signed_max_body_bytes", errors.New("--signed-max-body-bytes must be at least 1"))
 	case s.SNSAutoConfirm && sns == nil:
 		return uploads.Config{}, refuseSetting(e, "sns_auto_confirm", errors.New("--sns-auto-confirm needs --sns-topic-arn"))
 	}
@@ -116,6 +129,7 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		AllowLocalFolders: s.DevLocal,
 		Marker:            s.Marker, Mapping: uploads.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
 		MaxBodyBytes: s.MaxBodyBytes, RequestTimeout: c.Timeout, Logger: e.Logger,
+		SignedMaxBodyBytes: s.SignedMaxBodyBytes, RateLimit: s.RateLimit, RateBurst: s.RateBurst,
 	}
 	if err := cfg.Validate(); err != nil {
 		var ce *uploads.ConfigError
@@ -179,7 +193,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
 	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", cfg.AuthToken != "", "operator", cfg.OperatorToken != "", "hmac", len(cfg.HMACSecret) > 0,
-		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
+		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "rate_limit", s.RateLimit, "rate_burst", s.RateBurst, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
 
 	select {
 	case <-e.Ctx.Done():

@@ -34,7 +34,7 @@ var (
 )
 
 // SNSConfirmationOutcomes label ingest_sns_subscription_confirmations_total.
-var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "invalid"}
+var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "invalid", "topic_not_accepted"}
 
 // Metrics are the coordinator's Prometheus metrics.
 type Metrics struct {
@@ -141,7 +141,7 @@ func New() *Metrics {
 
 	m.SNSConfirmations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_sns_subscription_confirmations_total",
-		Help: "Amazon SNS subscription confirmations received by outcome (confirmed, unconfirmed: left to an operator, failed, invalid: bad signature).",
+		Help: "Amazon SNS subscription confirmations received by outcome (confirmed, unconfirmed: left to an operator, failed, invalid: bad signature, topic_not_accepted: not verified, its topic is not --sns-topic-arn).",
 	}, []string{"outcome"})
 	f(m.SNSConfirmations)
 

@@ -49,7 +49,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, routeCancel, http.StatusUnprocessableEntity, "invalid", "batch_id", "must be a positive batch id")
 		return
 	}
-	body, ok := s.readBody(w, r, routeCancel, "application/json")
+	body, ok := s.readBody(w, r, routeCancel, s.cfg.MaxBodyBytes, "application/json")
 	if !ok {
 		return
 	}

@@ -39,12 +39,6 @@ type s3Notification struct {
 	Event string `json:"Event"`
 }
 
-// snsEnvelope is an SNS HTTP delivery wrapping an S3 notification.
-type snsEnvelope struct {
-	Type    string `json:"Type"`
-	Message string `json:"Message"`
-}
-
 // eventBridgeEvent is an EventBridge "Object Created" event from S3.
 type eventBridgeEvent struct {
 	Source     string `json:"source"`
@@ -63,39 +57,15 @@ type eventBridgeEvent struct {
 // notification, an SNS notification wrapping one, or an EventBridge event
 // from S3. Keys in S3 notifications are URL-encoded and are decoded here
 // ('+' is a space). Bodies with no object events (an s3:TestEvent, an SNS
-// subscription confirmation) give none and no error.
+// subscription confirmation) give none and no error. What the body is
+// comes from readNotification, the one classification the listener also
+// authenticates by: of an SNS envelope only the signed Message is read.
 func ParseS3Event(body []byte) ([]ObjectEvent, error) {
-	var probe map[string]json.RawMessage
-	if err := json.Unmarshal(body, &probe); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+	n, err := readNotification(body)
+	if err != nil {
+		return nil, err
 	}
-	switch {
-	case probe["Records"] != nil || probe["Event"] != nil:
-		return parseNotification(body)
-	case probe["Type"] != nil:
-		var env snsEnvelope
-		if err := json.Unmarshal(body, &env); err != nil {
-			return nil, fmt.Errorf("%w: SNS envelope: %v", ErrMalformedEvent, err)
-		}
-		if env.Type != "Notification" {
-			return nil, nil // SubscriptionConfirmation and the like carry no objects
-		}
-		return parseNotification([]byte(env.Message))
-	case probe["detail-type"] != nil:
-		var ev eventBridgeEvent
-		if err := json.Unmarshal(body, &ev); err != nil {
-			return nil, fmt.Errorf("%w: EventBridge event: %v", ErrMalformedEvent, err)
-		}
-		if ev.Source != "aws.s3" {
-			return nil, fmt.Errorf("%w: EventBridge source %q is not aws.s3", ErrMalformedEvent, ev.Source)
-		}
-		if ev.Detail.Bucket.Name == "" || ev.Detail.Object.Key == "" {
-			return nil, fmt.Errorf("%w: EventBridge event without bucket or key", ErrMalformedEvent)
-		}
-		// EventBridge keys are not URL-encoded.
-		return []ObjectEvent{{Bucket: ev.Detail.Bucket.Name, Key: ev.Detail.Object.Key, Created: ev.DetailType == "Object Created"}}, nil
-	}
-	return nil, fmt.Errorf("%w: neither an S3 notification, an SNS envelope nor an EventBridge event", ErrMalformedEvent)
+	return n.events()
 }
 
 func parseNotification(body []byte) ([]ObjectEvent, error) {

@@ -59,8 +59,10 @@ func notServed(what string) string {
 // another site's page (crossSiteRefusal): the browser would attach the
 // operator's cached credentials. Without an operator token it answers 404
 // with a JSON error saying so. Nothing of h is served to a refused request.
+// Every answer, refusals included, forbids framing (refuseFraming).
 func (s *Server) OperatorOnly(what string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refuseFraming(w.Header())
 		refuse := func(status int, outcome, why string) {
 			s.cfg.Logger.Warn("operator request refused", "route", what, "method", r.Method, "status", status, "outcome", outcome, "error", why)
 			writeJSON(w, status, errorBody{Outcome: outcome, Error: why})
@@ -134,4 +136,19 @@ func crossSiteRefusal(r *http.Request) string {
 		return "a request without Origin or Sec-Fetch-Site must have Content-Type application/json"
 	}
 	return ""
+}
+
+// refuseFraming sets the headers that keep a page of another site from
+// framing an operator page (clickjacking: the operator's browser would
+// attach its cached credentials to the clicks it is tricked into), and
+// from having a response sniffed as another content type:
+// X-Frame-Options for older browsers, the frame-ancestors directive of
+// Content-Security-Policy for current ones. The policy is added, not set:
+// browsers enforce every Content-Security-Policy header of a response, so
+// a policy of the handler's own (the River UI, v0.22, sets none) is kept
+// and still bounded by this one.
+func refuseFraming(h http.Header) {
+	h.Set("X-Frame-Options", "DENY")
+	h.Add("Content-Security-Policy", "frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
 }

@@ -44,6 +44,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"mime"
 	"net/http"
 	"strings"
@@ -61,6 +62,10 @@ import (
 const (
 	MarkerDefault          = "_SUCCESS"
 	MaxBodyBytesDefault    = 1 << 20
+	// SignedMaxBodyBytesDefault bounds a body read before its signature is
+	// checked: 64 KiB. An S3 notification of one object is 1 to 3 KiB, its
+	// SNS envelope about 2 KiB more.
+	SignedMaxBodyBytesDefault = 64 << 10
 	SignatureMaxAgeDefault = 5 * time.Minute
 	RequestTimeoutDefault  = 30 * time.Second
 	// SignatureHeader carries "sha256=" + hex(HMAC-SHA256(secret, timestamp + "." + body)).
@@ -101,8 +106,29 @@ type Config struct {
 	// "_SUCCESS".
 	Marker  string
 	Mapping Mapping
-	// MaxBodyBytes defaults to 1 MiB.
+	// MaxBodyBytes bounds the body of a request that carries the import
+	// token, which is checked before the body is read. Defaults to 1 MiB.
 	MaxBodyBytes int64
+	// SignedMaxBodyBytes bounds the body of a request without the import
+	// token (HMAC- or SNS-signed), which must be read before its signature
+	// can be checked: an unauthenticated sender can make the listener read
+	// this much. Defaults to SignedMaxBodyBytesDefault (64 KiB), and is
+	// never more than MaxBodyBytes. SNS allows messages of up to 256 KiB;
+	// raise it (to about 300 KiB: the message is JSON-escaped inside its
+	// envelope) only for topics that carry messages larger than S3's.
+	SignedMaxBodyBytes int64
+	// RateLimit is the sustained rate, in folders per second, at which one
+	// credential (the import token, the HMAC secret, one SNS topic) may
+	// start imports; every authenticated request takes one token per folder
+	// it would start, at least one, and RateBurst bounds how many at once
+	// (and so in one request). Over the rate a request is answered 429
+	// with Retry-After (503 to SNS, which retries only 5xx) and nothing is
+	// imported; over the burst it is refused 422. Requests that fail
+	// authentication take nothing. Zero turns the limit off; enqueue
+	// serve defaults to RateLimitDefault.
+	RateLimit float64
+	// RateBurst defaults to RateBurstDefault when RateLimit is set.
+	RateBurst int
 	// RequestTimeout bounds the database work of one request. Defaults to 30 s.
 	RequestTimeout time.Duration
 	Metrics        *metrics.Metrics
@@ -115,6 +141,7 @@ type Server struct {
 	ready  atomic.Bool
 	replay *ReplayStore
 	sns    *snsVerifier
+	door   *doorLimiter
 }
 
 // ConfigError is a Config that Validate refuses; Setting names the field.
@@ -141,6 +168,12 @@ func (c Config) Validate() error {
 		return refuse("Marker", "the marker must be an object name, not a path")
 	case c.RequestTimeout < 0:
 		return refuse("RequestTimeout", "must not be negative")
+	case c.SignedMaxBodyBytes < 0:
+		return refuse("SignedMaxBodyBytes", "must not be negative")
+	case c.RateLimit < 0 || math.IsNaN(c.RateLimit) || math.IsInf(c.RateLimit, 0):
+		return refuse("RateLimit", "must be a non-negative number (0 turns the limit off)")
+	case c.RateBurst < 0:
+		return refuse("RateBurst", "must not be negative")
 	}
 	if err := c.Mapping.Validate(); err != nil {
 		return refuse("Mapping", err.Error())
@@ -170,6 +203,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = MaxBodyBytesDefault
 	}
+	if cfg.SignedMaxBodyBytes <= 0 {
+		cfg.SignedMaxBodyBytes = SignedMaxBodyBytesDefault
+	}
+	cfg.SignedMaxBodyBytes = min(cfg.SignedMaxBodyBytes, cfg.MaxBodyBytes)
+	if cfg.RateLimit > 0 && cfg.RateBurst <= 0 {
+		cfg.RateBurst = RateBurstDefault
+	}
 	if cfg.SignatureMaxAge <= 0 {
 		cfg.SignatureMaxAge = SignatureMaxAgeDefault
 	}
@@ -182,7 +222,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg}
+	s := &Server{cfg: cfg, door: newDoorLimiter(cfg.RateLimit, cfg.RateBurst)}
 	if cfg.Pool != nil {
 		s.replay = NewReplayStore(cfg.Pool)
 	}
@@ -276,9 +316,9 @@ func (s *Server) refuse(w http.ResponseWriter, route string, status int, outcome
 	s.reply(w, route, status, outcome, errorBody{Outcome: outcome, Field: field, Error: msg})
 }
 
-// readBody checks the content type and reads at most MaxBodyBytes. On
+// readBody checks the content type and reads at most limit bytes. On
 // failure it has already answered.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request, route string, types ...string) ([]byte, bool) {
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, route string, limit int64, types ...string) ([]byte, bool) {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	ok := err == nil
 	if ok {
@@ -291,10 +331,10 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, route string, 
 		s.refuse(w, route, http.StatusUnsupportedMediaType, "invalid", "", "Content-Type must be "+strings.Join(types, " or "))
 		return nil, false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
-		s.refuse(w, route, http.StatusRequestEntityTooLarge, "invalid", "", fmt.Sprintf("body larger than %d bytes", s.cfg.MaxBodyBytes))
+		s.refuse(w, route, http.StatusRequestEntityTooLarge, "invalid", "", fmt.Sprintf("body larger than %d bytes", limit))
 		return nil, false
 	}
 	if err != nil {
@@ -397,7 +437,7 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, routeImports, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
 		return
 	}
-	body, ok := s.readBody(w, r, routeImports, "application/json")
+	body, ok := s.readBody(w, r, routeImports, s.cfg.MaxBodyBytes, "application/json")
 	if !ok {
 		return
 	}
@@ -417,6 +457,12 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Logger.Warn("import refused", "field", refusal.Field, "error", refusal.Reason)
 		s.reply(w, routeImports, http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: "invalid_input", Field: refusal.Field, Error: refusal.Reason})
 		return
+	}
+	switch admission, delay := s.door.admit(s.bearerCredential(), 1); admission {
+	case rateLimited:
+		s.refuseRateLimited(w, routeImports, s.bearerCredential(), 1, delay)
+		return
+	case overBurst: // not with a burst of at least one
 	}
 	status, outcome, res := s.importOne(r.Context(), req)
 	s.reply(w, routeImports, status, outcome, res)
@@ -440,24 +486,85 @@ var severity = map[int]int{
 }
 
 func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
+	// Refuse what can be refused before the body is read: a wrong bearer
+	// token, HMAC headers without a secret, no credentials where only the
+	// token is accepted. What is left is read with the small limit of a
+	// body whose signature is yet to be checked.
 	bearer := s.bearerOK(r)
-	if !bearer && len(s.cfg.HMACSecret) == 0 && s.sns == nil {
-		s.refuse(w, routeEvents, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
-		return
+	signedHMAC := r.Header.Get(SignatureHeader) != "" || r.Header.Get(TimestampHeader) != ""
+	_, hasBearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	limit := s.cfg.MaxBodyBytes
+	if !bearer {
+		var why string
+		switch {
+		case hasBearer:
+			why = "missing or wrong bearer token"
+		case signedHMAC && len(s.cfg.HMACSecret) == 0:
+			why = "unauthenticated: HMAC signatures are not accepted (no --hmac-secret-file)"
+		case !signedHMAC && s.sns == nil:
+			why = "missing or wrong bearer token"
+		}
+		if why != "" {
+			s.refuse(w, routeEvents, http.StatusUnauthorized, "unauthorized", "", why)
+			return
+		}
+		limit = s.cfg.SignedMaxBodyBytes
 	}
 	// SNS delivers with Content-Type text/plain.
-	body, ok := s.readBody(w, r, routeEvents, "application/json", "text/plain")
+	body, ok := s.readBody(w, r, routeEvents, limit, "application/json", "text/plain")
 	if !ok {
 		return
 	}
-	msg, isSNS := parseSNS(body)
-	if isSNS && msg.Type != snsNotification {
-		s.handleSNSControl(w, r, msg, bearer)
+	var credential, replayKey string
+	var maxAge time.Duration
+	switch {
+	case bearer:
+		credential = s.bearerCredential()
+	case signedHMAC:
+		key, why := s.hmacOK(r, body)
+		if why != "" {
+			s.refuse(w, routeEvents, http.StatusUnauthorized, "unauthorized", "", "unauthenticated: "+why)
+			return
+		}
+		credential, replayKey, maxAge = "hmac", key, s.cfg.SignatureMaxAge
+	}
+	n, err := readNotification(body)
+	if err != nil {
+		s.refuse(w, routeEvents, http.StatusBadRequest, "invalid", "", err.Error())
 		return
 	}
-	var claimed string
-	if !bearer {
-		key, status, why := s.authenticateSigned(r, body, msg, isSNS)
+	if n.kind == kindSNS && n.sns.Type != snsNotification {
+		s.handleSNSControl(w, r, n.sns, credential != "")
+		return
+	}
+	if credential == "" {
+		// Only an SNS signature is left to authenticate the request.
+		status, outcome, why := s.snsOK(r.Context(), n)
+		if why != "" {
+			if status == http.StatusServiceUnavailable {
+				w.Header().Set("Retry-After", "1")
+			}
+			s.refuse(w, routeEvents, status, outcome, "", why)
+			return
+		}
+		credential, replayKey, maxAge = "sns:"+n.sns.TopicArn, snsReplayKey(n.sns), s.sns.cfg.MaxAge
+	}
+	events, err := n.events()
+	if err != nil {
+		s.refuse(w, routeEvents, http.StatusBadRequest, "invalid", "", err.Error())
+		return
+	}
+	plans := PlanEvents(events, s.cfg.Marker, s.cfg.Mapping)
+	folders := 0
+	for _, p := range plans {
+		if p.Outcome == "" {
+			folders++
+		}
+	}
+	if replayKey != "" {
+		// Claimed before the rate limit is consulted: a replay is refused
+		// without spending its credential's budget.
+		status, why := s.claim(r.Context(), replayKey, maxAge)
 		if why != "" {
 			outcome := "unauthorized"
 			if status == http.StatusServiceUnavailable {
@@ -466,22 +573,35 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 			s.refuse(w, routeEvents, status, outcome, "", why)
 			return
 		}
-		claimed = key
 	}
-	events, err := ParseS3Event(body)
-	if err != nil {
-		s.releaseClaim(claimed)
-		s.refuse(w, routeEvents, http.StatusBadRequest, "invalid", "", err.Error())
+	switch admission, delay := s.door.admit(credential, folders); admission {
+	case overBurst:
+		s.releaseClaim(replayKey)
+		reason := fmt.Sprintf("this request would start %d folders; one request may start at most %d (--rate-burst)", folders, s.cfg.RateBurst)
+		s.cfg.Logger.Warn("upload notification refused", "credential", credential, "folders", folders, "reason", reason)
+		s.reply(w, routeEvents, http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: "invalid_input", Field: "Records", Error: reason})
+		return
+	case rateLimited:
+		// The sender may retry with the same signature.
+		s.releaseClaim(replayKey)
+		s.refuseRateLimited(w, routeEvents, credential, folders, delay)
 		return
 	}
-	results := make([]eventResult, 0, len(events))
+	s.importPlans(w, r, plans, replayKey)
+}
+
+// importPlans imports the folders of an authenticated notification and
+// answers for each of its records; claimed is the replay key of its
+// signature, released when the answer asks the sender to retry.
+func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Planned, claimed string) {
+	results := make([]eventResult, 0, len(plans))
 	// The folders an event completes are imported together: one burst,
 	// one transaction (jobs.Enqueuer.ImportMany).
 	var (
 		burst   []jobs.ImportRequest
 		burstAt []int // burst[k] answers results[burstAt[k]]
 	)
-	for _, p := range PlanEvents(events, s.cfg.Marker, s.cfg.Mapping) {
+	for _, p := range plans {
 		res := eventResult{Bucket: p.Bucket, Key: p.Key, status: p.Status}
 		if p.Outcome != "" {
 			res.Outcome, res.Field, res.Reason = p.Outcome, p.Field, p.Reason
@@ -526,30 +646,42 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"results": results})
 }
 
-// authenticateSigned authenticates a request without the bearer token by
-// its HMAC or SNS signature, and claims the signature so it is accepted
-// once. It returns the claimed replay key, or the status and reason of the
-// refusal.
-func (s *Server) authenticateSigned(r *http.Request, body []byte, msg snsMessage, isSNS bool) (key string, status int, why string) {
-	var maxAge time.Duration
-	switch {
-	case r.Header.Get(SignatureHeader) != "" || r.Header.Get(TimestampHeader) != "":
-		if key, why = s.hmacOK(r, body); why != "" {
-			return "", http.StatusUnauthorized, "unauthenticated: " + why
-		}
-		maxAge = s.cfg.SignatureMaxAge
-	case isSNS && s.sns != nil && msg.Signature != "":
-		if !s.sns.topicAccepted(msg.TopicArn) {
-			return "", http.StatusUnauthorized, fmt.Sprintf("unauthenticated: SNS topic %q is not accepted", msg.TopicArn)
-		}
-		if err := s.sns.verify(r.Context(), msg); err != nil {
-			return "", http.StatusUnauthorized, "unauthenticated: SNS " + err.Error()
-		}
-		key, maxAge = snsReplayKey(msg), s.sns.cfg.MaxAge
-	default:
-		return "", http.StatusUnauthorized, "unauthenticated: missing credentials"
+// bearerCredential names the credential of a request that passed
+// bearerOK, for the rate limit.
+func (s *Server) bearerCredential() string {
+	if s.cfg.AuthToken == "" {
+		return "no_auth"
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	return "import_token"
+}
+
+// isSNSCredential reports whether a rate-limit credential is an SNS topic.
+func isSNSCredential(credential string) bool { return strings.HasPrefix(credential, "sns:") }
+
+// snsOK authenticates n, an SNS notification, by its signature: from an
+// accepted topic (checked first, so an unknown topic never makes the
+// listener fetch anything), valid, signed by SNS. It returns the status,
+// outcome and reason of a refusal, or why == "".
+func (s *Server) snsOK(ctx context.Context, n notification) (status int, outcome, why string) {
+	switch {
+	case n.kind != kindSNS || s.sns == nil || n.sns.Signature == "":
+		return http.StatusUnauthorized, "unauthorized", "unauthenticated: missing credentials"
+	case !s.sns.topicAccepted(n.sns.TopicArn):
+		return http.StatusUnauthorized, "unauthorized", fmt.Sprintf("unauthenticated: SNS topic %q is not accepted", n.sns.TopicArn)
+	}
+	switch err := s.sns.verify(ctx, n.sns); {
+	case errors.Is(err, errSNSCertFetchLimited):
+		return http.StatusServiceUnavailable, "unavailable", err.Error()
+	case err != nil:
+		return http.StatusUnauthorized, "unauthorized", "unauthenticated: SNS " + err.Error()
+	}
+	return 0, "", ""
+}
+
+// claim records a verified signature's replay key, so that it is accepted
+// once, or returns the status and reason of the refusal.
+func (s *Server) claim(ctx context.Context, key string, maxAge time.Duration) (status int, why string) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	// Kept well past the signature's own validity, so clock skew between
 	// this process and the database cannot reopen the window.
@@ -557,11 +689,11 @@ func (s *Server) authenticateSigned(r *http.Request, body []byte, msg snsMessage
 	switch {
 	case err != nil:
 		s.cfg.Logger.Error("recording a signature failed: database unavailable", "error", err)
-		return "", http.StatusServiceUnavailable, "database unavailable, retry later"
+		return http.StatusServiceUnavailable, "database unavailable, retry later"
 	case !first:
-		return "", http.StatusUnauthorized, "unauthenticated: signature already used"
+		return http.StatusUnauthorized, "unauthenticated: signature already used"
 	}
-	return key, 0, ""
+	return 0, ""
 }
 
 func (s *Server) releaseClaim(key string) {
@@ -579,26 +711,40 @@ func (s *Server) releaseClaim(key string) {
 // subscription and unsubscribe confirmations. A subscription confirmation
 // with a valid signature is logged with its topic and counted; it is
 // confirmed when AutoConfirm is set and the topic is accepted.
-func (s *Server) handleSNSControl(w http.ResponseWriter, r *http.Request, msg snsMessage, bearer bool) {
+func (s *Server) handleSNSControl(w http.ResponseWriter, r *http.Request, msg snsMessage, authenticated bool) {
 	logger := s.cfg.Logger.With("sns_type", msg.Type, "topic_arn", msg.TopicArn, "message_id", msg.MessageID)
 	ignored := func(reason string) {
 		s.reply(w, routeEvents, http.StatusOK, "ignored", map[string]string{"outcome": "ignored", "reason": reason})
 	}
-	if msg.Type != snsSubscriptionConfirmation && msg.Type != snsUnsubscribeConfirmation {
-		s.refuse(w, routeEvents, http.StatusBadRequest, "invalid", "", fmt.Sprintf("unknown SNS message type %q", msg.Type))
-		return
+	confirmations := func(outcome string) {
+		if msg.Type == snsSubscriptionConfirmation && s.sns != nil {
+			s.cfg.Metrics.SNSConfirmations.WithLabelValues(outcome).Inc()
+		}
 	}
+	// The topic before the signature: verifying may fetch a certificate,
+	// and a topic that is not accepted must make the listener fetch
+	// nothing.
 	var verr error
-	if s.sns == nil {
+	switch {
+	case s.sns == nil:
 		verr = errors.New("SNS authentication is not configured (--sns-topic-arn)")
-	} else {
+	case !s.sns.topicAccepted(msg.TopicArn):
+		confirmations("topic_not_accepted")
+		logger.Warn("SNS message for a topic that is not accepted: not verified, not confirmed; add the topic to --sns-topic-arn if it is expected")
+		verr = fmt.Errorf("topic %q is not accepted", msg.TopicArn)
+	default:
 		verr = s.sns.verify(r.Context(), msg)
+		if errors.Is(verr, errSNSCertFetchLimited) {
+			w.Header().Set("Retry-After", "1")
+			s.refuse(w, routeEvents, http.StatusServiceUnavailable, "unavailable", "", verr.Error())
+			return
+		}
+		if verr != nil {
+			confirmations("invalid")
+		}
 	}
 	if verr != nil {
-		if msg.Type == snsSubscriptionConfirmation && s.sns != nil {
-			s.cfg.Metrics.SNSConfirmations.WithLabelValues("invalid").Inc()
-		}
-		if !bearer {
+		if !authenticated {
 			s.refuse(w, routeEvents, http.StatusUnauthorized, "unauthorized", "", "unauthenticated: SNS "+verr.Error())
 			return
 		}
@@ -611,11 +757,10 @@ func (s *Server) handleSNSControl(w http.ResponseWriter, r *http.Request, msg sn
 		ignored("unsubscribe confirmation")
 		return
 	}
-	accepted := s.sns.topicAccepted(msg.TopicArn)
-	if !s.sns.cfg.AutoConfirm || !accepted {
+	if !s.sns.cfg.AutoConfirm {
 		s.cfg.Metrics.SNSConfirmations.WithLabelValues("unconfirmed").Inc()
 		logger.Warn("SNS subscription confirmation received, not confirmed: confirm it in AWS if the topic is expected",
-			"topic_accepted", accepted, "auto_confirm", s.sns.cfg.AutoConfirm)
+			"auto_confirm", s.sns.cfg.AutoConfirm)
 		ignored("subscription not confirmed automatically")
 		return
 	}

@@ -20,6 +20,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
 )
 
 // SNS message types.
@@ -40,8 +43,29 @@ const (
 )
 
 // snsHost matches the hosts of Amazon SNS, the only hosts a signing
-// certificate is fetched from and a subscription is confirmed at.
-var snsHost = regexp.MustCompile(`^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$`)
+// certificate is fetched from and a subscription is confirmed at:
+// sns.REGION.amazonaws.com, or sns.REGION.amazonaws.com.cn for the China
+// regions, where REGION looks like an AWS region (us-east-1,
+// us-gov-west-1, cn-north-1), not any label (sns.s3.amazonaws.com is an S3
+// bucket's virtual host, whose content anyone with that bucket writes).
+var snsHost = regexp.MustCompile(`^sns\.([a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-[0-9]+)\.amazonaws\.com(\.cn)?$`)
+
+// snsCertPath matches the path of a signing certificate: one segment
+// ending in .pem (SNS's are /SimpleNotificationService-HEX.pem).
+var snsCertPath = regexp.MustCompile(`^/[A-Za-z0-9._-]+\.pem$`)
+
+// Certificate fetches: at most snsCertFetchesPerSecond on average, a
+// burst of snsCertFetchBurst, and one in flight per URL. A fetch is needed
+// only for a certificate not cached, which real SNS deliveries rarely
+// need (SNS rotates its certificate a few times a year).
+const (
+	snsCertFetchesPerSecond = 2
+	snsCertFetchBurst       = 4
+)
+
+// errSNSCertFetchLimited is returned by verify when a certificate would
+// have to be fetched beyond the rate limit: the sender should retry later.
+var errSNSCertFetchLimited = errors.New("signing certificate fetches are rate limited: retry later")
 
 // SNSConfig authenticates /v1/events/s3 requests by their Amazon SNS
 // message signature: Amazon SNS can send neither a bearer token nor the
@@ -80,25 +104,49 @@ type snsMessage struct {
 	SubscribeURL     string
 }
 
-// parseSNS reads body as an SNS message; false if it is none (no Type).
-func parseSNS(body []byte) (snsMessage, bool) {
-	var m struct {
-		Type             string  `json:"Type"`
-		MessageID        string  `json:"MessageId"`
-		Token            string  `json:"Token"`
-		TopicArn         string  `json:"TopicArn"`
-		Subject          *string `json:"Subject"`
-		Message          string  `json:"Message"`
-		Timestamp        string  `json:"Timestamp"`
-		SignatureVersion string  `json:"SignatureVersion"`
-		Signature        string  `json:"Signature"`
-		SigningCertURL   string  `json:"SigningCertURL"`
-		SubscribeURL     string  `json:"SubscribeURL"`
+// parseSNS reads the members of an SNS envelope strictly: each key must be
+// one SNS sends, spelt exactly (encoding/json would match "type" or
+// "MESSAGE" to the fields), and each value a string (MessageAttributes an
+// object, Subject possibly null). Anything else is refused, so nothing the
+// signature does not cover can ride along with a signed message.
+func parseSNS(members []jsonMember) (snsMessage, error) {
+	var m snsMessage
+	fields := map[string]*string{
+		"Type": &m.Type, "MessageId": &m.MessageID, "Token": &m.Token, "TopicArn": &m.TopicArn,
+		"Message": &m.Message, "Timestamp": &m.Timestamp, "SignatureVersion": &m.SignatureVersion,
+		"Signature": &m.Signature, "SigningCertURL": &m.SigningCertURL, "SubscribeURL": &m.SubscribeURL,
+		"UnsubscribeURL": new(string),
 	}
-	if err := json.Unmarshal(body, &m); err != nil || m.Type == "" {
-		return snsMessage{}, false
+	for _, member := range members {
+		switch field, ok := fields[member.name]; {
+		case ok:
+			if err := json.Unmarshal(member.value, field); err != nil || member.value[0] != '"' {
+				return snsMessage{}, fmt.Errorf("%s must be a string", member.name)
+			}
+		case member.name == "Subject":
+			if string(member.value) == "null" {
+				continue
+			}
+			var subject string
+			if err := json.Unmarshal(member.value, &subject); err != nil || member.value[0] != '"' {
+				return snsMessage{}, errors.New("Subject must be a string")
+			}
+			m.Subject = &subject
+		case member.name == "MessageAttributes":
+			// Unsigned and never read: an object, or nothing at all.
+			if member.value[0] != '{' {
+				return snsMessage{}, errors.New("MessageAttributes must be an object")
+			}
+		default:
+			return snsMessage{}, fmt.Errorf("unknown key %q: an SNS envelope carries only SNS's own fields, spelt exactly", member.name)
+		}
 	}
-	return snsMessage(m), true
+	switch m.Type {
+	case snsNotification, snsSubscriptionConfirmation, snsUnsubscribeConfirmation:
+	default:
+		return snsMessage{}, fmt.Errorf("unknown SNS message type %q", m.Type)
+	}
+	return m, nil
 }
 
 // stringToSign is the canonical text SNS signs: name, newline, value,
@@ -131,22 +179,94 @@ func (m snsMessage) stringToSign() (string, error) {
 	return b.String(), nil
 }
 
-// snsURL parses u and checks it is https on an Amazon SNS host.
+// snsRegionHost checks that u is https on an Amazon SNS host, with no user
+// information and no port, and returns its host, lower-cased, and region.
+func snsRegionHost(u *url.URL) (host, region string, err error) {
+	host = strings.ToLower(u.Hostname())
+	match := snsHost.FindStringSubmatch(host)
+	if u.Scheme != "https" || u.User != nil || u.Port() != "" || u.Opaque != "" || match == nil ||
+		(match[2] == ".cn") != strings.HasPrefix(match[1], "cn-") {
+		return "", "", fmt.Errorf("URL is not https on an Amazon SNS host: %q", u.Redacted())
+	}
+	return host, match[1], nil
+}
+
+// snsURL parses raw, a SubscribeURL, and checks it is https on an Amazon
+// SNS host, without a fragment.
 func snsURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("unparsable URL")
 	}
-	if u.Scheme != "https" || u.User != nil || u.Port() != "" || !snsHost.MatchString(u.Hostname()) {
-		return nil, fmt.Errorf("URL is not https on an Amazon SNS host: %q", u.Redacted())
+	if _, _, err := snsRegionHost(u); err != nil {
+		return nil, err
+	}
+	if u.Fragment != "" || u.RawFragment != "" || strings.Contains(raw, "#") {
+		return nil, fmt.Errorf("URL with a fragment: %q", u.Redacted())
 	}
 	return u, nil
 }
 
-// snsVerifier verifies SNS message signatures, caching certificates.
+// snsCertURL returns the normal form of a SigningCertURL, the key of the
+// certificate cache and the only URL fetched: https://HOST/NAME.pem, the
+// host lower-cased. It refuses what SNS never sends, rather than dropping
+// it: a query, a fragment, user information, a port, an escaped or
+// multi-segment path. So no spelling of one URL is a cache miss.
+func snsCertURL(raw string) (certURL, region string, err error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", "", fmt.Errorf("unparsable URL")
+	}
+	host, region, err := snsRegionHost(u)
+	if err != nil {
+		return "", "", err
+	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.ContainsAny(raw, "?#") || u.RawPath != "" || !snsCertPath.MatchString(u.Path) {
+		return "", "", fmt.Errorf("not a certificate URL: %q", u.Redacted())
+	}
+	return "https://" + host + u.Path, region, nil
+}
+
+// snsSigningNames are the names an SNS signing certificate for region may
+// carry (as its subject's common name or a DNS name), as the AWS SDK for
+// Java's SnsMessageManager expects them (SnsHostProvider): sns.amazonaws.com
+// in most regions, sns-signing.REGION.amazonaws.com in the opt-in ones,
+// sns-REGION.amazonaws.com.cn in China, sns-us-gov-west-1.amazonaws.com in
+// GovCloud. A certificate served from an SNS host but naming none of
+// these is not SNS's.
+func snsSigningNames(region string) []string {
+	if strings.HasPrefix(region, "cn-") {
+		return []string{"sns-" + region + ".amazonaws.com.cn", "sns-signing." + region + ".amazonaws.com.cn"}
+	}
+	names := []string{"sns.amazonaws.com", "sns-signing." + region + ".amazonaws.com"}
+	if strings.HasPrefix(region, "us-gov-") {
+		names = append(names, "sns-us-gov-west-1.amazonaws.com", "sns-"+region+".amazonaws.com")
+	}
+	return names
+}
+
+// namesSNS reports whether cert's subject common name or one of its DNS
+// names is one of names.
+func namesSNS(cert *x509.Certificate, names []string) bool {
+	if slices.Contains(names, strings.ToLower(cert.Subject.CommonName)) {
+		return true
+	}
+	for _, dns := range cert.DNSNames {
+		if slices.Contains(names, strings.ToLower(dns)) {
+			return true
+		}
+	}
+	return false
+}
+
+// snsVerifier verifies SNS message signatures, caching certificates by
+// their normal URL (snsCertURL); fetches are rate limited and never more
+// than one in flight per URL.
 type snsVerifier struct {
-	cfg    SNSConfig
-	client *http.Client
+	cfg     SNSConfig
+	client  *http.Client
+	fetches *rate.Limiter
+	flights singleflight.Group
 
 	mu    sync.Mutex
 	certs map[string]*x509.Certificate
@@ -179,7 +299,8 @@ func newSNSVerifier(cfg SNSConfig) (*snsVerifier, error) {
 	// Never follow a redirect: it could leave the SNS host.
 	noRedirect := *client
 	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &snsVerifier{cfg: cfg, client: &noRedirect, certs: map[string]*x509.Certificate{}}, nil
+	return &snsVerifier{cfg: cfg, client: &noRedirect, certs: map[string]*x509.Certificate{},
+		fetches: rate.NewLimiter(snsCertFetchesPerSecond, snsCertFetchBurst)}, nil
 }
 
 func (v *snsVerifier) topicAccepted(arn string) bool { return slices.Contains(v.cfg.TopicARNs, arn) }
@@ -244,23 +365,54 @@ func snsReplayKey(m snsMessage) string {
 }
 
 // certificate returns the certificate at raw, fetched over HTTPS from an
-// Amazon SNS host and cached until it expires.
+// Amazon SNS host, naming SNS (snsSigningNames), and cached until it
+// expires. Concurrent requests for one URL share one fetch; fetches beyond
+// the rate limit fail with errSNSCertFetchLimited.
 func (v *snsVerifier) certificate(ctx context.Context, raw string) (*x509.Certificate, error) {
-	u, err := snsURL(raw)
+	key, region, err := snsCertURL(raw)
 	if err != nil {
 		return nil, err
 	}
-	if !strings.HasSuffix(u.Path, ".pem") || u.RawQuery != "" {
-		return nil, fmt.Errorf("not a certificate URL: %q", u.Redacted())
-	}
-	key := u.String()
-	now := time.Now()
 	v.mu.Lock()
 	cert, ok := v.certs[key]
 	v.mu.Unlock()
-	if ok && now.Before(cert.NotAfter) {
+	if ok && time.Now().Before(cert.NotAfter) {
 		return cert, nil
 	}
+	// One fetch per URL at a time, on behalf of every waiting request: it
+	// runs to its own timeout even if the request that started it ends.
+	ch := v.flights.DoChan(key, func() (any, error) {
+		if !v.fetches.Allow() {
+			return nil, errSNSCertFetchLimited
+		}
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snsFetchTimeout)
+		defer cancel()
+		cert, err := v.fetch(fctx, key, region)
+		if err != nil {
+			return nil, err
+		}
+		v.mu.Lock()
+		if len(v.certs) >= snsMaxCachedCert {
+			clear(v.certs)
+		}
+		v.certs[key] = cert
+		v.mu.Unlock()
+		return cert, nil
+	})
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return res.Val.(*x509.Certificate), nil
+	}
+}
+
+// fetch GETs the certificate at key, a normal certificate URL, and checks
+// it is valid now and names SNS for region.
+func (v *snsVerifier) fetch(ctx context.Context, key, region string) (*x509.Certificate, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, key, nil)
 	if err != nil {
 		return nil, err
@@ -273,27 +425,24 @@ func (v *snsVerifier) certificate(ctx context.Context, raw string) (*x509.Certif
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("fetching %s: HTTP %d", key, resp.StatusCode)
 	}
-	raw2, err := io.ReadAll(io.LimitReader(resp.Body, snsMaxCertBytes))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, snsMaxCertBytes))
 	if err != nil {
 		return nil, fmt.Errorf("fetching %s: %w", key, err)
 	}
-	block, _ := pem.Decode(raw2)
+	block, _ := pem.Decode(body)
 	if block == nil || block.Type != "CERTIFICATE" {
 		return nil, fmt.Errorf("%s holds no PEM certificate", key)
 	}
-	cert, err = x509.ParseCertificate(block.Bytes)
+	cert, err := x509.ParseCertificate(block.Bytes)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", key, err)
 	}
-	if now.Before(cert.NotBefore) || now.After(cert.NotAfter) {
+	if now := time.Now(); now.Before(cert.NotBefore) || now.After(cert.NotAfter) {
 		return nil, fmt.Errorf("%s: certificate not valid now", key)
 	}
-	v.mu.Lock()
-	if len(v.certs) >= snsMaxCachedCert {
-		clear(v.certs)
+	if names := snsSigningNames(region); !namesSNS(cert, names) {
+		return nil, fmt.Errorf("%s: certificate is not SNS's: its subject %q names none of %s", key, cert.Subject.CommonName, strings.Join(names, ", "))
 	}
-	v.certs[key] = cert
-	v.mu.Unlock()
 	return cert, nil
 }
 

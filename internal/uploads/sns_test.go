@@ -40,14 +40,19 @@ import (
 // it serves a signing certificate issued by the same CA and records
 // subscription confirmations. Its client trusts only that CA and dials the
 // server whatever the host — except sns.ap-south-1.amazonaws.com, which
-// leads to a server with a certificate nobody trusts. It does not emulate
-// SNS delivery policies or certificate rotation.
+// leads to a server with a certificate nobody trusts. Its signing
+// certificate names sns.amazonaws.com, as Amazon's do; /attacker.pem is a
+// certificate for the same key naming attacker.example instead. Paths
+// /missing-*.pem answer 404. It does not emulate SNS delivery policies or
+// certificate rotation.
 type fakeSNS struct {
 	signKey  *rsa.PrivateKey
 	client   *http.Client
 	fetches  atomic.Int64
 	mu       sync.Mutex
 	confirms []url.Values
+	// gate, if set, holds every certificate fetch until it is closed.
+	gate chan struct{}
 }
 
 const (
@@ -87,13 +92,25 @@ func newFakeSNS(t *testing.T) *fakeSNS {
 	require.NoError(t, err)
 	signDER := issue(3, &x509.Certificate{Subject: pkix.Name{CommonName: "sns.amazonaws.com"}, KeyUsage: x509.KeyUsageDigitalSignature}, &signKey.PublicKey)
 	signPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: signDER})
+	attackerDER := issue(4, &x509.Certificate{Subject: pkix.Name{CommonName: "attacker.example"}, DNSNames: []string{"attacker.example"}, KeyUsage: x509.KeyUsageDigitalSignature}, &signKey.PublicKey)
+	attackerPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: attackerDER})
 
 	f := &fakeSNS{signKey: signKey}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case strings.HasSuffix(r.URL.Path, ".pem"):
 			f.fetches.Add(1)
-			_, _ = w.Write(signPEM)
+			if f.gate != nil {
+				<-f.gate
+			}
+			switch {
+			case r.URL.Path == "/attacker.pem":
+				_, _ = w.Write(attackerPEM)
+			case strings.HasPrefix(r.URL.Path, "/missing-"):
+				http.NotFound(w, r)
+			default:
+				_, _ = w.Write(signPEM)
+			}
 		case r.URL.Query().Get("Action") == "ConfirmSubscription":
 			f.mu.Lock()
 			f.confirms = append(f.confirms, r.URL.Query())
@@ -272,12 +289,17 @@ func TestSNSSubscriptionConfirmation(t *testing.T) {
 	require.NotContains(t, logs.String(), "2336412f37fb", "the subscription token is not logged")
 	require.Equal(t, float64(1), snsCounter(t, auto, "confirmed"))
 
-	// Another topic: logged and counted, never confirmed.
-	status, out = post(auto, sns.message(t, snsSubscriptionConfirmation, otherTopic, "subscribe", "1", nil))
-	require.Equal(t, http.StatusOK, status, out)
-	require.Equal(t, "ignored", out["outcome"])
+	// Another topic: logged and counted, never verified (no certificate
+	// fetched for it), never confirmed.
+	fetched := sns.fetches.Load()
+	status, out = post(auto, sns.message(t, snsSubscriptionConfirmation, otherTopic, "subscribe", "1", func(m *snsMessage) {
+		m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-other.pem"
+	}))
+	require.Equal(t, http.StatusUnauthorized, status, out)
+	require.Contains(t, out["error"], "is not accepted")
 	require.Contains(t, logs.String(), `"topic_arn":"`+otherTopic+`"`)
-	require.Equal(t, float64(1), snsCounter(t, auto, "unconfirmed"))
+	require.Equal(t, float64(1), snsCounter(t, auto, "topic_not_accepted"))
+	require.Equal(t, fetched, sns.fetches.Load(), "nothing was fetched for a topic that is not accepted")
 	// Without auto-confirm: the same.
 	status, _ = post(manual, confirmation)
 	require.Equal(t, http.StatusOK, status)
@@ -394,4 +416,225 @@ func TestSNSReplayWithAnotherSpellingOfTheSignatureIsRefused(t *testing.T) {
 		require.Contains(t, out["error"], "already used", name)
 	}
 	require.Equal(t, 1, count(t, pool), "the replays imported nothing")
+}
+
+// withField returns the JSON object raw with key set to value, appended
+// after its last member, so that the signed members stay as they were.
+func withField(t *testing.T, raw []byte, key, value string) []byte {
+	t.Helper()
+	trimmed := bytes.TrimRight(raw, "}")
+	return append(append(trimmed, []byte(","+strconvQuote(key)+":"+value)...), '}')
+}
+
+func strconvQuote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// lowerKeys respells every top-level key of raw in lower case; values are
+// kept.
+func lowerKeys(t *testing.T, raw []byte) []byte {
+	t.Helper()
+	var m map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(raw, &m))
+	out := map[string]json.RawMessage{}
+	for k, v := range m {
+		out[strings.ToLower(k)] = v
+	}
+	b, err := json.Marshal(out)
+	require.NoError(t, err)
+	return b
+}
+
+// TestSNSImportsOnlyTheSignedMessage: a validly signed SNS notification
+// with a field added beside the signed ones (an unsigned "Records", the
+// envelope's keys respelt in lower case with EventBridge fields, a second
+// "Message", a key SNS never sends) used to be imported from the unsigned
+// part (202), and the genuine delivery was then refused as "signature
+// already used". Each is now refused 400 before any signature is claimed;
+// the genuine delivery is imported, from its signed Message only. The
+// same classification is ParseS3Event's.
+func TestSNSImportsOnlyTheSignedMessage(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	sns := newFakeSNS(t)
+	f := newServer(t, pool, withSNS(sns, false, nil))
+	signedFolder := "tenants/t1/db1/c1/signed"
+	genuine := sns.message(t, snsNotification, testTopic, string(s3Event("fleet-uploads", signedFolder+"/_SUCCESS", "ObjectCreated:Put")), "2", nil)
+	unsigned := `[{"eventSource":"aws:s3","eventName":"ObjectCreated:Put","s3":{"bucket":{"name":"fleet-uploads"},"object":{"key":"tenants/evil/db1/c1/unsigned/_SUCCESS"}}}]`
+
+	for name, tc := range map[string]struct {
+		body []byte
+		why  string
+	}{
+		"unsigned Records added":  {withField(t, genuine, "Records", unsigned), "ambiguous"},
+		"lower-case envelope with EventBridge fields": {withField(t, withField(t, lowerKeys(t, genuine), "detail-type", `"Object Created"`), "detail",
+			`{"bucket":{"name":"fleet-uploads"},"object":{"key":"tenants/evil/db1/c1/eb/_SUCCESS"}}`), "ambiguous"},
+		"lower-case envelope":    {lowerKeys(t, genuine), "unknown key"},
+		"a second Message":       {withField(t, genuine, "Message", strconvQuote(`{"Records":`+unsigned+`}`)), "duplicate key"},
+		"Message respelt":        {withField(t, genuine, "message", strconvQuote(`{"Records":`+unsigned+`}`)), "duplicate key"},
+		"a key SNS never sends":  {withField(t, genuine, "Detail", `{}`), "unknown key"},
+		"a second object after":  {append(append([]byte{}, genuine...), []byte(`{"Records":`+unsigned+`}`)...), "after the JSON object"},
+		"Type and Records alone": {[]byte(`{"Type":"Notification","Records":` + unsigned + `}`), "ambiguous"},
+	} {
+		status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", tc.body, nil)
+		require.Equal(t, http.StatusBadRequest, status, "%s: %v", name, out)
+		require.Contains(t, out["error"], tc.why, name)
+		_, err := ParseS3Event(tc.body)
+		require.ErrorIs(t, err, ErrMalformedEvent, "%s: ParseS3Event agrees", name)
+	}
+	require.Zero(t, count(t, pool), "nothing was imported from an unsigned field")
+
+	status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", genuine, nil)
+	require.Equal(t, http.StatusAccepted, status, "the genuine delivery is not refused as a replay: %v", out)
+	var scope string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT source_scope FROM ingestion_batches`).Scan(&scope))
+	require.Contains(t, scope, "s3://fleet-uploads/"+signedFolder, "the signed Message's folder, and only it")
+
+	// The token and the HMAC secret authenticate the whole body: SNS
+	// envelopes (without a signature too), plain S3 notifications and
+	// EventBridge events still pass them.
+	envelope, err := json.Marshal(map[string]string{"Type": "Notification", "MessageId": "m", "TopicArn": testTopic,
+		"Message": string(s3Event("fleet-uploads", "tenants/t1/db1/c1/bearer-sns/_SUCCESS", "ObjectCreated:Put")), "Timestamp": time.Now().UTC().Format(time.RFC3339)})
+	require.NoError(t, err)
+	eventBridge := []byte(`{"version":"0","id":"e","detail-type":"Object Created","source":"aws.s3","account":"1","time":"2026-01-01T00:00:00Z","region":"us-east-1","resources":[],"detail":{"bucket":{"name":"fleet-uploads"},"object":{"key":"tenants/t1/db1/c1/eventbridge/_SUCCESS"}}}`)
+	plain := s3Event("fleet-uploads", "tenants/t1/db1/c1/hmac/_SUCCESS", "ObjectCreated:Put")
+	for name, tc := range map[string]struct {
+		body    []byte
+		headers map[string]string
+	}{
+		"SNS envelope with the token": {envelope, auth},
+		"EventBridge with the token":  {eventBridge, auth},
+		"S3 notification with HMAC":   {plain, signed(plain)},
+		"EventBridge with HMAC":       {bytes.Replace(eventBridge, []byte("eventbridge"), []byte("eventbridge-hmac"), 1), nil},
+	} {
+		headers := tc.headers
+		if headers == nil {
+			headers = signed(tc.body)
+		}
+		status, out := f.post(t, "/v1/events/s3", "application/json", tc.body, headers)
+		require.Equal(t, http.StatusAccepted, status, "%s: %v", name, out)
+	}
+	require.Equal(t, 5, count(t, pool))
+}
+
+// TestSNSCertificateURLAndSubject: the SigningCertURL must be
+// https://sns.REGION.amazonaws.com[.cn]/NAME.pem with REGION an AWS region
+// (sns.s3.amazonaws.com is an S3 bucket's host), nothing else (no
+// fragment, query, user, port); one URL is one cache entry whatever its
+// host's case; and the certificate fetched must name SNS: one naming
+// attacker.example, served from an SNS host and holding the very key that
+// signed, is refused.
+func TestSNSCertificateURLAndSubject(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"https://sns.s3.amazonaws.com/x.pem", "https://sns.s3-website.amazonaws.com/x.pem", "https://sns.my-bucket.amazonaws.com/x.pem",
+		"https://sns.us-east-1.amazonaws.com/x.pem#frag", "https://sns.us-east-1.amazonaws.com/x.pem?", "https://sns.us-east-1.amazonaws.com/x.pem?a=b",
+		"https://sns.us-east-1.amazonaws.com/a/b.pem", "https://sns.us-east-1.amazonaws.com/%2e%2e.pem", "https://u:p@sns.us-east-1.amazonaws.com/x.pem",
+		"https://sns.us-east-1.amazonaws.com:443/x.pem", "https://sns.cn-north-1.amazonaws.com/x.pem", "https://sns.us-east-1.amazonaws.com.cn/x.pem",
+		"http://sns.us-east-1.amazonaws.com/x.pem", "https://sns.us-east-1.amazonaws.com/x.pem.txt",
+	} {
+		_, _, err := snsCertURL(raw)
+		require.Error(t, err, raw)
+	}
+	for raw, want := range map[string]string{
+		"https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem":    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem",
+		"HTTPS://SNS.US-EAST-1.AMAZONAWS.COM/SimpleNotificationService-0123.pem":    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem",
+		"https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-1.pem":   "https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-1.pem",
+		"https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-1.pem":   "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-1.pem",
+		"https://sns.ap-southeast-7.amazonaws.com/SimpleNotificationService-1.pem": "https://sns.ap-southeast-7.amazonaws.com/SimpleNotificationService-1.pem",
+	} {
+		got, _, err := snsCertURL(raw)
+		require.NoError(t, err, raw)
+		require.Equal(t, want, got)
+	}
+
+	pool := pgtest.NewPool(t)
+	sns := newFakeSNS(t)
+	f := newServer(t, pool, withSNS(sns, false, nil))
+	event := func(folder string) string {
+		return string(s3Event("fleet-uploads", "tenants/t1/db1/c1/"+folder+"/_SUCCESS", "ObjectCreated:Put"))
+	}
+	post := func(body []byte) (int, map[string]any) {
+		t.Helper()
+		return f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", body, nil)
+	}
+	status, out := post(sns.message(t, snsNotification, testTopic, event("attacker"), "2", func(m *snsMessage) {
+		m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/attacker.pem"
+	}))
+	require.Equal(t, http.StatusUnauthorized, status, out)
+	require.Contains(t, out["error"], "certificate is not SNS's")
+	status, out = post(sns.message(t, snsNotification, testTopic, event("s3-host"), "2", func(m *snsMessage) {
+		m.SigningCertURL = "https://sns.s3.amazonaws.com/SimpleNotificationService-0123abcd.pem"
+	}))
+	require.Equal(t, http.StatusUnauthorized, status, out)
+	require.Contains(t, out["error"], "not https on an Amazon SNS host")
+	require.Equal(t, int64(1), sns.fetches.Load(), "only the attacker's certificate was fetched")
+
+	for i, certURL := range []string{testCertURL, strings.Replace(testCertURL, "sns.us-east-1", "SNS.US-EAST-1", 1), testCertURL + "#frag"} {
+		status, out := post(sns.message(t, snsNotification, testTopic, event(fmt.Sprintf("ok-%d", i)), "2", func(m *snsMessage) { m.SigningCertURL = certURL }))
+		if strings.Contains(certURL, "#") {
+			require.Equal(t, http.StatusUnauthorized, status, "a fragment is refused, not a cache miss: %v", out)
+			continue
+		}
+		require.Equal(t, http.StatusAccepted, status, "%s: %v", certURL, out)
+	}
+	require.Equal(t, int64(2), sns.fetches.Load(), "one URL, however spelt, is fetched once")
+	require.Equal(t, 2, count(t, pool))
+}
+
+// TestSNSCertificateFetchesAreLimited: certificate fetches are rate
+// limited (a burst of snsCertFetchBurst, then snsCertFetchesPerSecond),
+// answered 503 with Retry-After beyond it so that SNS retries, and
+// requests for one URL not yet cached share a single fetch.
+func TestSNSCertificateFetchesAreLimited(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	sns := newFakeSNS(t)
+	sns.gate = make(chan struct{})
+	f := newServer(t, pool, withSNS(sns, false, nil))
+	event := func(folder string) string {
+		return string(s3Event("fleet-uploads", "tenants/t1/db1/c1/"+folder+"/_SUCCESS", "ObjectCreated:Put"))
+	}
+
+	// Eight deliveries at once, one certificate not yet cached: one fetch.
+	const concurrent = 8
+	var wg sync.WaitGroup
+	statuses := make([]int, concurrent)
+	for i := range concurrent {
+		body := sns.message(t, snsNotification, testTopic, event(fmt.Sprintf("c%d", i)), "2", nil)
+		wg.Go(func() { statuses[i], _ = f.post(t, "/v1/events/s3", "text/plain", body, nil) })
+	}
+	require.Eventually(t, func() bool { return sns.fetches.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // let the other seven reach the fetch in flight
+	close(sns.gate)
+	wg.Wait()
+	for i, status := range statuses {
+		require.Equal(t, http.StatusAccepted, status, "delivery %d", i)
+	}
+	require.Equal(t, int64(1), sns.fetches.Load(), "concurrent requests for one URL share one fetch")
+
+	// Twelve certificate URLs in a row, none cached (each answers 404):
+	// the burst is fetched, the rest refused 503 with Retry-After.
+	var limited int
+	for i := range 12 {
+		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/events/s3", bytes.NewReader(sns.message(t, snsNotification, testTopic, event(fmt.Sprintf("m%d", i)), "2", func(m *snsMessage) {
+			m.SigningCertURL = fmt.Sprintf("https://sns.us-east-1.amazonaws.com/missing-%d.pem", i)
+		})))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "text/plain")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			limited++
+			require.Equal(t, "1", resp.Header.Get("Retry-After"))
+		} else {
+			require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+		}
+	}
+	fetched := sns.fetches.Load() - 1
+	t.Logf("12 uncached certificate URLs in a row: %d fetched, %d refused 503", fetched, limited)
+	require.LessOrEqual(t, fetched, int64(snsCertFetchBurst+2), "at most the burst and what the rate refilled meanwhile")
+	require.Positive(t, limited)
 }
