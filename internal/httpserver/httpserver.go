@@ -1,9 +1,20 @@
 // Package httpserver builds the HTTP listeners of both binaries — the
-// worker's /metrics, /healthz and /readyz, and enqueue serve's upload API —
-// with the same protections, so no listener is softer than another:
+// worker's /metrics, /healthz and /readyz, and enqueue serve's upload API
+// and its admin listener — with the same protections, so no listener is
+// softer than another:
 //
 //   - read, read-header, write and idle timeouts and a header size bound,
 //     so a client that sends slowly, or not at all, holds nothing for long;
+//   - a floor on the rate at which a request body arrives (BodyStallTimeout,
+//     MinBodyRate): a body whose next bytes take longer than the stall
+//     timeout, or that averages less than the minimum rate after that
+//     grace, has its connection cut within seconds, not at the read
+//     timeout. Only the time the handler spends waiting for the body
+//     counts, so a slow handler never cuts its own client;
+//   - for listeners whose routes take no body (probes and metrics),
+//     RefuseBodies: a request with a body is answered 413 and its
+//     connection closed at once, so no client can keep a connection there
+//     busy by sending a body slowly;
 //   - a cap on open connections, far below the process's file descriptor
 //     limit, so a flood of connections cannot starve the process of the
 //     descriptors its database pools and source folders need.
@@ -13,7 +24,12 @@
 // one in the middle of a request; only when every connection is busy does
 // it wait for one to finish. So a flood of idle connections cannot lock out
 // a kubelet probe or a Prometheus scrape: they get the slot of the oldest
-// idle connection.
+// idle connection. Busy connections are not evicted, but one busy only
+// because its client sends the body slowly is cut by the body rate floor,
+// and on a listener that refuses bodies no connection is busy for longer
+// than its handler runs. Probes belong on such a listener, apart from any
+// port the public reaches: enqueue serve's --admin-listen, the worker's
+// --metrics-addr.
 package httpserver
 
 import (
@@ -36,7 +52,14 @@ const (
 	IdleTimeoutDefault       = 60 * time.Second
 	MaxHeaderBytesDefault    = 64 << 10
 	MaxConnsDefault          = 256
+	BodyStallTimeoutDefault  = 3 * time.Second
+	MinBodyRateDefault       = 1 << 10
 )
+
+// ErrSlowBody is the error a request body's Read returns once the body
+// arrives more slowly than the listener's floor (Config.BodyStallTimeout,
+// Config.MinBodyRate); the connection is closed after the answer.
+var ErrSlowBody = errors.New("httpserver: request body arrived too slowly")
 
 // Config configures a listener.
 type Config struct {
@@ -59,14 +82,34 @@ type Config struct {
 	MaxHeaderBytes int
 	// MaxConns caps open connections. Defaults to 256.
 	MaxConns int
+	// BodyStallTimeout bounds each wait for the next bytes of a request
+	// body, and is the grace before MinBodyRate applies. A handler that
+	// never reads the body leaves its client this long to send the rest
+	// before the connection is closed. Defaults to 3 s.
+	BodyStallTimeout time.Duration
+	// MinBodyRate is the slowest, in bytes per second, a request body may
+	// arrive on average over the time the handler waits for it, beyond
+	// the first BodyStallTimeout. Defaults to 1 KiB/s.
+	MinBodyRate int
+	// RefuseBodies answers any request that carries a body 413 and closes
+	// its connection without reading the body: for listeners whose routes
+	// take none (probes, metrics).
+	RefuseBodies bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
 
 // Server is a listening HTTP server.
 type Server struct {
-	http *http.Server
-	ln   *limitListener
+	http   *http.Server
+	ln     *limitListener
+	logger *slog.Logger
+	// The body rate floor.
+	stall time.Duration
+	rate  int
+	// slowBodies counts bodies cut by the rate floor as a handler read
+	// them, and bodies refused.
+	slowBodies atomic.Int64
 }
 
 // Listen binds cfg.Addr and returns the server, not yet serving.
@@ -74,8 +117,8 @@ func Listen(cfg Config) (*Server, error) {
 	if cfg.Handler == nil {
 		return nil, errors.New("httpserver: Handler is required")
 	}
-	if cfg.MaxConns < 0 || cfg.MaxHeaderBytes < 0 {
-		return nil, errors.New("httpserver: MaxConns and MaxHeaderBytes must not be negative")
+	if cfg.MaxConns < 0 || cfg.MaxHeaderBytes < 0 || cfg.MinBodyRate < 0 || cfg.BodyStallTimeout < 0 {
+		return nil, errors.New("httpserver: MaxConns, MaxHeaderBytes, MinBodyRate and BodyStallTimeout must not be negative")
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -83,19 +126,27 @@ func Listen(cfg Config) (*Server, error) {
 	}
 	logger := cmp.Or(cfg.Logger, slog.Default())
 	ll := newLimitListener(ln, cmp.Or(cfg.MaxConns, MaxConnsDefault))
-	return &Server{
-		ln: ll,
-		http: &http.Server{
-			Handler:           cfg.Handler,
-			ReadHeaderTimeout: cmp.Or(cfg.ReadHeaderTimeout, ReadHeaderTimeoutDefault),
-			ReadTimeout:       cmp.Or(cfg.ReadTimeout, ReadTimeoutDefault),
-			WriteTimeout:      cmp.Or(cfg.WriteTimeout, WriteTimeoutDefault),
-			IdleTimeout:       cmp.Or(cfg.IdleTimeout, IdleTimeoutDefault),
-			MaxHeaderBytes:    cmp.Or(cfg.MaxHeaderBytes, MaxHeaderBytesDefault),
-			ConnState:         ll.track,
-			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
-		},
-	}, nil
+	s := &Server{
+		ln: ll, logger: logger,
+		stall: cmp.Or(cfg.BodyStallTimeout, BodyStallTimeoutDefault),
+		rate:  cmp.Or(cfg.MinBodyRate, MinBodyRateDefault),
+	}
+	handler := s.guardBodies(cfg.Handler)
+	if cfg.RefuseBodies {
+		handler = s.refuseBodies(cfg.Handler)
+	}
+	s.http = &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: cmp.Or(cfg.ReadHeaderTimeout, ReadHeaderTimeoutDefault),
+		ReadTimeout:       cmp.Or(cfg.ReadTimeout, ReadTimeoutDefault),
+		WriteTimeout:      cmp.Or(cfg.WriteTimeout, WriteTimeoutDefault),
+		IdleTimeout:       cmp.Or(cfg.IdleTimeout, IdleTimeoutDefault),
+		MaxHeaderBytes:    cmp.Or(cfg.MaxHeaderBytes, MaxHeaderBytesDefault),
+		ConnState:         ll.track,
+		ConnContext:       withConn,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+	}
+	return s, nil
 }
 
 // Addr returns the address the server listens on.
@@ -117,6 +168,12 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.http.Shutdown(ct
 // Evicted returns how many idle connections were closed to make room for
 // new ones.
 func (s *Server) Evicted() int64 { return s.ln.evicted.Load() }
+
+// SlowBodiesCut returns how many request bodies were cut, as their handler
+// read them, for arriving too slowly, and, with RefuseBodies, how many were
+// refused. (A body the handler never reads is cut by the same deadline but
+// not counted.)
+func (s *Server) SlowBodiesCut() int64 { return s.slowBodies.Load() }
 
 // limitListener caps open connections; see the package documentation.
 type limitListener struct {
@@ -147,6 +204,49 @@ type trackedConn struct {
 	// Guarded by l.mu.
 	state http.ConnState
 	since time.Time
+
+	// deadlineMu guards serverRead, the read deadline the server (or a
+	// handler through http.ResponseController) last set: the body guard
+	// tightens the connection's deadline while it waits for a body and
+	// restores this one after.
+	deadlineMu sync.Mutex
+	serverRead time.Time
+}
+
+// SetReadDeadline records and applies a read deadline set by the server.
+func (c *trackedConn) SetReadDeadline(t time.Time) error {
+	c.deadlineMu.Lock()
+	defer c.deadlineMu.Unlock()
+	c.serverRead = t
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetDeadline records and applies read and write deadlines set by the
+// server.
+func (c *trackedConn) SetDeadline(t time.Time) error {
+	c.deadlineMu.Lock()
+	defer c.deadlineMu.Unlock()
+	c.serverRead = t
+	return c.Conn.SetDeadline(t)
+}
+
+// tightenRead sets the read deadline to t, or to the server's if that is
+// sooner, and returns the one set.
+func (c *trackedConn) tightenRead(t time.Time) time.Time {
+	c.deadlineMu.Lock()
+	defer c.deadlineMu.Unlock()
+	if !c.serverRead.IsZero() && c.serverRead.Before(t) {
+		t = c.serverRead
+	}
+	_ = c.Conn.SetReadDeadline(t)
+	return t
+}
+
+// restoreRead puts back the server's read deadline.
+func (c *trackedConn) restoreRead() {
+	c.deadlineMu.Lock()
+	defer c.deadlineMu.Unlock()
+	_ = c.Conn.SetReadDeadline(c.serverRead)
 }
 
 func (c *trackedConn) Close() error {

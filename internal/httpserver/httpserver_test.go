@@ -158,6 +158,177 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, IdleTimeoutDefault, s.http.IdleTimeout)
 	require.Equal(t, MaxHeaderBytesDefault, s.http.MaxHeaderBytes)
 	require.Equal(t, MaxConnsDefault, s.ln.max)
+	require.Equal(t, BodyStallTimeoutDefault, s.stall)
+	require.Equal(t, MinBodyRateDefault, s.rate)
 	_, err := Listen(Config{Addr: "127.0.0.1:0"})
 	require.ErrorContains(t, err, "Handler is required")
+	_, err = Listen(Config{Addr: "127.0.0.1:0", Handler: healthMux(nil), MinBodyRate: -1})
+	require.ErrorContains(t, err, "must not be negative")
+}
+
+// sendHead opens a connection and sends a request head announcing a body
+// of length bytes.
+func sendHead(t *testing.T, addr, path string, length int) net.Conn {
+	t.Helper()
+	c := dial(t, addr, 1)[0]
+	_, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", path, length)
+	require.NoError(t, err)
+	return c
+}
+
+// trickle writes one byte every interval until the server closes c, and
+// returns how long that took and what the server answered.
+func trickle(t *testing.T, c net.Conn, interval time.Duration) (time.Duration, string) {
+	t.Helper()
+	start := time.Now()
+	answer := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(c) // until the server closes the connection
+		answer <- string(b)
+	}()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case got := <-answer:
+			return time.Since(start), got
+		case <-tick.C:
+			_, _ = c.Write([]byte("x"))
+		case <-time.After(30 * time.Second):
+			t.Fatal("the server never closed the slow connection")
+		}
+	}
+}
+
+// TestSlowBodiesAreCutOff: with a read timeout far longer than the test, a
+// body that arrives at 10 bytes/s (below the 1 KiB/s floor), or stops,
+// has its connection cut after about the stall timeout, whether the
+// handler reads the body or never does; the handler sees ErrSlowBody. A
+// body at a decent pace, or read late by a slow handler, is served, and
+// its handler's context is not cancelled after the body ends.
+func TestSlowBodiesAreCutOff(t *testing.T) {
+	t.Parallel()
+	const stall = 300 * time.Millisecond
+	readErrs := make(chan error, 10)
+	s := start(t, Config{Handler: healthMux(func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /read", func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Query().Has("late") {
+				time.Sleep(3 * stall) // the handler's own time does not count
+			}
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				readErrs <- err
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			time.Sleep(3 * stall) // work after the body: the server's deadline is back
+			if err := r.Context().Err(); err != nil {
+				http.Error(w, "context ended after the body: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+			fmt.Fprintf(w, "read %d bytes", len(b))
+		})
+		mux.HandleFunc("POST /ignore", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "no", http.StatusUnauthorized) // never reads the body
+		})
+	}), ReadTimeout: time.Hour, BodyStallTimeout: stall, MinBodyRate: 1 << 10})
+	addr := s.Addr().String()
+
+	took, _ := trickle(t, sendHead(t, addr, "/read", 1000), 100*time.Millisecond)
+	t.Logf("a body at 10 bytes/s was cut after %s", took.Round(time.Millisecond))
+	require.Less(t, took, 10*stall, "cut after about the stall timeout, not the read timeout")
+	require.ErrorIs(t, <-readErrs, ErrSlowBody)
+
+	c := sendHead(t, addr, "/read", 1000)
+	_, err := c.Write([]byte(strings.Repeat("a", 500))) // half, then nothing
+	require.NoError(t, err)
+	took, _ = trickle(t, c, time.Hour)
+	require.Less(t, took, 10*stall, "a stalled body is cut")
+	require.ErrorIs(t, <-readErrs, ErrSlowBody)
+
+	took, got := trickle(t, sendHead(t, addr, "/ignore", 1000), 100*time.Millisecond)
+	require.Less(t, took, 10*stall, "a body the handler never reads is not waited for until the read timeout")
+	require.Contains(t, got, "401 Unauthorized")
+	require.EqualValues(t, 2, s.SlowBodiesCut(), "counted as the handler reads")
+
+	// 64 KiB in 8 KiB pieces every 50 ms (160 KiB/s): served.
+	c = sendHead(t, addr, "/read", 64<<10)
+	for range 8 {
+		_, err := c.Write([]byte(strings.Repeat("b", 8<<10)))
+		require.NoError(t, err)
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	require.Equal(t, "read 65536 bytes", string(body))
+
+	// The whole body at once, read by a handler that first works longer
+	// than the stall timeout: served.
+	client := &http.Client{Timeout: 30 * time.Second}
+	resp, err = client.Post("http://"+addr+"/read?late", "text/plain", strings.NewReader(strings.Repeat("c", 4096)))
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	require.EqualValues(t, 2, s.SlowBodiesCut())
+}
+
+// TestSlowBodiesDoNotHoldTheCap: connections busy only because their
+// bodies trickle in are not evicted, but the floor frees their slots
+// within about the stall timeout, so a probe waiting behind a full cap is
+// answered.
+func TestSlowBodiesDoNotHoldTheCap(t *testing.T) {
+	t.Parallel()
+	const max, stall = 4, 300 * time.Millisecond
+	s := start(t, Config{Handler: healthMux(func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /read", func(w http.ResponseWriter, r *http.Request) { _, _ = io.ReadAll(r.Body) })
+	}), MaxConns: max, ReadTimeout: time.Hour, BodyStallTimeout: stall})
+	addr := s.Addr().String()
+	for range max {
+		c := sendHead(t, addr, "/read", 1000)
+		go func() { _, _ = io.Copy(io.Discard, c) }()
+	}
+	require.Eventually(t, func() bool {
+		s.ln.mu.Lock()
+		defer s.ln.mu.Unlock()
+		active := 0
+		for c := range s.ln.conns {
+			if c.state == http.StateActive {
+				active++
+			}
+		}
+		return active == max
+	}, 10*time.Second, 10*time.Millisecond, "every slot is busy with a slow body")
+	started := time.Now()
+	require.Equal(t, http.StatusOK, get(t, addr, "/healthz"))
+	require.Less(t, time.Since(started), 10*stall)
+	require.Zero(t, s.Evicted(), "busy connections are not evicted")
+	require.Eventually(t, func() bool { return s.SlowBodiesCut() == max }, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestRefuseBodies: on a listener for probes and metrics, a request with
+// a body is answered 413 and its connection closed at once, however slowly
+// the body would come; requests without one are served.
+func TestRefuseBodies(t *testing.T) {
+	t.Parallel()
+	s := start(t, Config{Handler: healthMux(nil), RefuseBodies: true, ReadTimeout: time.Hour, BodyStallTimeout: time.Hour})
+	addr := s.Addr().String()
+	c := dial(t, addr, 1)[0]
+	_, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nx")
+	require.NoError(t, err)
+	took, got := trickle(t, c, time.Hour)
+	require.Less(t, took, 5*time.Second)
+	require.Contains(t, got, "413 Request Entity Too Large")
+	require.Contains(t, got, "Connection: close")
+	require.NotContains(t, got, "ok\n")
+	require.EqualValues(t, 1, s.SlowBodiesCut())
+
+	c = dial(t, addr, 1)[0]
+	_, err = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n")
+	require.NoError(t, err)
+	_, got = trickle(t, c, time.Hour)
+	require.Contains(t, got, "413 Request Entity Too Large", "a chunked body too")
+	require.Equal(t, http.StatusOK, get(t, addr, "/healthz"))
 }
