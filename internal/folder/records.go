@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"unicode/utf8"
 )
 
@@ -36,6 +37,20 @@ const (
 	MaxRecordBytesDefault = 16 << 20
 	// MaxColumnsDefault bounds the columns of a CSV object.
 	MaxColumnsDefault = 4096
+	// MaxRecordExpansionDefault bounds how many times its CSV bytes a CSV
+	// record (and a CSV object's records together) may become as JSON,
+	// beyond RecordExpansionAllowance. Ordinary fleet CSVs reach 2× to 13×
+	// (short column names, many empty optional fields; 19× with 30-byte
+	// names over one-digit values); the red team's 1 MiB header over 200
+	// nearly empty rows reached 261× per record and 114× per object.
+	MaxRecordExpansionDefault = 32
+	// RecordExpansionAllowance is the fixed number of JSON bytes a CSV
+	// record, and a CSV object's records together, may take beyond
+	// MaxRecordExpansion times their CSV bytes: room for long column names
+	// over short rows (a one-column CSV with a 100-byte name and one-digit
+	// values is 54× its rows) without room for an amplifying header: it is
+	// counted once per record and once per object, not once per column.
+	RecordExpansionAllowance = 4 << 10
 )
 
 // Limits bound what one record may cost to read, so that a hostile or
@@ -50,6 +65,18 @@ type Limits struct {
 	// MaxColumns bounds the fields of one CSV record, the header included.
 	// Defaults to MaxColumnsDefault.
 	MaxColumns int
+	// MaxRecordExpansion bounds what a CSV object costs to store against
+	// what it cost to upload. Every record repeats the header's column
+	// names, so a wide header over nearly empty rows (1 MiB of names, 200
+	// rows of commas) became 116 times its size in the warehouse. The JSON
+	// of a CSV record may be at most MaxRecordExpansion times the record's
+	// CSV bytes (line terminator included) plus RecordExpansionAllowance;
+	// the JSON of an object's records together at most MaxRecordExpansion
+	// times the object's bytes read so far (header included) plus
+	// RecordExpansionAllowance, which stops the allowance from adding up
+	// over many tiny rows. NDJSON records are stored as they are given, so
+	// they are not bounded by it. Defaults to MaxRecordExpansionDefault.
+	MaxRecordExpansion int
 }
 
 func (l Limits) withDefaults() Limits {
@@ -59,7 +86,20 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxColumns <= 0 {
 		l.MaxColumns = MaxColumnsDefault
 	}
+	if l.MaxRecordExpansion <= 0 {
+		l.MaxRecordExpansion = MaxRecordExpansionDefault
+	}
 	return l
+}
+
+// expanded returns the most JSON bytes that inputBytes of CSV may become:
+// MaxRecordExpansion × inputBytes + RecordExpansionAllowance, saturating.
+func (l Limits) expanded(inputBytes int64) int64 {
+	n := int64(l.MaxRecordExpansion)
+	if inputBytes > (math.MaxInt64-RecordExpansionAllowance)/n {
+		return math.MaxInt64
+	}
+	return n*inputBytes + RecordExpansionAllowance
 }
 
 // RecordReader streams the records of a list of objects, one object open at a
@@ -76,6 +116,8 @@ type RecordReader struct {
 	csv    *csv.Reader
 	guard  *csvGuard
 	header [][]byte // JSON-encoded header names, with trailing ':'
+	csvEnd int64    // input offset of the end of the last CSV record read
+	json   int64    // JSON bytes of the current CSV object's records
 	lines  *bufio.Scanner
 	line   int64
 
@@ -177,6 +219,7 @@ func (r *RecordReader) open(o Object) error {
 			}
 			r.header = append(r.header, append(enc, ':'))
 		}
+		r.csvEnd, r.json = r.csv.InputOffset(), 0
 	case FormatNDJSON:
 		r.lines = bufio.NewScanner(bufio.NewReaderSize(rc, 256<<10))
 		r.lines.Buffer(make([]byte, 0, min(64<<10, r.limits.MaxRecordBytes)), r.limits.MaxRecordBytes)
@@ -229,6 +272,12 @@ func (r *RecordReader) read() (bool, error) {
 			return false, r.csvError(err)
 		}
 		line, _ := r.csv.FieldPos(0)
+		end := r.csv.InputOffset()
+		rowBytes := end - r.csvEnd
+		r.csvEnd = end
+		// The bound is checked column by column, so an amplifying record is
+		// refused before its JSON is built whole.
+		maxJSON := r.limits.expanded(rowBytes)
 		buf := append(r.buf[:0], '{')
 		for i, v := range row {
 			if i > 0 {
@@ -238,8 +287,17 @@ func (r *RecordReader) read() (bool, error) {
 			if buf, err = appendJSONString(buf, v); err != nil {
 				return false, fmt.Errorf("%w: %s: line %d, column %d: %v", ErrMalformed, r.key, line, i+1, err)
 			}
+			if int64(len(buf))+1 > maxJSON {
+				return false, fmt.Errorf("%w: %s: line %d: %d bytes of CSV become more than %d bytes of JSON (at most %d× plus %d bytes: the header's column names are repeated in every record)",
+					ErrMalformed, r.key, line, rowBytes, maxJSON, r.limits.MaxRecordExpansion, RecordExpansionAllowance)
+			}
 		}
 		r.buf = append(buf, '}')
+		r.json += int64(len(r.buf))
+		if maxObject := r.limits.expanded(end); r.json > maxObject {
+			return false, fmt.Errorf("%w: %s: line %d: the object's first %d bytes of CSV become %d bytes of JSON, more than %d× plus %d bytes (the header's column names are repeated in every record)",
+				ErrMalformed, r.key, line, end, r.json, r.limits.MaxRecordExpansion, RecordExpansionAllowance)
+		}
 		r.rec = Record{ObjectKey: r.key, Line: int64(line), JSON: r.buf}
 		return true, nil
 	}
