@@ -19,10 +19,11 @@ import (
 	"github.com/fleet/ingest/internal/pgtest"
 )
 
-// startServe starts "enqueue serve" and returns its base URL.
+// startServe starts "enqueue serve" (its admin listener on a port of its
+// own too: see adminAddr) and returns its base URL.
 func startServe(t *testing.T, dbURL string, env []string, args ...string) (*workerProc, string) {
 	t.Helper()
-	p := startProcess(t, "serve", "enqueue", append([]string{"serve", "--listen", "127.0.0.1:0"}, args...),
+	p := startProcess(t, "serve", "enqueue", append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...),
 		append([]string{"DATABASE_URL=" + dbURL}, env...), `"msg":"listening for upload notifications"`)
 	return p, "http://" + p.addr
 }

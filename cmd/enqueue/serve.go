@@ -18,6 +18,7 @@ import (
 
 type serveCmd struct {
 	Listen            string        `name:"listen" env:"LISTEN_ADDR" default:":8080" help:"Address to listen on."`
+	AdminListen       string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" default:":8081" help:"Address of the admin listener: /healthz, /readyz and /metrics for kubelet probes and Prometheus, on a port of their own so that no client of --listen can starve them (they are still served on --listen too). It refuses request bodies. Empty: no admin listener."`
 	AuthTokenFile     string        `name:"auth-token-file" env:"ENQUEUE_AUTH_TOKEN_FILE" help:"File holding the import token: the bearer token import requests must carry."`
 	AuthToken         string        `name:"auth-token" env:"ENQUEUE_AUTH_TOKEN" hidden:"" help:"Import token (environment only; a flag value would show in ps)."`
 	OperatorTokenFile string        `name:"operator-token-file" env:"ENQUEUE_OPERATOR_TOKEN_FILE" help:"File holding the operator token, the only credential of POST /v1/batches/{id}/cancel and the River UI (which act on any tenant's work; the import token never opens them). Without it they are not served. It must differ from the import token."`
@@ -186,6 +187,10 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}
+	adminSrv, adminServed, err := s.startAdmin(srv, e)
+	if err != nil {
+		return err
+	}
 	pruneCtx, stopPruning := context.WithCancel(context.WithoutCancel(e.Ctx))
 	defer stopPruning()
 	go srv.PruneReplays(pruneCtx, time.Minute)
@@ -199,6 +204,8 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	case <-e.Ctx.Done():
 	case err := <-served:
 		return err
+	case err := <-adminServed:
+		return fmt.Errorf("admin listener: %w", err)
 	}
 	srv.SetReady(false)
 	e.Logger.Info("shutting down: finishing in-flight requests", "grace", s.ShutdownGrace)
@@ -207,6 +214,42 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err := httpSrv.Shutdown(ctx); err != nil {
 		e.Logger.Warn("grace period over with requests in flight", "error", err)
 	}
+	if adminSrv != nil {
+		_ = adminSrv.Shutdown(ctx)
+	}
 	e.Logger.Info("stopped")
 	return nil
+}
+
+// adminMaxConns caps the admin listener's connections, as the worker's
+// metrics listener (--metrics-max-conns) is by default.
+const adminMaxConns = 64
+
+// startAdmin serves /healthz, /readyz and /metrics on --admin-listen, a
+// listener that refuses request bodies, and logs its address. The channel
+// reports the error that stops it; both are nil without --admin-listen.
+func (s *serveCmd) startAdmin(srv *uploads.Server, e *cli.Env) (*httpserver.Server, <-chan error, error) {
+	if s.AdminListen == "" {
+		e.Logger.Warn("no --admin-listen: probes and scrapes share the public port, where slow clients can starve them")
+		return nil, nil, nil
+	}
+	routes := srv.Handler()
+	mux := http.NewServeMux()
+	for _, pattern := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
+		mux.Handle(pattern, routes)
+	}
+	admin, err := httpserver.Listen(httpserver.Config{
+		Addr: s.AdminListen, Handler: mux, MaxConns: adminMaxConns, RefuseBodies: true, Logger: e.Logger,
+	})
+	if err != nil {
+		return nil, nil, cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--admin-listen: %w", err)}
+	}
+	served := make(chan error, 1)
+	go func() {
+		if err := admin.Serve(); err != nil {
+			served <- err
+		}
+	}()
+	e.Logger.Info("admin listener started", "addr", admin.Addr().String(), "max_conns", adminMaxConns)
+	return admin, served, nil
 }
