@@ -42,6 +42,7 @@ type runCmd struct {
 	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
 	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
 	MaxColumns           int           `name:"max-columns" env:"MAX_COLUMNS" default:"4096" help:"Most columns of a CSV record; a folder with more fails failed_pre_commit."`
+	MaxRecordExpansion   int           `name:"max-record-expansion" env:"MAX_RECORD_EXPANSION" default:"32" help:"Most times its CSV bytes a CSV record, and a CSV object's records together, may become as JSON, plus 4 KiB (every record repeats the header's column names); a folder with more fails failed_pre_commit. Between 2 and 1024."`
 	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Connections this process opens to the operational database: the lease pool (concurrency + 2: acquisitions, releases, lease checks and the one renewal statement per period) and the rest for River, pipeline writes, the sweeper and gauges. Default 3 × --concurrency + 6; at least 2 × --concurrency + 6. The PostgreSQL warehouse has a pool of its own (concurrency + 1), on the same server unless --warehouse-url names another."`
 	PathPattern          string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company; a batch whose tenant, database or company differs from what its folder's path names is parked unread. Use the same pattern as enqueue serve."`
 	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
@@ -83,6 +84,8 @@ func (r *runCmd) validate() error {
 		return errors.New("--metrics-max-conns must be at least 1")
 	case r.MaxRecordBytes < 1024 || r.MaxColumns < 1:
 		return errors.New("--max-record-bytes must be at least 1024 and --max-columns at least 1")
+	case r.MaxRecordExpansion < 2 || r.MaxRecordExpansion > 1024:
+		return fmt.Errorf("--max-record-expansion (%d) must be between 2 and 1024", r.MaxRecordExpansion)
 	}
 	if err := r.mapping().Validate(); err != nil {
 		return fmt.Errorf("--path-pattern or --bucket: %w", err)
@@ -142,7 +145,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 		Leases: lease.NewStore(hbPool),
 		Pipelines: pipeline.Registry{
 			batch.SourceTypeFleetS3: &fleet.Pipeline{
-				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns}},
+				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns, MaxRecordExpansion: r.MaxRecordExpansion}},
 				Warehouse: wh, PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
 				ProgressEvery: r.ProgressEvery,
 				Mapping:       r.mapping(), AllowLocalFolders: r.DevLocal,

@@ -145,6 +145,7 @@ CREATE OR REPLACE FUNCTION public.fleet_scope_names_batch(scope text, tenant tex
 DECLARE
     want text[] := string_to_array(btrim(public.fleet_path_pattern(), '/'), '/');
     got  text[];
+    expected text;
 BEGIN
     IF scope IS NULL OR left(scope, 14) <> 'fleet_s3:s3://' THEN
         RETURN true;
@@ -154,11 +155,12 @@ BEGIN
         RETURN false;
     END IF;
     FOR i IN 1 .. array_length(want, 1) LOOP
-        IF got[i + 1] IS DISTINCT FROM CASE want[i]
-                WHEN '{tenant_id}' THEN tenant
-                WHEN '{tenant_database}' THEN db
-                WHEN '{company_id}' THEN company
-                ELSE want[i] END THEN
+        expected := CASE want[i]
+            WHEN '{tenant_id}' THEN tenant
+            WHEN '{tenant_database}' THEN db
+            WHEN '{company_id}' THEN company
+            ELSE want[i] END;
+        IF got[i + 1] IS DISTINCT FROM expected THEN
             RETURN false;
         END IF;
     END LOOP;

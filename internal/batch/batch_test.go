@@ -771,3 +771,22 @@ func TestGenericUpdatesRefuseScopedBatches(t *testing.T) {
 	require.ErrorIs(t, s.UpdateStatus(ctx, 1_000_000, batch.StatusFailed), batch.ErrNotFound)
 	require.ErrorIs(t, s.UpdateDetails(ctx, 1_000_000, json.RawMessage(`{}`)), batch.ErrNotFound)
 }
+
+// TestIdentifiersAreCheckedByRune: whitespace at either end is found by
+// rune, not by byte (U+2003 used to pass, full-width letters whose last
+// byte is 0x85 used to be refused as NEL), and invisible formatting
+// characters are refused anywhere.
+func TestIdentifiersAreCheckedByRune(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"acme", "ａｃｍｅ", "ｅ", "tenant ｅ", "Zoë", "租户"} {
+		require.NoError(t, batch.ValidateTenantID(ok), "%q", ok)
+		require.NoError(t, batch.ValidateCompanyID(ok), "%q", ok)
+	}
+	for _, bad := range []string{"acme\u2003", "\u2003acme", "acme\u00a0", "\u3000acme", "ac\u202eme", "acme\u200b", "\u2066acme\u2069", "\ufeffacme", "a\u2028b", "acme\u00ad"} {
+		require.Error(t, batch.ValidateTenantID(bad), "%q", bad)
+		require.Error(t, batch.ValidateCompanyID(bad), "%q", bad)
+	}
+	for _, bad := range []string{"ac\u202eme", "acme\u200b", "\u2066acme\u2069", "a\u2028b", "acme\u00ad"} {
+		require.Error(t, batch.ValidateSourceScope("fleet_s3:s3://bucket/"+bad), "%q", bad)
+	}
+}

@@ -225,7 +225,7 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 		// deliveries would change nothing. An operator cancels it (enqueue
 		// cancel) or deploys a build that can work on it.
 		m.Deliveries.WithLabelValues("parked").Inc()
-		log.Error("batch parked: this build cannot work on it; cancel it or deploy a build that can", "reason", res.Err)
+		log.Error("batch parked: this worker cannot or will not work on it (see reason); cancel it, or deploy a build or settings that can", "reason", res.Err)
 		return river.JobCancel(fmt.Errorf("batch %d parked: %w", job.Args.BatchID, res.Err))
 	case pipeline.LeaseLost:
 		if errors.Is(res.Err, batch.ErrStaleLease) {
