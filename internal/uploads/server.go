@@ -60,14 +60,14 @@ import (
 
 // Defaults of Config.
 const (
-	MarkerDefault          = "_SUCCESS"
-	MaxBodyBytesDefault    = 1 << 20
+	MarkerDefault       = "_SUCCESS"
+	MaxBodyBytesDefault = 1 << 20
 	// SignedMaxBodyBytesDefault bounds a body read before its signature is
 	// checked: 64 KiB. An S3 notification of one object is 1 to 3 KiB, its
 	// SNS envelope about 2 KiB more.
 	SignedMaxBodyBytesDefault = 64 << 10
-	SignatureMaxAgeDefault = 5 * time.Minute
-	RequestTimeoutDefault  = 30 * time.Second
+	SignatureMaxAgeDefault    = 5 * time.Minute
+	RequestTimeoutDefault     = 30 * time.Second
 	// SignatureHeader carries "sha256=" + hex(HMAC-SHA256(secret, timestamp + "." + body)).
 	SignatureHeader = "X-Fleet-Signature"
 	// TimestampHeader carries the signing time in Unix seconds.

@@ -129,7 +129,7 @@ func parseSNS(members []jsonMember) (snsMessage, error) {
 			}
 			var subject string
 			if err := json.Unmarshal(member.value, &subject); err != nil || member.value[0] != '"' {
-				return snsMessage{}, errors.New("Subject must be a string")
+				return snsMessage{}, errors.New("the Subject must be a string")
 			}
 			m.Subject = &subject
 		case member.name == "MessageAttributes":

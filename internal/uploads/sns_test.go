@@ -467,7 +467,7 @@ func TestSNSImportsOnlyTheSignedMessage(t *testing.T) {
 		body []byte
 		why  string
 	}{
-		"unsigned Records added":  {withField(t, genuine, "Records", unsigned), "ambiguous"},
+		"unsigned Records added": {withField(t, genuine, "Records", unsigned), "ambiguous"},
 		"lower-case envelope with EventBridge fields": {withField(t, withField(t, lowerKeys(t, genuine), "detail-type", `"Object Created"`), "detail",
 			`{"bucket":{"name":"fleet-uploads"},"object":{"key":"tenants/evil/db1/c1/eb/_SUCCESS"}}`), "ambiguous"},
 		"lower-case envelope":    {lowerKeys(t, genuine), "unknown key"},
@@ -538,10 +538,10 @@ func TestSNSCertificateURLAndSubject(t *testing.T) {
 		require.Error(t, err, raw)
 	}
 	for raw, want := range map[string]string{
-		"https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem":    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem",
-		"HTTPS://SNS.US-EAST-1.AMAZONAWS.COM/SimpleNotificationService-0123.pem":    "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem",
-		"https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-1.pem":   "https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-1.pem",
-		"https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-1.pem":   "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-1.pem",
+		"https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem":   "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem",
+		"HTTPS://SNS.US-EAST-1.AMAZONAWS.COM/SimpleNotificationService-0123.pem":   "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123.pem",
+		"https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-1.pem":  "https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-1.pem",
+		"https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-1.pem":  "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-1.pem",
 		"https://sns.ap-southeast-7.amazonaws.com/SimpleNotificationService-1.pem": "https://sns.ap-southeast-7.amazonaws.com/SimpleNotificationService-1.pem",
 	} {
 		got, _, err := snsCertURL(raw)
