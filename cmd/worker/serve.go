@@ -26,7 +26,7 @@ import (
 )
 
 type runCmd struct {
-	MetricsAddr          string        `name:"metrics-addr" env:"METRICS_ADDR" default:":9090" help:"Address of the HTTP listener serving /metrics, /healthz and /readyz."`
+	MetricsAddr          string        `name:"metrics-addr" env:"METRICS_ADDR" default:":9090" help:"Address of the HTTP listener serving /metrics, /healthz and /readyz (Prometheus and kubelet probes). It refuses request bodies (413), so no client can hold a connection by sending one slowly."`
 	MetricsMaxConns      int           `name:"metrics-max-conns" env:"METRICS_MAX_CONNS" default:"64" help:"Most open connections to the metrics listener; beyond it the longest-idle one is closed."`
 	LeaseTTL             time.Duration `name:"lease-ttl" env:"LEASE_TTL" default:"30s" help:"Execution lease duration, on the database clock."`
 	LeaseRenewEvery      time.Duration `name:"lease-renew-every" env:"LEASE_RENEW_EVERY" default:"10s" help:"Heartbeat period; must be shorter than --lease-ttl."`
@@ -172,6 +172,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	var ready atomic.Bool
 	srv, err := httpserver.Listen(httpserver.Config{
 		Addr: r.MetricsAddr, Handler: healthMux(m, pool, &ready), MaxConns: r.MetricsMaxConns, Logger: log,
+		RefuseBodies: true, // none of its routes takes a body
 	})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--metrics-addr: %w", err)}
