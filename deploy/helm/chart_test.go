@@ -170,10 +170,35 @@ func TestChartDefaults(t *testing.T) {
 	require.Equal(t, []string{"/enqueue"}, ec.Command)
 	require.Equal(t, "serve", ec.Args[0])
 	require.Equal(t, "/readyz", ec.ReadinessProbe.HTTPGet.Path)
-	require.Contains(t, docs, "Service/prod-fleet-ingest-enqueue")
+	requireAdminProbes(t, ec, decode[corev1.Service](t, docs["Service/prod-fleet-ingest-enqueue"]),
+		decode[corev1.Service](t, docs["Service/prod-fleet-ingest-enqueue-admin"]))
 
 	require.NotContains(t, docs, "ServiceMonitor/prod-fleet-ingest", "off by default")
 	require.NotContains(t, docs, "PrometheusRule/prod-fleet-ingest", "off by default")
+}
+
+// requireAdminProbes: enqueue's probes go to its admin listener, a port of
+// its own (--admin-listen) that the public Service does not expose; a
+// headless Service carries it for Prometheus.
+func requireAdminProbes(t *testing.T, c corev1.Container, public, admin corev1.Service) {
+	t.Helper()
+	listen, ok := argValue(c.Args, "--admin-listen")
+	require.True(t, ok)
+	require.Equal(t, ":8081", listen)
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	require.Equal(t, map[string]int32{"http": 8080, "admin": 8081}, ports)
+	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+		require.Equal(t, "admin", p.HTTPGet.Port.String(), "the kubelet probes the admin port, never the public one")
+	}
+	require.Len(t, public.Spec.Ports, 1)
+	require.Equal(t, "http", public.Spec.Ports[0].TargetPort.String(), "the public Service exposes the API only")
+	require.Equal(t, corev1.ClusterIPNone, admin.Spec.ClusterIP)
+	require.Len(t, admin.Spec.Ports, 1)
+	require.Equal(t, "admin", admin.Spec.Ports[0].Name)
+	require.Equal(t, "admin", admin.Spec.Ports[0].TargetPort.String())
 }
 
 func TestChartNonDefaults(t *testing.T) {
@@ -209,6 +234,19 @@ func TestChartNonDefaults(t *testing.T) {
 	require.NotContains(t, docs, "PodDisruptionBudget/prod-fleet-ingest-worker")
 	require.NotContains(t, docs, "Deployment/prod-fleet-ingest-enqueue")
 	require.Contains(t, docs, "ServiceMonitor/prod-fleet-ingest")
+	var sm struct {
+		Spec struct {
+			Endpoints []struct {
+				Port string `json:"port"`
+			} `json:"endpoints"`
+		} `json:"spec"`
+	}
+	require.NoError(t, yaml.Unmarshal([]byte(docs["ServiceMonitor/prod-fleet-ingest"].raw), &sm))
+	var scraped []string
+	for _, e := range sm.Spec.Endpoints {
+		scraped = append(scraped, e.Port)
+	}
+	require.Equal(t, []string{"metrics", "admin"}, scraped, "the worker's metrics port and enqueue's admin port, never the public one")
 	job := decode[batchv1.Job](t, docs["Job/prod-fleet-ingest-migrate"])
 	require.Equal(t, []string{"migrate", "--skip-warehouse"}, job.Spec.Template.Spec.Containers[0].Args)
 

@@ -208,8 +208,12 @@ func TestChartNetworkPolicies(t *testing.T) {
 
 	enqueue := np("enqueue")
 	in = rulesOf(enqueue.Ingress)
-	require.Len(t, in, 1)
-	require.Equal(t, []string{"TCP/8080"}, in[0].ports, "only its port")
+	require.Len(t, in, 2)
+	require.Equal(t, []string{"TCP/8080"}, in[0].ports, "its public port")
+	require.Empty(t, in[0].peers, "from any source by default")
+	require.Equal(t, []string{"TCP/8081"}, in[1].ports, "its admin port (probes, /metrics)")
+	require.Len(t, in[1].peers, 1)
+	require.Equal(t, "observability", in[1].peers[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"], "only from the monitoring namespace")
 	out = rulesOf(enqueue.Egress)
 	requireBaseEgress("enqueue", out)
 	require.Equal(t, []string{"TCP/53", "TCP/5432", "UDP/53"}, allPorts(out), "no HTTPS without SNS")
@@ -221,7 +225,8 @@ func TestChartNetworkPolicies(t *testing.T) {
 	require.Equal(t, []string{"TCP/53", "TCP/5432", "UDP/53"}, allPorts(out))
 
 	// With SNS, enqueue may fetch signing certificates; restricted callers
-	// still leave room for Prometheus; direct Redshift for the worker.
+	// apply to the public port only, Prometheus keeps the admin port;
+	// direct Redshift for the worker.
 	docs = mustRender(t, map[string]any{
 		"enqueue": map[string]any{"sns": map[string]any{"topicArns": []any{"arn:aws:sns:us-east-1:123456789012:uploads"}}},
 		"networkPolicy": map[string]any{
@@ -232,8 +237,12 @@ func TestChartNetworkPolicies(t *testing.T) {
 	enqueue = decode[networkingv1.NetworkPolicy](t, docs["NetworkPolicy/prod-fleet-ingest-enqueue"]).Spec
 	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "UDP/53"}, allPorts(rulesOf(enqueue.Egress)))
 	in = rulesOf(enqueue.Ingress)
+	require.Len(t, in, 2)
+	require.Equal(t, []string{"TCP/8080"}, in[0].ports)
+	require.Len(t, in[0].peers, 1)
 	require.Equal(t, "10.30.0.0/16", in[0].peers[0].IPBlock.CIDR)
-	require.Equal(t, "monitoring", in[0].peers[1].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
+	require.Equal(t, []string{"TCP/8081"}, in[1].ports)
+	require.Equal(t, "monitoring", in[1].peers[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
 	worker = decode[networkingv1.NetworkPolicy](t, docs["NetworkPolicy/prod-fleet-ingest-worker"]).Spec
 	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "TCP/5439", "UDP/53"}, allPorts(rulesOf(worker.Egress)))
 	ec := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"]).Spec.Template.Spec.Containers[0]
