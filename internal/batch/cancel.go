@@ -53,7 +53,8 @@ const (
 	// Cancelled means the batch is now Failed with phase cancelled, its
 	// lease revoked and its scope free.
 	Cancelled CancelOutcome = iota + 1
-	// NotCancellable means the batch is terminal already, or not scoped.
+	// NotCancellable means the batch is terminal already, not scoped, or
+	// its publication committed (its details record publication.completed).
 	NotCancellable
 	// CancelNotFound means no batch of the tenant has the id.
 	CancelNotFound
@@ -109,9 +110,10 @@ var cancelSQL = `
 
 // Cancel cancels a Running scoped batch for an operator: see cancelSQL. It
 // answers CancelNotFound for a missing batch or another tenant's, and
-// NotCancellable for a terminal or unscoped batch. It runs in one
-// transaction (a savepoint inside the caller's), so callers can cancel the
-// batch's queued jobs in the same commit (see jobs.Enqueuer.Cancel).
+// NotCancellable for a terminal or unscoped batch or one whose publication
+// committed. It runs in one transaction (a savepoint inside the caller's),
+// so callers can cancel the batch's queued jobs in the same commit (see
+// jobs.Enqueuer.Cancel).
 func (s *Store) Cancel(ctx context.Context, req CancelRequest) (CancelResult, error) {
 	if err := req.Validate(); err != nil {
 		return CancelResult{}, err
@@ -126,11 +128,13 @@ func (s *Store) Cancel(ctx context.Context, req CancelRequest) (CancelResult, er
 		if err != nil {
 			return err
 		}
-		if b.Terminal() || b.SourceScope == nil {
+		d, perr := ParseDetails(b.Details)
+		if b.Terminal() || b.SourceScope == nil || (perr == nil && d.Publication.Completed) {
+			// A publication committed is not undone by a cancel: the
+			// delivery is only left to record Succeeded.
 			res = CancelResult{Outcome: NotCancellable, Batch: b}
 			return nil
 		}
-		_, perr := ParseDetails(b.Details)
 		msg := "cancelled by " + req.By
 		if req.Reason != "" {
 			msg += ": " + req.Reason

@@ -18,7 +18,8 @@ import (
 // Postgres is the local warehouse: schema curated in a PostgreSQL database
 // (by default the operational one). It streams records with COPY FROM STDIN.
 type Postgres struct {
-	pool *pgxpool.Pool
+	pool  *pgxpool.Pool
+	fence bool // see WithBatchFence
 }
 
 // NewPostgres returns the local warehouse on pool.
@@ -108,7 +109,7 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 				return err
 			}
 		}
-		return nil
+		return p.fenceLoad(ctx, tx, s)
 	})
 	if err != nil {
 		return Stamp{}, err
@@ -203,9 +204,11 @@ func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration, b
 			return err
 		}
 		if beforeCommit != nil {
-			return beforeCommit(ctx)
+			if err := beforeCommit(ctx); err != nil {
+				return err
+			}
 		}
-		return nil
+		return p.fencePublish(ctx, tx, s, st)
 	})
 	if err != nil {
 		return Stamp{}, err

@@ -146,7 +146,13 @@ func (f *Flags) Open(ctx context.Context, databaseURL string, poolSize int32, lo
 	if err != nil {
 		return nil, "", nil, err
 	}
-	return warehouse.NewPostgres(pool), "postgres " + cli.Redact(url), pool.Close, nil
+	wh := warehouse.NewPostgres(pool)
+	if url == databaseURL {
+		// The warehouse shares the operational database: its loads and
+		// publications are fenced on the batch row (see WithBatchFence).
+		wh = wh.WithBatchFence()
+	}
+	return wh, "postgres " + cli.Redact(url), pool.Close, nil
 }
 
 // OpenStamps returns a reader of the warehouse's slice stamps (what resume
