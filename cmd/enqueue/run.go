@@ -27,7 +27,7 @@ type enqueueCLI struct {
 
 	Import importCmd `cmd:"" help:"Reserve a batch for a tenant's folder and enqueue its job (one transaction)."`
 	Resume resumeCmd `cmd:"" help:"Resume a batch whose warehouse commit succeeded but whose publication failed."`
-	Retry  retryCmd  `cmd:"" help:"Start a new batch for the folder of a batch that failed before its warehouse commit, or was cancelled."`
+	Retry  retryCmd  `cmd:"" help:"Start a new batch for the folder of a batch that failed before its warehouse commit, or was cancelled. Refused while a newer batch of the folder is Running (conflict), succeeded (already_succeeded) or is a failed publication that can still be resumed (not_retryable, newer_batch_resumable, newer_batch_id: resume that batch instead)."`
 	Cancel cancelCmd `cmd:"" help:"Cancel a Running batch (also a parked one): its worker stops, its load aborts before commit, its scope is free at once."`
 	Status statusCmd `cmd:"" help:"Show one batch: status, phase, lease holder, expiry, generation, age."`
 	List   listCmd   `cmd:"" help:"List batches, newest first."`

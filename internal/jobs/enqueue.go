@@ -92,6 +92,9 @@ type Result struct {
 	CancelledJobs []int64 `json:"cancelled_jobs,omitempty"`
 	// PreviousHolder is the lease holder a cancel revoked.
 	PreviousHolder string `json:"previous_holder,omitempty"`
+	// NewerBatchID is the newer batch of the folder a retry was refused
+	// for (reason newer_batch_resumable): resume it instead.
+	NewerBatchID int64 `json:"newer_batch_id,omitempty"`
 	// Field names the refused input of an invalid_input outcome.
 	Field string `json:"field,omitempty"`
 }
@@ -378,8 +381,9 @@ const (
 // enqueue_failed. A batch that is not such a failure answers not_retryable
 // with the reason (running, succeeded, failed_publication_resume_instead,
 // superseded, details_invalid, details_unknown_version,
-// source_type_mismatch); a missing batch or another tenant's answers
-// not_found.
+// source_type_mismatch), and so does one with a newer batch of its folder
+// that can still be resumed (newer_batch_resumable, see newerBatchRefusal);
+// a missing batch or another tenant's answers not_found.
 func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) {
 	if err := ValidateRetry(req); err != nil {
 		return Result{}, err
@@ -423,6 +427,9 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 		default:
 			return refuse(string(d.Phase))
 		}
+	}
+	if res, refused, err := e.newerBatchRefusal(ctx, b); err != nil || refused {
+		return res, err
 	}
 	res, err := e.Import(ctx, ImportRequest{
 		TenantID: b.TenantID, TenantDatabase: b.TenantDatabase, CompanyID: b.CompanyID,

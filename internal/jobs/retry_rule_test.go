@@ -1,0 +1,152 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/fleet"
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+// failingPublish refuses publications while fail is set, with an error
+// that is not transient: the batch ends failed_publication, resumable.
+type failingPublish struct {
+	*warehouse.Postgres
+	fail atomic.Bool
+}
+
+func (f *failingPublish) Publish(ctx context.Context, s warehouse.Slice, window time.Duration, before func(context.Context) error) (warehouse.Stamp, error) {
+	if f.fail.Load() {
+		return warehouse.Stamp{}, errors.New("publication outbox refused the slice")
+	}
+	return f.Postgres.Publish(ctx, s, window, before)
+}
+
+// TestRetryOfAnOlderBatchRefusedWhileANewerOneIsResumable: folder F, batch
+// A failed before its commit; batch B of F committed and then failed its
+// publication (resumable). A retry of A must not start a batch that loads F
+// again and replaces B's slice (B could never be resumed): it answers
+// not_retryable, reason newer_batch_resumable, naming B. Once B is resumed
+// and succeeds, a retry of A answers already_succeeded naming B, also when
+// a later re-import of F failed after it. Before the rule the first retry
+// was enqueued and B's resume then answered superseded.
+func TestRetryOfAnOlderBatchRefusedWhileANewerOneIsResumable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	wh := &failingPublish{Postgres: warehouse.NewPostgres(pool).WithBatchFence()}
+	f := newFixtureOn(t, pool, &fleet.Pipeline{AllowLocalFolders: true, Warehouse: wh, Logger: slog.New(slog.DiscardHandler)})
+	bucket := fmt.Sprintf("jobs-test-retry-rule-%d", memSeq.Add(1))
+	write := func(data string) {
+		require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "f/a.csv", []byte(data), nil))
+	}
+	imp := func(reimport bool) int64 {
+		res, err := f.enqueuer.Import(ctx, ImportRequest{TenantID: "tenant-a", TenantDatabase: "db", CompanyID: "c",
+			Folder: "mem://" + bucket + "/f", Reimport: reimport})
+		require.NoError(t, err)
+		require.Equal(t, OutcomeEnqueued, res.Outcome)
+		return res.BatchID
+	}
+	phase := func(id int64) (batch.Status, batch.Phase) {
+		b, err := batch.NewStore(pool).Get(ctx, id)
+		require.NoError(t, err)
+		d, err := batch.ParseDetails(b.Details)
+		require.NoError(t, err)
+		return b.Status, d.Phase
+	}
+
+	write("k,v\n1\n") // malformed
+	a := imp(false)
+	f.work(t, a)
+	_, p := phase(a)
+	require.Equal(t, batch.PhaseFailedPreCommit, p)
+
+	write("k,v\n1,a\n")
+	wh.fail.Store(true)
+	b := imp(false)
+	f.work(t, b)
+	_, p = phase(b)
+	require.Equal(t, batch.PhaseFailedPublication, p)
+
+	res, err := f.enqueuer.Retry(ctx, RetryRequest{BatchID: a, TenantID: "tenant-a"})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeNotRetryable, res.Outcome, "%+v", res)
+	require.Equal(t, ReasonNewerBatchResumable, res.Reason)
+	require.Equal(t, b, res.NewerBatchID)
+	require.Equal(t, a, res.BatchID)
+
+	// B is still resumable, and is resumed and published.
+	wh.fail.Store(false)
+	resumed, err := f.enqueuer.Resume(ctx, ResumeRequest{BatchID: b, TenantID: "tenant-a"})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeResumed, resumed.Outcome, "%+v", resumed)
+	f.work(t, b)
+	s, _ := phase(b)
+	require.Equal(t, batch.StatusSucceeded, s)
+
+	// A newer batch succeeded: a retry of the older failure is not a
+	// re-import, even when a re-import after the success failed.
+	write("k,v\n1\n")
+	d := imp(true)
+	f.work(t, d)
+	_, p = phase(d)
+	require.Equal(t, batch.PhaseFailedPreCommit, p)
+	res, err = f.enqueuer.Retry(ctx, RetryRequest{BatchID: a, TenantID: "tenant-a"})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeAlreadySucceeded, res.Outcome, "%+v", res)
+	require.Equal(t, b, res.BatchID)
+	require.Equal(t, a, res.RetryOf)
+	// The newest failure itself is retried.
+	write("k,v\n1,a\n")
+	res, err = f.enqueuer.Retry(ctx, RetryRequest{BatchID: d, TenantID: "tenant-a"})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeEnqueued, res.Outcome, "%+v", res)
+}
+
+// TestRetryGoesOnWhenTheNewerFailedPublicationIsNoLongerResumable: a newer
+// failed publication committed longer ago than the publication window is
+// not resumable, so it does not stand in the way of a retry of the older
+// batch.
+func TestRetryGoesOnWhenTheNewerFailedPublicationIsNoLongerResumable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	wh := &failingPublish{Postgres: warehouse.NewPostgres(pool).WithBatchFence()}
+	f := newFixtureOn(t, pool, &fleet.Pipeline{AllowLocalFolders: true, Warehouse: wh, Logger: slog.New(slog.DiscardHandler)})
+	f.enqueuer.PublicationWindow = time.Hour
+	bucket := fmt.Sprintf("jobs-test-retry-rule-%d", memSeq.Add(1))
+	write := func(data string) {
+		require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "f/a.csv", []byte(data), nil))
+	}
+	imp := func() int64 {
+		res, err := f.enqueuer.Import(ctx, ImportRequest{TenantID: "tenant-a", TenantDatabase: "db", CompanyID: "c", Folder: "mem://" + bucket + "/f"})
+		require.NoError(t, err)
+		require.Equal(t, OutcomeEnqueued, res.Outcome)
+		return res.BatchID
+	}
+	write("k,v\n1\n")
+	a := imp()
+	f.work(t, a)
+	write("k,v\n1,a\n")
+	wh.fail.Store(true)
+	b := imp()
+	f.work(t, b)
+	_, err := pool.Exec(ctx, `
+		UPDATE ingestion_batches SET details = jsonb_set(details, '{committedAt}', to_jsonb(now() - interval '2 hours'))
+		WHERE id = $1`, b)
+	require.NoError(t, err)
+
+	res, err := f.enqueuer.Retry(ctx, RetryRequest{BatchID: a, TenantID: "tenant-a"})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeEnqueued, res.Outcome, "%+v", res)
+}
