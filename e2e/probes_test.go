@@ -193,9 +193,10 @@ func percentile(d []time.Duration, p int) time.Duration {
 // signed /v1/events/s3 request (read before it is authenticated when HMAC
 // is on) and then one body byte every 2 s, more than --max-http-conns
 // (256). Every /healthz probe on the port the kubelet probes answers within
-// 1 s — on the admin listener, the port the kubelet probes — and the
-// server cuts the slow bodies after a few seconds instead of the 15 s read
-// timeout. The public port still answers /healthz, /readyz and /metrics
+// 1 s — on the admin listener, the port the kubelet probes — and no slow
+// connection lives more than a few seconds (the body rate floor, eviction
+// of stalled bodies at the cap), where each used to live until the 15 s
+// read timeout. The public port still answers /healthz, /readyz and /metrics
 // for compatibility.
 func TestSlowSendersDoNotStarveServeProbes(t *testing.T) {
 	t.Parallel()
@@ -219,12 +220,13 @@ func TestSlowSendersDoNotStarveServeProbes(t *testing.T) {
 	res, lives := underAttack(t, serve.addr, head, 300, "http://"+admin+"/healthz")
 	require.Equal(t, res.total, res.answered, "every probe answers within 1 s: %s", strings.Join(res.failures[:min(3, len(res.failures))], "; "))
 	require.NotEmpty(t, lives, "the server cuts slow bodies")
-	require.Less(t, percentile(lives, 50), 8*time.Second, "slow bodies are cut after a few seconds, not the 15 s read timeout")
+	require.Less(t, percentile(lives, 100), 10*time.Second, "slow bodies are cut (or evicted) after a few seconds, not at the 15 s read timeout")
 }
 
 // TestSlowSendersDoNotStarveWorkerProbes: the same against a real worker's
 // metrics listener (the port its probes use), with 80 slow senders against
-// its 64-connection cap.
+// its 64-connection cap: that listener refuses request bodies, so each is
+// answered 413 and closed at once.
 func TestSlowSendersDoNotStarveWorkerProbes(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
@@ -234,5 +236,5 @@ func TestSlowSendersDoNotStarveWorkerProbes(t *testing.T) {
 	res, lives := underAttack(t, w.addr, head, 80, "http://"+w.addr+"/healthz")
 	require.Equal(t, res.total, res.answered, "every probe answers within 1 s: %s", strings.Join(res.failures[:min(3, len(res.failures))], "; "))
 	require.NotEmpty(t, lives, "the server cuts slow bodies")
-	require.Less(t, percentile(lives, 50), 8*time.Second, "slow bodies are cut after a few seconds, not the 15 s read timeout")
+	require.Less(t, percentile(lives, 100), 10*time.Second, "slow bodies are cut (or evicted) after a few seconds, not at the 15 s read timeout")
 }

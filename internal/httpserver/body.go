@@ -86,7 +86,9 @@ func (g *bodyGuard) Read(p []byte) (int, error) {
 	}
 	start := time.Now()
 	deadline := g.conn.tightenRead(start.Add(allowance))
+	g.conn.waitBody(true)
 	n, err := g.ReadCloser.Read(p)
+	g.conn.waitBody(false)
 	g.waited += time.Since(start)
 	g.read += int64(n)
 	switch {

@@ -20,14 +20,15 @@
 //     descriptors its database pools and source folders need.
 //
 // At the cap, a new connection closes the connection that has been idle
-// longest (one that has sent nothing yet, or is between requests), never
-// one in the middle of a request; only when every connection is busy does
-// it wait for one to finish. So a flood of idle connections cannot lock out
-// a kubelet probe or a Prometheus scrape: they get the slot of the oldest
-// idle connection. Busy connections are not evicted, but one busy only
-// because its client sends the body slowly is cut by the body rate floor,
-// and on a listener that refuses bodies no connection is busy for longer
-// than its handler runs. Probes belong on such a listener, apart from any
+// longest (one that has sent nothing yet, or is between requests), or else
+// the one whose request has waited longest, a second at least, for more of
+// its body; never one whose handler is at work. Only when every connection
+// is busy that way does it wait for one to finish. So a flood of idle
+// connections cannot lock out a kubelet probe or a Prometheus scrape: they
+// get the slot of the oldest idle connection; nor can a flood of slow
+// senders, whose connections are evictable while they stall and cut by the
+// body rate floor anyway. On a listener that refuses bodies no connection
+// is busy for longer than its handler runs. Probes belong on such a listener, apart from any
 // port the public reaches: enqueue serve's --admin-listen, the worker's
 // --metrics-addr.
 package httpserver
@@ -204,6 +205,9 @@ type trackedConn struct {
 	// Guarded by l.mu.
 	state http.ConnState
 	since time.Time
+	// waitingBody is when the handler began waiting, still, for more of
+	// the request body (zero: it is not waiting).
+	waitingBody time.Time
 
 	// deadlineMu guards serverRead, the read deadline the server (or a
 	// handler through http.ResponseController) last set: the body guard
@@ -281,7 +285,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			l.mu.Unlock()
 			return tc, nil
 		}
-		victim := l.idlestLocked()
+		victim, recheck := l.victimLocked()
 		l.mu.Unlock()
 		if victim != nil {
 			l.evicted.Add(1)
@@ -290,6 +294,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		select {
 		case <-l.freed:
+		case <-time.After(recheck): // a stalled body becomes evictable
 		case <-l.done:
 			_ = c.Close()
 			return nil, net.ErrClosed
@@ -297,16 +302,51 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	}
 }
 
-// idlestLocked returns the connection idle the longest (new and silent, or
-// between requests), or nil when all are busy.
-func (l *limitListener) idlestLocked() *trackedConn {
-	var victim *trackedConn
+// StalledBodyEvictable is how long a request must have waited for more of
+// its body before, at the cap, its connection may be closed for a new one.
+const StalledBodyEvictable = time.Second
+
+// victimLocked returns the connection to close for a new one: the one idle
+// the longest (new and silent, or between requests), else the one whose
+// request has waited longest, at least StalledBodyEvictable, for more of
+// its body. When every connection is busy otherwise it returns nil and how
+// long to wait, unless one closes before, for the next stalled body to
+// become evictable.
+func (l *limitListener) victimLocked() (*trackedConn, time.Duration) {
+	var idle, stalled *trackedConn
 	for c := range l.conns {
-		if (c.state == http.StateNew || c.state == http.StateIdle) && (victim == nil || c.since.Before(victim.since)) {
-			victim = c
+		switch {
+		case c.state == http.StateNew || c.state == http.StateIdle:
+			if idle == nil || c.since.Before(idle.since) {
+				idle = c
+			}
+		case !c.waitingBody.IsZero():
+			if stalled == nil || c.waitingBody.Before(stalled.waitingBody) {
+				stalled = c
+			}
 		}
 	}
-	return victim
+	switch {
+	case idle != nil:
+		return idle, 0
+	case stalled == nil:
+		return nil, StalledBodyEvictable
+	}
+	if wait := StalledBodyEvictable - time.Since(stalled.waitingBody); wait > 0 {
+		return nil, wait
+	}
+	return stalled, 0
+}
+
+// waitBody records that c's handler waits for more of the request body
+// (waiting) or got it.
+func (c *trackedConn) waitBody(waiting bool) {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	c.waitingBody = time.Time{}
+	if waiting {
+		c.waitingBody = time.Now()
+	}
 }
 
 // track follows the server's view of each connection.

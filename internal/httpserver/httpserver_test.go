@@ -308,6 +308,49 @@ func TestSlowBodiesDoNotHoldTheCap(t *testing.T) {
 	require.Eventually(t, func() bool { return s.SlowBodiesCut() == max }, 10*time.Second, 10*time.Millisecond)
 }
 
+// TestStalledBodiesAreEvictedAtTheCap: with the rate floor out of the way
+// (an hour's stall timeout), connections whose requests wait for bodies
+// that do not come are busy, but evictable once they have waited a second:
+// a probe behind a full cap takes the slot of the longest stalled one.
+func TestStalledBodiesAreEvictedAtTheCap(t *testing.T) {
+	t.Parallel()
+	const max = 4
+	s := start(t, Config{Handler: healthMux(func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /read", func(w http.ResponseWriter, r *http.Request) { _, _ = io.ReadAll(r.Body) })
+	}), MaxConns: max, ReadTimeout: time.Hour, BodyStallTimeout: time.Hour})
+	addr := s.Addr().String()
+	closed := make(chan struct{}, max)
+	for range max {
+		c := sendHead(t, addr, "/read", 1000)
+		go func() {
+			_, _ = io.Copy(io.Discard, c)
+			closed <- struct{}{}
+		}()
+	}
+	require.Eventually(t, func() bool {
+		s.ln.mu.Lock()
+		defer s.ln.mu.Unlock()
+		waiting := 0
+		for c := range s.ln.conns {
+			if !c.waitingBody.IsZero() {
+				waiting++
+			}
+		}
+		return waiting == max
+	}, 10*time.Second, 10*time.Millisecond, "every slot waits for a body")
+	started := time.Now()
+	require.Equal(t, http.StatusOK, get(t, addr, "/healthz"))
+	took := time.Since(started)
+	require.Less(t, took, StalledBodyEvictable+5*time.Second)
+	require.EqualValues(t, 1, s.Evicted(), "one stalled connection made room")
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the evicted connection was not closed")
+	}
+	require.Zero(t, s.SlowBodiesCut(), "evicted, not cut by the floor")
+}
+
 // TestRefuseBodies: on a listener for probes and metrics, a request with
 // a body is answered 413 and its connection closed at once, however slowly
 // the body would come; requests without one are served.
