@@ -147,7 +147,7 @@ func (e *env) startServe(token string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	cmd := exec.Command(e.enqueueBin, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--bucket", "bench-bucket", "--max-body-bytes", "4096")
+	cmd := exec.Command(e.enqueueBin, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--bucket", "bench-bucket", "--max-body-bytes", "4096", "--rate-limit", "0")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+e.dbURL, "ENQUEUE_AUTH_TOKEN="+token)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {

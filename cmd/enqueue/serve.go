@@ -27,7 +27,7 @@ type serveCmd struct {
 	HMACSecretFile    string        `name:"hmac-secret-file" env:"ENQUEUE_HMAC_SECRET_FILE" help:"File holding a shared secret; /v1/events/s3 then also accepts requests signed with X-Fleet-Timestamp and X-Fleet-Signature."`
 	Marker            string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"Object name whose creation completes a folder."`
 	PathPattern       string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
-	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any)."`
+	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). Give the worker the same list."`
 	MaxBodyBytes      int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
 	MaxHTTPConns      int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open HTTP connections; beyond it the longest-idle one is closed."`
 	SNSTopicARNs      []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
@@ -40,8 +40,8 @@ type serveCmd struct {
 	// The door: how much an authenticated caller may ask for, and how
 	// much an unauthenticated one can make the listener read.
 	SignedMaxBodyBytes int64   `name:"signed-max-body-bytes" env:"SIGNED_MAX_BODY_BYTES" default:"65536" help:"Largest body of a request without the import token (HMAC- or SNS-signed), read before its signature is checked; at most --max-body-bytes."`
-	RateLimit          float64 `name:"rate-limit" env:"RATE_LIMIT" default:"20" help:"Folders per second one credential (the import token, the HMAC secret, one SNS topic) may start; each authenticated request takes one per folder it would start, at least one. Over it: 429 with Retry-After (503 to SNS, which retries only 5xx). 0 turns the limit off."`
-	RateBurst          int     `name:"rate-burst" env:"RATE_BURST" default:"100" help:"Most folders one credential may start at once, and so in one request (more is refused 422)."`
+	RateLimit          float64 `name:"rate-limit" env:"RATE_LIMIT" default:"500" help:"Folders per second one credential (the import token, the HMAC secret, one SNS topic) may start (size it above the fleet's upload rate: 100,000 vehicles uploading every 5 minutes is 333/s); each authenticated request takes one per folder it would start, at least one. Over it: 429 with Retry-After (503 to SNS, which retries only 5xx). 0 turns the limit off."`
+	RateBurst          int     `name:"rate-burst" env:"RATE_BURST" default:"200" help:"Most folders one credential may start at once, and so in one request (more is refused 422)."`
 }
 
 func readSecret(path string) (string, error) {
@@ -162,7 +162,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	if len(s.Buckets) == 0 {
-		e.Logger.Warn("no --bucket given: folders of any bucket are accepted")
+		e.Logger.Warn("no --bucket given: folders of any validly named bucket are accepted; list your upload buckets")
 	}
 	if s.DevLocal {
 		e.Logger.Warn("--dev-allow-local-folders: file:// and mem:// folders are accepted over HTTP; never in production")

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"path"
 	"strings"
+
+	"github.com/fleet/ingest/internal/folder"
 )
 
 // ObjectEvent is one object notification extracted from a storage event.
@@ -90,80 +92,12 @@ func parseNotification(body []byte) ([]ObjectEvent, error) {
 	return events, nil
 }
 
-// Mapping says which tenant, database and company a folder belongs to.
-type Mapping struct {
-	// Pattern is matched against the folder's key prefix, segment by
-	// segment. Placeholders {tenant_id}, {tenant_database} and {company_id}
-	// capture one segment each; other segments must match literally; the
-	// folder may go deeper than the pattern. Defaults to
-	// DefaultPattern.
-	Pattern string
-	// Buckets, if not empty, are the only buckets accepted.
-	Buckets []string
-}
+// Mapping says which tenant, database and company a folder belongs to:
+// the one rule of every door (folder.Mapping).
+type Mapping = folder.Mapping
 
 // DefaultPattern is the default Mapping.Pattern.
-const DefaultPattern = "tenants/{tenant_id}/{tenant_database}/{company_id}/"
-
-// ErrUnmapped is wrapped when a folder matches no mapping.
-var ErrUnmapped = errors.New("folder is not mapped to a tenant")
-
-// Target is what a mapped folder imports as.
-type Target struct {
-	TenantID, TenantDatabase, CompanyID, Folder string
-}
-
-// Validate checks the pattern names all three placeholders.
-func (m Mapping) Validate() error {
-	p := m.pattern()
-	for _, ph := range []string{"{tenant_id}", "{tenant_database}", "{company_id}"} {
-		if strings.Count(p, ph) != 1 {
-			return fmt.Errorf("mapping pattern %q must contain %s exactly once", p, ph)
-		}
-	}
-	return nil
-}
-
-func (m Mapping) pattern() string {
-	if m.Pattern == "" {
-		return DefaultPattern
-	}
-	return m.Pattern
-}
-
-// Resolve maps the folder holding an object (bucket, dir) to its target.
-func (m Mapping) Resolve(bucket, dir string) (Target, error) {
-	if len(m.Buckets) > 0 {
-		allowed := false
-		for _, b := range m.Buckets {
-			allowed = allowed || strings.EqualFold(b, bucket)
-		}
-		if !allowed {
-			return Target{}, fmt.Errorf("%w: bucket %q is not accepted", ErrUnmapped, bucket)
-		}
-	}
-	want := strings.Split(strings.Trim(m.pattern(), "/"), "/")
-	got := strings.Split(strings.Trim(dir, "/"), "/")
-	if len(got) < len(want) {
-		return Target{}, fmt.Errorf("%w: %q does not match %q", ErrUnmapped, dir, m.pattern())
-	}
-	t := Target{Folder: "s3://" + bucket + "/" + strings.Trim(dir, "/")}
-	for i, w := range want {
-		switch w {
-		case "{tenant_id}":
-			t.TenantID = got[i]
-		case "{tenant_database}":
-			t.TenantDatabase = got[i]
-		case "{company_id}":
-			t.CompanyID = got[i]
-		default:
-			if w != got[i] {
-				return Target{}, fmt.Errorf("%w: %q does not match %q", ErrUnmapped, dir, m.pattern())
-			}
-		}
-	}
-	return t, nil
-}
+const DefaultPattern = folder.DefaultPattern
 
 // folderOf returns the directory of an object key, and whether its base name
 // is the completion marker.

@@ -1,6 +1,7 @@
 package uploads
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -29,7 +30,7 @@ const errLocalFolder = "only s3:// folders are imported over HTTP (file:// and m
 // the tenant, database and company; a body naming others is refused.
 // allowLocal admits file:// and mem:// folders with the body's tenant,
 // database and company, for development only. Nothing is written.
-func (m Mapping) ResolveImport(body ImportBody, allowLocal bool) (jobs.ImportRequest, *jobs.InputError) {
+func ResolveImport(m Mapping, body ImportBody, allowLocal bool) (jobs.ImportRequest, *jobs.InputError) {
 	f, err := folder.Canonicalize(body.Folder)
 	if err != nil {
 		return jobs.ImportRequest{}, &jobs.InputError{Field: "folder", Reason: err.Error()}
@@ -40,7 +41,7 @@ func (m Mapping) ResolveImport(body ImportBody, allowLocal bool) (jobs.ImportReq
 	}
 	switch {
 	case f.Scheme == folder.SchemeS3:
-		target, err := m.Resolve(f.Bucket, f.Prefix)
+		target, err := m.Resolve(f)
 		if err != nil {
 			return jobs.ImportRequest{}, &jobs.InputError{Field: "folder", Reason: err.Error()}
 		}
@@ -93,9 +94,13 @@ func PlanEvents(events []ObjectEvent, marker string, m Mapping) []Planned {
 	for _, ev := range events {
 		p := Planned{Bucket: ev.Bucket, Key: ev.Key, Status: http.StatusOK}
 		dir, isMarker := folderOf(ev.Key, marker)
-		switch target, err := m.Resolve(ev.Bucket, dir); {
+		switch target, err := m.ResolveObjectFolder(ev.Bucket, dir); {
 		case !ev.Created || !isMarker:
 			p.Outcome = "ignored"
+		case errors.Is(err, folder.ErrInvalidFolder) && folder.ValidateBucketName(ev.Bucket) != nil:
+			p.Outcome, p.Field, p.Reason, p.Status = "invalid_input", "bucket", err.Error(), http.StatusUnprocessableEntity
+		case errors.Is(err, folder.ErrInvalidFolder):
+			p.Outcome, p.Field, p.Reason, p.Status = "invalid_input", "folder", err.Error(), http.StatusUnprocessableEntity
 		case err != nil:
 			p.Outcome, p.Reason, p.Status = "unmapped", err.Error(), http.StatusUnprocessableEntity
 		default:

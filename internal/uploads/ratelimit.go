@@ -15,10 +15,10 @@ import (
 const (
 	// RateLimitDefault is the sustained rate, in folders per second, one
 	// credential may start.
-	RateLimitDefault = 20
+	RateLimitDefault = 500
 	// RateBurstDefault is the most folders one credential may start at
 	// once, and so in one request.
-	RateBurstDefault = 100
+	RateBurstDefault = 200
 )
 
 // doorLimiter is a token bucket per credential: the import token, the

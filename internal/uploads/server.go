@@ -452,7 +452,7 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, routeImports, http.StatusBadRequest, "invalid", "", msg)
 		return
 	}
-	req, refusal := s.cfg.Mapping.ResolveImport(in, s.cfg.AllowLocalFolders)
+	req, refusal := ResolveImport(s.cfg.Mapping, in, s.cfg.AllowLocalFolders)
 	if refusal != nil {
 		s.cfg.Logger.Warn("import refused", "field", refusal.Field, "error", refusal.Reason)
 		s.reply(w, routeImports, http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: "invalid_input", Field: refusal.Field, Error: refusal.Reason})
