@@ -170,8 +170,17 @@ func (s *Store) runningBatchID(ctx context.Context, tenantID, scope string) (int
 	return id, true, nil
 }
 
+// IsTransactionConflict reports whether err is a deadlock (40P01) or a
+// serialization failure (40001): the transaction was rolled back as a
+// whole and may be tried again.
+func IsTransactionConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}
+
 // isRunningScopeViolation reports whether err is the unique violation of the
-// running-scope index. It is the one place a driver error is interpreted.
+// running-scope index. It is, with IsTransactionConflict, the one place a
+// driver error is interpreted.
 func isRunningScopeViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == runningScopeIndex

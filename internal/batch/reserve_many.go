@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -13,24 +14,36 @@ type ReserveManyResult struct {
 	// holds the scope (Conflict), or the newest batch of the scope, which
 	// succeeded (AlreadySucceeded).
 	BatchID int64
+	// DuplicateOf is, for a reservation whose scope an earlier one of the
+	// same call named, the index of that earlier one, whose outcome this
+	// one's follows; -1 otherwise.
+	DuplicateOf int
+
+	// The scope's newest batch as this answer found it, for the requests
+	// of the same scope that follow it.
+	latestID        int64
+	latestSucceeded bool
 }
 
 // reserveManySQL reserves many scopes in one statement, with Reserve's
-// rules for each: a Running batch is inserted unless one already holds the
-// scope (the unique partial index decides, ON CONFLICT DO NOTHING) or the
-// reservation asks to skip a scope whose newest batch succeeded. Rows are
-// inserted in (tenant, scope) order, so concurrent bursts over overlapping
-// scopes wait on each other in one order and never deadlock. It answers one
-// row per input, in input order: the new batch's id when one was inserted,
-// and the scope's newest batch by the statement's snapshot.
+// rules for each: a Running batch is inserted unless the reservation asks
+// to skip a scope whose newest batch succeeded, or one already holds the
+// scope (the unique partial index decides, ON CONFLICT DO NOTHING). Rows
+// are inserted in (tenant, scope) order, so concurrent bursts over
+// overlapping scopes wait on each other in one order. It answers one row
+// per input, in input order: the new batch's id when one was inserted; the
+// scope's Running batch, found by the unique partial index (never inferred
+// from the newest batch: an older batch may be the Running one, after a
+// resume, while a newer one failed); and the scope's newest batch and its
+// status, both by the statement's snapshot.
 const reserveManySQL = `
 	WITH input AS (
 		SELECT *
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::text[], $9::bool[])
 		     WITH ORDINALITY AS i(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
 		                          pipeline_stage, details, source_scope, skip_if_succeeded, ord)
-	), latest AS (
-		SELECT i.ord, l.id, l.status
+	), known AS (
+		SELECT i.ord, l.id AS latest_id, l.status AS latest_status, r.id AS running_id
 		FROM input i
 		LEFT JOIN LATERAL (
 			SELECT b.id, b.status FROM ingestion_batches b
@@ -40,22 +53,29 @@ const reserveManySQL = `
 			-- the statistics say.
 			ORDER BY b.tenant_id, b.source_scope, b.id DESC LIMIT 1
 		) l ON true
+		LEFT JOIN LATERAL (
+			-- ux_ingestion_batches_running_scope: at most one row.
+			SELECT b.id FROM ingestion_batches b
+			WHERE b.tenant_id = i.tenant_id AND b.source_scope = i.source_scope
+			  AND b.status = 'Running' AND b.source_scope IS NOT NULL
+		) r ON true
 	), ins AS (
 		INSERT INTO ingestion_batches
 			(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
 			 business_date, pipeline_stage, status, details, source_scope)
 		SELECT i.company_id, i.tenant_id, i.tenant_database, i.ingestion_mode, i.source_type,
 		       NULL, i.pipeline_stage, 'Running', i.details || jsonb_build_object('updatedAt', now()), i.source_scope
-		FROM input i JOIN latest l ON l.ord = i.ord
-		WHERE NOT (i.skip_if_succeeded AND l.status IS NOT DISTINCT FROM 'Succeeded')
+		FROM input i JOIN known k ON k.ord = i.ord
+		WHERE NOT (i.skip_if_succeeded AND k.latest_status IS NOT DISTINCT FROM 'Succeeded')
+		  AND k.running_id IS NULL
 		ORDER BY i.tenant_id, i.source_scope
 		ON CONFLICT (tenant_id, source_scope) WHERE status = 'Running' AND source_scope IS NOT NULL
 		DO NOTHING
 		RETURNING id, tenant_id, source_scope
 	)
-	SELECT i.ord, ins.id, l.id, l.status
+	SELECT i.ord, ins.id, k.running_id, k.latest_id, k.latest_status
 	FROM input i
-	JOIN latest l ON l.ord = i.ord
+	JOIN known k ON k.ord = i.ord
 	LEFT JOIN ins ON ins.tenant_id = i.tenant_id AND ins.source_scope = i.source_scope
 	ORDER BY i.ord`
 
@@ -63,10 +83,16 @@ const reserveManySQL = `
 // and outcome (Reserved, Conflict with the Running batch, AlreadySucceeded),
 // answered in order: one statement for the whole burst in the common case.
 // Run it inside the caller's transaction (WithTx) to commit the burst with
-// its jobs. A scope named twice is reserved once; the later request answers
-// Conflict with the batch the earlier one reserved. Every reservation is
-// validated first: a *ValidationError names the first field refused, and
-// nothing is written; other errors are infrastructure failures.
+// its jobs. A scope named more than once is sent once: the first request
+// decides, and each later one follows it (DuplicateOf) — Conflict with the
+// batch the first reserved or met, or AlreadySucceeded with the same batch
+// — so one scope named any number of times costs one row of one statement;
+// only a re-import after an AlreadySucceeded is decided in a round of its
+// own.
+// Each scope is decided by its own Running batch and newest batch: no
+// scope's history can fail another scope's reservation. Every reservation
+// is validated first: a *ValidationError names the first field refused,
+// and nothing is written; other errors are infrastructure failures.
 func (s *Store) ReserveMany(ctx context.Context, rs []Reservation) ([]ReserveManyResult, error) {
 	details := make([]string, len(rs))
 	for i := range rs {
@@ -80,25 +106,77 @@ func (s *Store) ReserveMany(ctx context.Context, rs []Reservation) ([]ReserveMan
 		details[i] = string(raw)
 	}
 	out := make([]ReserveManyResult, len(rs))
-	// Each round sends the reservations still undecided, each scope once;
-	// a later statement of the transaction sees what earlier ones wrote and
-	// what others committed meanwhile.
 	pending := make([]int, len(rs))
-	for i := range pending {
+	for i := range rs {
+		out[i].DuplicateOf = -1
 		pending[i] = i
 	}
+	decided := make(map[[2]string]int, len(rs)) // scope → the request that decided it last
+	// Each round sends the first undecided request of each scope; a later
+	// statement of the transaction sees what earlier ones wrote and what
+	// others committed meanwhile. A request stays undecided only when a
+	// batch that held its scope committed after the statement's snapshot
+	// was taken, or when it asks for a re-import of a scope an earlier
+	// request found succeeded (one more round).
 	for attempt := 0; len(pending) > 0; attempt++ {
-		if attempt == maxReserveAttempts+1 {
+		if attempt == maxReserveAttempts+2 {
 			return nil, fmt.Errorf("reserving %d scopes: gave up after %d rounds racing finishing batches", len(pending), attempt)
 		}
-		round, later := firstOfEachScope(rs, pending)
+		round, rest := firstOfEachScope(rs, pending)
 		undecided, err := s.reserveRound(ctx, rs, details, round, out)
 		if err != nil {
 			return nil, err
 		}
-		pending = append(undecided, later...)
+		for _, i := range round {
+			if !slices.Contains(undecided, i) {
+				decided[scopeKey(rs[i])] = i
+			}
+		}
+		// Requests are answered in order, as one by one: a request follows
+		// the last decided one of its scope only when no request of the
+		// scope before it is still undecided.
+		next := append(undecided, rest...)
+		slices.Sort(next)
+		pending = pending[:0]
+		blocked := map[[2]string]bool{}
+		for _, i := range next {
+			k := scopeKey(rs[i])
+			if d, ok := decided[k]; ok && !blocked[k] {
+				if r, ok := follow(out[d], rs[i]); ok {
+					r.DuplicateOf = d
+					out[i] = r
+					continue
+				}
+			}
+			blocked[k] = true
+			pending = append(pending, i)
+		}
 	}
 	return out, nil
+}
+
+func scopeKey(r Reservation) [2]string { return [2]string{r.TenantID, r.SourceScope} }
+
+// follow answers a later request of a scope from the answer of an earlier
+// one, as the later one alone would be answered after it: the batch the
+// earlier one reserved holds the scope (Conflict); the batch it met still
+// does (Conflict), unless the newest batch succeeded and the later one
+// does not ask for a re-import (AlreadySucceeded); a succeeded scope stays
+// succeeded for a request that does not ask for a re-import either. A
+// re-import after AlreadySucceeded is not answered here (false).
+func follow(earlier ReserveManyResult, later Reservation) (ReserveManyResult, bool) {
+	r := earlier
+	switch {
+	case earlier.Outcome == Reserved:
+		r.Outcome, r.latestID, r.latestSucceeded = Conflict, earlier.BatchID, false
+	case earlier.Outcome == Conflict && later.SkipIfSucceeded && earlier.latestSucceeded:
+		r.Outcome, r.BatchID = AlreadySucceeded, earlier.latestID
+	case earlier.Outcome == Conflict:
+	case earlier.Outcome == AlreadySucceeded && later.SkipIfSucceeded:
+	default:
+		return ReserveManyResult{}, false
+	}
+	return r, true
 }
 
 // firstOfEachScope splits idx into the first request of each (tenant,
@@ -106,7 +184,7 @@ func (s *Store) ReserveMany(ctx context.Context, rs []Reservation) ([]ReserveMan
 func firstOfEachScope(rs []Reservation, idx []int) (first, rest []int) {
 	seen := make(map[[2]string]bool, len(idx))
 	for _, i := range idx {
-		k := [2]string{rs[i].TenantID, rs[i].SourceScope}
+		k := scopeKey(rs[i])
 		if seen[k] {
 			rest = append(rest, i)
 			continue
@@ -143,23 +221,29 @@ func (s *Store) reserveRound(ctx context.Context, rs []Reservation, details []st
 	var undecided []int
 	for rows.Next() {
 		var (
-			ord                int64
-			reserved, latestID *int64
-			latestStatus       *Status
+			ord                           int64
+			reserved, runningID, latestID *int64
+			latestStatus                  *Status
 		)
-		if err := rows.Scan(&ord, &reserved, &latestID, &latestStatus); err != nil {
+		if err := rows.Scan(&ord, &reserved, &runningID, &latestID, &latestStatus); err != nil {
 			return nil, fmt.Errorf("reserving %d scopes: %w", n, err)
 		}
 		i := idx[ord-1]
 		switch {
 		case reserved != nil:
-			out[i] = ReserveManyResult{Outcome: Reserved, BatchID: *reserved}
+			out[i] = ReserveManyResult{Outcome: Reserved, BatchID: *reserved, DuplicateOf: -1}
 		case latestStatus != nil && *latestStatus == StatusSucceeded && rs[i].SkipIfSucceeded:
-			out[i] = ReserveManyResult{Outcome: AlreadySucceeded, BatchID: *latestID}
-		case latestStatus != nil && *latestStatus == StatusRunning:
-			out[i] = ReserveManyResult{Outcome: Conflict, BatchID: *latestID}
+			// As Reserve: a folder whose newest batch succeeded is not
+			// imported again without asking, whatever else holds it.
+			out[i] = ReserveManyResult{Outcome: AlreadySucceeded, BatchID: *latestID, DuplicateOf: -1}
+		case runningID != nil:
+			out[i] = ReserveManyResult{Outcome: Conflict, BatchID: *runningID, DuplicateOf: -1}
 		default:
 			undecided = append(undecided, i)
+		}
+		if latestID != nil {
+			out[i].latestID = *latestID
+			out[i].latestSucceeded = latestStatus != nil && *latestStatus == StatusSucceeded
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -229,16 +229,18 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 		return nil
 	}
 	var (
+		reserved    []batch.ReserveManyResult
 		reservedRs  []batch.Reservation
 		reservedIdx []int
 		insertErr   error
 	)
-	err := pgx.BeginTxFunc(ctx, e.Pool, burstTx, func(tx pgx.Tx) error {
-		reserved, err := batch.NewStore(tx).ReserveMany(ctx, rs)
+	burst := func(tx pgx.Tx) error {
+		var err error
+		reserved, err = batch.NewStore(tx).ReserveMany(ctx, rs)
 		if err != nil {
 			return err
 		}
-		reservedRs, reservedIdx = reservedRs[:0], reservedIdx[:0]
+		reservedRs, reservedIdx, insertErr = reservedRs[:0], reservedIdx[:0], nil
 		var params []river.InsertManyParams
 		for k, rr := range reserved {
 			i, scope := idx[k], rs[k].SourceScope
@@ -265,7 +267,22 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 			results[reservedIdx[n]].JobID = j.Job.ID
 		}
 		return nil
-	})
+	}
+	// A deadlock or serialization failure rolled everything back: the
+	// burst is tried again as a whole (it wrote nothing).
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = pgx.BeginTxFunc(ctx, e.Pool, burstTx, burst)
+		if !batch.IsTransactionConflict(err) || attempt == maxBurstAttempts {
+			break
+		}
+		e.logger().Warn("burst rolled back by a transaction conflict: trying again", "attempt", attempt, "imports", len(rs), "error", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * 10 * time.Millisecond):
+		}
+	}
 	if !errors.Is(err, errRollback) {
 		return err
 	}
@@ -278,8 +295,20 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 	for n, i := range reservedIdx {
 		results[i] = Result{Outcome: OutcomeEnqueueFailed, BatchID: failed[n], SourceScope: reservedRs[n].SourceScope, Error: insertErr.Error()}
 	}
+	// A later copy of a folder whose reservation was rolled back answered
+	// conflict with a batch that no longer exists: it shares the first
+	// copy's failure instead.
+	for k, rr := range reserved {
+		if rr.DuplicateOf >= 0 && reserved[rr.DuplicateOf].Outcome == batch.Reserved {
+			results[idx[k]] = results[idx[rr.DuplicateOf]]
+		}
+	}
 	return nil
 }
+
+// maxBurstAttempts bounds how often a burst rolled back by a deadlock or a
+// serialization failure is tried again.
+const maxBurstAttempts = 4
 
 // errRollback rolls a transaction back on purpose.
 var errRollback = errors.New("rolled back")
