@@ -3,6 +3,7 @@
 package helm_test
 
 import (
+	"maps"
 	"fmt"
 	"os"
 	"sort"
@@ -39,6 +40,14 @@ type manifest struct {
 // kind and name, or the render error.
 func render(t *testing.T, overrides map[string]any) (map[string]manifest, error) {
 	t.Helper()
+	if _, ok := overrides["uploads"]; !ok {
+		// Required by the chart; every test but the one about it names one.
+		overrides = maps.Clone(overrides)
+		if overrides == nil {
+			overrides = map[string]any{}
+		}
+		overrides["uploads"] = map[string]any{"buckets": []any{"fleet-uploads"}}
+	}
 	ch, err := loader.Load(chartDir)
 	require.NoError(t, err)
 	vals, err := chartutil.ToRenderValues(ch, overrides, chartutil.ReleaseOptions{Name: "prod", Namespace: "fleet", IsInstall: true}, chartutil.DefaultCapabilities)

@@ -287,3 +287,25 @@ func TestChartOperatorToken(t *testing.T) {
 	}
 	require.Equal(t, []string{"fleet-ingest-enqueue"}, secretsOf(p))
 }
+
+// TestChartRequiresUploadBuckets: the chart refuses to render without
+// upload buckets (an empty allow-list used to mean any bucket, which let a
+// notification name a bucket such as "bkt/tenants/acme/…"), or with a name
+// S3 would not accept; with them, enqueue serve and the worker get the
+// same --bucket list and --path-pattern.
+func TestChartRequiresUploadBuckets(t *testing.T) {
+	t.Parallel()
+	for _, buckets := range [][]any{nil, {}, {"Bad/Bucket"}, {"ok-bucket", "no"}} {
+		_, err := render(t, map[string]any{"uploads": map[string]any{"buckets": buckets}})
+		require.ErrorContains(t, err, "uploads.buckets", "%v", buckets)
+	}
+	docs := mustRender(t, map[string]any{"uploads": map[string]any{"buckets": []any{"fleet-a", "fleet-b"}, "pathPattern": "t/{tenant_id}/{tenant_database}/{company_id}/"}})
+	for _, key := range []string{"Deployment/prod-fleet-ingest-worker", "Deployment/prod-fleet-ingest-enqueue"} {
+		require.Contains(t, docs, key)
+		d := decode[appsv1.Deployment](t, docs[key])
+		args := d.Spec.Template.Spec.Containers[0].Args
+		require.Contains(t, args, "--bucket=fleet-a", key)
+		require.Contains(t, args, "--bucket=fleet-b", key)
+		require.Contains(t, args, "--path-pattern=t/{tenant_id}/{tenant_database}/{company_id}/", key)
+	}
+}

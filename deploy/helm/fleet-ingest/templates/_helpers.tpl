@@ -139,3 +139,20 @@ and the pod name.
 {{- fail "warehouse.type must be postgres or redshift" }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The accepted upload buckets, as a JSON array: required, and each a valid
+S3 bucket name (an empty list is a configuration error, not "any bucket").
+*/}}
+{{- define "fleet-ingest.buckets" -}}
+{{- $buckets := .Values.uploads.buckets | default list -}}
+{{- if not $buckets -}}
+{{- fail "uploads.buckets: list the S3 buckets uploads arrive in; an empty list is refused, not taken for any bucket" -}}
+{{- end -}}
+{{- range $buckets -}}
+{{- if not (regexMatch "^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$" (toString .)) -}}
+{{- fail (printf "uploads.buckets: %q is not a valid S3 bucket name" (toString .)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $buckets -}}
+{{- end -}}
