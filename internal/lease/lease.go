@@ -18,6 +18,7 @@ type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // Store acquires, renews and releases execution leases.
@@ -227,55 +228,101 @@ func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, b
 	return l, true, nil
 }
 
-// Check reports whether the term l is still held, by the database clock,
-// without extending it: a read, with no write and no commit to flush. The
-// returned lease carries the term's current expiry and the database time of
-// the check.
-func (s *Store) Check(ctx context.Context, l Lease) (Lease, bool, error) {
-	err := s.db.QueryRow(ctx, `
-		SELECT execution_lease_expires_at, now() FROM ingestion_batches
-		WHERE id = $1
-		  AND execution_lease_id = $2
-		  AND execution_lease_generation = $3
-		  AND status = 'Running'
-		  AND execution_lease_expires_at > now()`,
-		l.BatchID, l.HolderID, l.Generation).Scan(&l.ExpiresAt, &l.RenewedAt)
+// checkSQL reads one term without extending it. It finds the term while it
+// is held at all, and says whether more than the margin ($4) is left of
+// it, both by the database clock.
+const checkSQL = `
+	SELECT execution_lease_expires_at, now(),
+	       execution_lease_expires_at > now() + $4 * interval '1 microsecond'
+	FROM ingestion_batches
+	WHERE id = $1
+	  AND execution_lease_id = $2
+	  AND execution_lease_generation = $3
+	  AND status = 'Running'
+	  AND execution_lease_expires_at > now()`
+
+// Check reports whether the term l is still held (held) and whether more
+// than margin is left of it (usable), by the database clock, without
+// extending it: a read, with no write and no commit to flush. It is the
+// lease check a holder makes right before an irreversible step (a warehouse
+// commit): a term with margin or less left must not start one, since the
+// step may end after the expiry. The returned lease carries the term's
+// current expiry and the database time of the check when held.
+func (s *Store) Check(ctx context.Context, l Lease, margin time.Duration) (checked Lease, held, usable bool, err error) {
+	checked = l
+	err = s.db.QueryRow(ctx, checkSQL, l.BatchID, l.HolderID, l.Generation, max(margin, 0).Microseconds()).
+		Scan(&checked.ExpiresAt, &checked.RenewedAt, &usable)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return l, false, nil
+		return l, false, false, nil
 	}
 	if err != nil {
-		return l, false, fmt.Errorf("checking lease on batch %d: %w", l.BatchID, err)
+		return l, false, false, fmt.Errorf("checking lease on batch %d: %w", l.BatchID, err)
 	}
-	return l, true, nil
+	return checked, true, usable, nil
 }
 
-// renewManySQL is renewSQL for many terms at once.
+// renewManySQL is renewSQL for many terms at once, isolated per row: it
+// locks the rows of the terms it renews with SKIP LOCKED, so a row locked
+// by another transaction (an operator's open transaction, a slow cancel, a
+// holder's own fenced write in flight) delays only its own term, never the
+// statement. Every input term comes back once: renewed (with its new
+// expiry), busy (skipped: held by the statement's snapshot, but its row was
+// locked, so nothing is known of it now), or neither (no longer held). A
+// skipped row is told from a lost term by that snapshot read, which never
+// waits on a lock.
 const renewManySQL = `
-	UPDATE ingestion_batches b
-	SET execution_lease_expires_at = now() + $4 * interval '1 microsecond',
-	    execution_lease_renewed_at = now()
-	FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS h(id, lease_id, generation)
-	WHERE b.id = h.id
-	  AND b.execution_lease_id = h.lease_id
-	  AND b.execution_lease_generation = h.generation
-	  AND b.status = 'Running'
-	  AND b.execution_lease_expires_at > now()
-	RETURNING b.id, b.execution_lease_generation, b.execution_lease_expires_at, now()`
+	WITH h AS (
+	    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS h(id, lease_id, generation)
+	), renewed AS (
+	    UPDATE ingestion_batches b
+	    SET execution_lease_expires_at = now() + $4 * interval '1 microsecond',
+	        execution_lease_renewed_at = now()
+	    FROM h
+	    WHERE b.id = h.id
+	      AND b.execution_lease_id = h.lease_id
+	      AND b.execution_lease_generation = h.generation
+	      AND b.status = 'Running'
+	      AND b.execution_lease_expires_at > now()
+	      AND b.id IN (
+	          SELECT l.id FROM ingestion_batches l JOIN h ON l.id = h.id
+	          WHERE l.execution_lease_id = h.lease_id
+	            AND l.execution_lease_generation = h.generation
+	            AND l.status = 'Running'
+	            AND l.execution_lease_expires_at > now()
+	          ORDER BY l.id
+	          FOR NO KEY UPDATE OF l SKIP LOCKED)
+	    RETURNING b.id, b.execution_lease_generation, b.execution_lease_expires_at, now() AS at
+	)
+	SELECT h.id, h.generation, r.execution_lease_expires_at, r.at,
+	       r.id IS NULL AND EXISTS (
+	           SELECT 1 FROM ingestion_batches s
+	           WHERE s.id = h.id
+	             AND s.execution_lease_id = h.lease_id
+	             AND s.execution_lease_generation = h.generation
+	             AND s.status = 'Running'
+	             AND s.execution_lease_expires_at > now())
+	FROM h LEFT JOIN renewed r ON r.id = h.id AND r.execution_lease_generation = h.generation`
 
 // Renewal is the result of renewing one term with RenewMany.
 type Renewal struct {
 	// Lease is the term, with its new expiry when Held.
 	Lease Lease
-	// Held is false when the term is no longer held (see Renew).
+	// Held is false when the term is not known to be held now: it is no
+	// longer held (see Renew) unless Busy.
 	Held bool
+	// Busy means the term's row was locked by another transaction, so it
+	// was neither renewed nor found lost: its state is unknown until a
+	// later renewal, and the term keeps its deadline meanwhile.
+	Busy bool
 }
 
 // RenewMany extends every term in leases to now() + ttl, by the database
 // clock, in one statement: what a worker process does once per renewal
-// period for all the leases it holds. The result has one Renewal per term,
-// in order; a term that is no longer held comes back with Held false and
-// must stop all work at once. An error means nothing is known about any of
-// them.
+// period for all the leases it holds. It never waits on a row lock: a term
+// whose row another transaction has locked comes back Busy (try it again
+// with RenewWaiting). The result has one Renewal per term, in order; a term
+// that comes back neither Held nor Busy is no longer held and must stop all
+// work at once. An error means nothing is known about any of them.
 func (s *Store) RenewMany(ctx context.Context, leases []Lease, ttl time.Duration) ([]Renewal, error) {
 	if ttl <= 0 {
 		return nil, ErrInvalidTTL
@@ -284,39 +331,89 @@ func (s *Store) RenewMany(ctx context.Context, leases []Lease, ttl time.Duration
 	if len(leases) == 0 {
 		return out, nil
 	}
-	ids, holders, gens := make([]int64, len(leases)), make([]string, len(leases)), make([]int64, len(leases))
+	ids := make([]int64, len(leases))
+	holders := make([]string, len(leases))
+	gens := make([]int64, len(leases))
 	for i, l := range leases {
 		ids[i], holders[i], gens[i] = l.BatchID, l.HolderID, l.Generation
 		out[i] = Renewal{Lease: l}
 	}
 	type key struct{ id, gen int64 }
-	renewed := make(map[key][2]time.Time, len(leases))
+	type result struct {
+		exp, now *time.Time
+		busy     bool
+	}
+	results := make(map[key]result, len(leases))
 	rows, err := s.db.Query(ctx, renewManySQL, ids, holders, gens, ttl.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("renewing %d leases: %w", len(leases), err)
 	}
 	for rows.Next() {
 		var (
-			k        key
-			exp, now time.Time
+			k key
+			r result
 		)
-		if err := rows.Scan(&k.id, &k.gen, &exp, &now); err != nil {
+		if err := rows.Scan(&k.id, &k.gen, &r.exp, &r.now, &r.busy); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("renewing %d leases: %w", len(leases), err)
 		}
-		renewed[k] = [2]time.Time{exp, now}
+		results[k] = r
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("renewing %d leases: %w", len(leases), err)
 	}
 	for i := range out {
-		if r, ok := renewed[key{ids[i], gens[i]}]; ok {
+		r := results[key{ids[i], gens[i]}]
+		switch {
+		case r.exp != nil && r.now != nil:
 			out[i].Held = true
-			out[i].Lease.ExpiresAt, out[i].Lease.RenewedAt = r[0], r[1]
+			out[i].Lease.ExpiresAt, out[i].Lease.RenewedAt = *r.exp, *r.now
+		case r.busy:
+			out[i].Busy = true
 		}
 	}
 	return out, nil
 }
+
+// RenewWaiting renews one term as Renew does, but waits at most lockWait
+// for its row lock (SET LOCAL lock_timeout): the per-term fallback for a
+// term RenewMany found Busy. The held term comes back renewed and true; a
+// term no longer held comes back false; a row still locked after lockWait
+// comes back with ErrRowLocked, and nothing is known of the term.
+func (s *Store) RenewWaiting(ctx context.Context, l Lease, ttl, lockWait time.Duration) (Lease, bool, error) {
+	if ttl <= 0 {
+		return l, false, ErrInvalidTTL
+	}
+	renewed, held := l, false
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(lockWait.Milliseconds(), 1), 10)); err != nil {
+			return err
+		}
+		err := tx.QueryRow(ctx, renewSQL, l.BatchID, l.HolderID, l.Generation, ttl.Microseconds()).Scan(&renewed.ExpiresAt, &renewed.RenewedAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		held = err == nil
+		return err
+	})
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
+		return l, false, fmt.Errorf("renewing lease on batch %d: %w", l.BatchID, ErrRowLocked)
+	case err != nil:
+		return l, false, fmt.Errorf("renewing lease on batch %d: %w", l.BatchID, err)
+	case !held:
+		return l, false, nil
+	}
+	return renewed, true, nil
+}
+
+// lockNotAvailable is SQLSTATE 55P03, raised when lock_timeout expires.
+const lockNotAvailable = "55P03"
+
+// ErrRowLocked is returned by RenewWaiting when another transaction held
+// the term's row lock for longer than the wait allowed.
+var ErrRowLocked = errors.New("batch row locked by another transaction")
 
 // EndedByTerminalWrite reports which of leases, no longer held, were ended
 // by their own holder's terminal write (the batch is Succeeded or Failed

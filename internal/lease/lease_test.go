@@ -503,3 +503,59 @@ func TestRenewManyReportsExactlyTheLostTerms(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, empty)
 }
+
+// TestRenewManySkipsLockedRows: another transaction holds the row locks of
+// two batches, one still held by its term and one whose term was taken
+// over. RenewMany does not wait: it renews the free terms, reports the
+// locked held one Busy (neither renewed nor lost) and the taken-over one
+// lost, lock or not. RenewWaiting gives up on the locked row after its
+// lock wait with ErrRowLocked, and renews the term once the lock is gone.
+func TestRenewManySkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	leases := lease.NewStore(pool)
+	acquire := func(name string) lease.Lease {
+		b := reserve(t, pool, "tenant-a", "s3://bucket/skip-"+name)
+		a, err := leases.Acquire(ctx, b.ID, name, time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, lease.Acquired, a.Outcome)
+		return a.Lease
+	}
+	free, locked, takenOver := acquire("free"), acquire("locked"), acquire("taken-over")
+	gone, ok, err := leases.Renew(ctx, takenOver, time.Microsecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	waitExpired(t, pool, gone)
+	successor, err := leases.Acquire(ctx, takenOver.BatchID, "successor", time.Minute)
+	require.NoError(t, err)
+	require.True(t, successor.TakenOver)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM ingestion_batches WHERE id = ANY($1) FOR UPDATE`, []int64{locked.BatchID, takenOver.BatchID})
+	require.NoError(t, err)
+
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second) // it must not wait for the locks
+	defer cancel()
+	res, err := leases.RenewMany(rctx, []lease.Lease{free, locked, takenOver}, 2*time.Minute)
+	require.NoError(t, err)
+	require.True(t, res[0].Held)
+	require.Equal(t, 2*time.Minute, res[0].Lease.Remaining())
+	require.False(t, res[1].Held)
+	require.True(t, res[1].Busy, "a held term whose row is locked is busy, not lost")
+	require.False(t, res[2].Held)
+	require.False(t, res[2].Busy, "a lost term is lost, locked or not")
+
+	_, _, err = leases.RenewWaiting(rctx, locked, 2*time.Minute, 100*time.Millisecond)
+	require.ErrorIs(t, err, lease.ErrRowLocked)
+	require.NoError(t, tx.Rollback(ctx))
+	renewed, ok, err := leases.RenewWaiting(ctx, locked, 2*time.Minute, 100*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, 2*time.Minute, renewed.Remaining())
+	_, ok, err = leases.RenewWaiting(ctx, takenOver, 2*time.Minute, 100*time.Millisecond)
+	require.NoError(t, err)
+	require.False(t, ok)
+}

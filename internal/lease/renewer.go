@@ -22,6 +22,10 @@ const (
 	RenewalRenewed = "renewed"
 	RenewalLost    = "lost"
 	RenewalError   = "error"
+	// RenewalBusy is a term whose row another transaction kept locked
+	// through the renewal and its per-term retry: not renewed, not lost,
+	// unknown until a later renewal or its deadline.
+	RenewalBusy = "busy"
 )
 
 // RenewerConfig configures a Renewer.
@@ -30,6 +34,15 @@ type RenewerConfig struct {
 	TTL time.Duration
 	// Every is the renewal period; it must be shorter than TTL. Required.
 	Every time.Duration
+	// SafetyMargin is how long before the expiry its last renewal reported
+	// a holder stops its work (its local deadline), and how much of its
+	// term must be left, by the database clock, for Verify to let an
+	// irreversible step (a warehouse commit) start: a commit in flight at
+	// the deadline has that long to end before a successor may take the
+	// batch over. Defaults to DefaultSafetyMargin(TTL, Every). It must be
+	// shorter than TTL − Every, so that a term renewed on time never
+	// reaches it.
+	SafetyMargin time.Duration
 	// Clock reads the local clock. Defaults to time.Now. It only measures
 	// local time between a request and a deadline: no local reading is ever
 	// compared with a database timestamp.
@@ -49,10 +62,16 @@ type RenewerConfig struct {
 // carry on. A failed statement is retried sooner; a term whose local
 // deadline passes without a renewal is fenced the same way.
 //
+// Renewals are isolated per row: a row that another transaction keeps
+// locked is skipped by the statement and retried alone (waiting briefly for
+// the lock), then, if still locked, left unknown — not renewed, not lost —
+// and retried sooner than the next period. Only its own term can run out.
+//
 // Local deadlines come from the database clock: a renewal sent at local time
 // t that the database answered with expiry e at its time n gives the local
-// deadline t + (e − n). Skew between the clocks cancels out, and the deadline
-// errs early by the request's latency, never late.
+// deadline t + (e − n) − SafetyMargin. Skew between the clocks cancels out,
+// and the deadline errs early by the request's latency plus the margin,
+// never late.
 //
 // The renewal loop runs only while terms are held; a Renewer needs no
 // starting or stopping.
@@ -65,6 +84,29 @@ type Renewer struct {
 	running bool
 }
 
+// DefaultSafetyMargin is the safety margin of a Renewer whose config sets
+// none: a tenth of the TTL, and at least the delay before a failed or
+// blocked renewal is retried (a quarter of the period, at least 100 ms), so
+// one late renewal attempt lands before the margin; but at most half of
+// TTL − every, so a term renewed on time keeps that much slack before its
+// deadline (this bound only applies when the period is over 80 % of the
+// TTL). With the worker's defaults (30 s, 10 s) it is 3 s; with a 3 s TTL
+// renewed every second, 300 ms.
+func DefaultSafetyMargin(ttl, every time.Duration) time.Duration {
+	return min(max(ttl/10, retryAfter(every)), (ttl-every)/2)
+}
+
+// ValidateSafetyMargin reports whether margin leaves a usable window for
+// terms of ttl renewed every period: it must not be negative and must be
+// shorter than ttl − every, or a term renewed on time would reach its
+// deadline before its next renewal.
+func ValidateSafetyMargin(margin, ttl, every time.Duration) error {
+	if margin < 0 || margin >= ttl-every {
+		return fmt.Errorf("lease safety margin %s must be at least 0 and shorter than the TTL %s minus the renewal period %s", margin, ttl, every)
+	}
+	return nil
+}
+
 // NewRenewer returns a renewer of the terms acquired through it on store.
 func NewRenewer(store *Store, cfg RenewerConfig) (*Renewer, error) {
 	switch {
@@ -74,6 +116,12 @@ func NewRenewer(store *Store, cfg RenewerConfig) (*Renewer, error) {
 		return nil, ErrInvalidTTL
 	case cfg.Every <= 0 || cfg.Every >= cfg.TTL:
 		return nil, fmt.Errorf("lease: renewal period %s must be positive and shorter than the TTL %s", cfg.Every, cfg.TTL)
+	}
+	if cfg.SafetyMargin == 0 {
+		cfg.SafetyMargin = DefaultSafetyMargin(cfg.TTL, cfg.Every)
+	}
+	if err := ValidateSafetyMargin(cfg.SafetyMargin, cfg.TTL, cfg.Every); err != nil {
+		return nil, fmt.Errorf("lease: %w", err)
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
@@ -109,11 +157,18 @@ type Holding struct {
 	deadline time.Time // local clock
 	timer    *time.Timer
 	done     bool // closed or lost: no more renewals
+	busy     bool // its row was locked at the last renewal attempt
+}
+
+// deadlineOf is the local deadline of a term renewed (or acquired, or
+// checked) as l by a request sent at local time sent.
+func (r *Renewer) deadlineOf(l Lease, sent time.Time) time.Time {
+	return sent.Add(l.Remaining() - r.cfg.SafetyMargin)
 }
 
 func (r *Renewer) hold(parent context.Context, l Lease, sent time.Time) *Holding {
 	ctx, cancel := context.WithCancelCause(parent)
-	h := &Holding{r: r, ctx: ctx, cancel: cancel, lease: l, deadline: sent.Add(l.Remaining())}
+	h := &Holding{r: r, ctx: ctx, cancel: cancel, lease: l, deadline: r.deadlineOf(l, sent)}
 	h.mu.Lock()
 	h.timer = time.AfterFunc(h.deadline.Sub(r.cfg.Clock()), h.expire)
 	h.mu.Unlock()
@@ -138,18 +193,23 @@ func (h *Holding) Lease() Lease {
 	return h.lease
 }
 
-// Deadline returns the term's local deadline, on the renewer's clock.
+// Deadline returns the term's local deadline, on the renewer's clock: the
+// expiry its last renewal reported, less the safety margin. Its work is
+// cancelled then unless a renewal moved it.
 func (h *Holding) Deadline() time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.deadline
 }
 
-// Verify proves the term is still held, for use right before an
-// irreversible step (pipeline.Run.VerifyLease): a term renewed within the
-// last renewal period is checked with a read (Store.Check: no write, no
-// commit to flush), an older one is renewed. It returns batch.ErrStaleLease
-// when the term is lost (and fences it), or when it could not be checked.
+// Verify proves the term is still held with more than the safety margin
+// left, for use right before an irreversible step (pipeline.Run.VerifyLease,
+// the lease check the warehouses make before their commit): a term renewed
+// within the last renewal period is checked with a read (Store.Check: no
+// write, no commit to flush; the database compares its expiry with now() +
+// the margin), an older one is renewed. It returns batch.ErrStaleLease
+// when the term is lost or inside its margin (and fences it), or when it
+// could not be checked.
 func (h *Holding) Verify(ctx context.Context) error {
 	h.mu.Lock()
 	l, done, deadline := h.lease, h.done, h.deadline
@@ -157,21 +217,27 @@ func (h *Holding) Verify(ctx context.Context) error {
 	if done {
 		return batch.ErrStaleLease
 	}
-	sent := h.r.cfg.Clock()
+	cfg := h.r.cfg
+	sent := cfg.Clock()
 	left := deadline.Sub(sent)
+	if left <= 0 {
+		return batch.ErrStaleLease // its deadline timer is about to fence it
+	}
 	// An answer that lands after the local deadline would come too late.
 	rctx, cancel := context.WithTimeout(ctx, left)
 	defer cancel()
 	var (
-		checked Lease
-		ok      bool
-		err     error
+		checked    Lease
+		ok, inside bool
+		err        error
 	)
-	fresh := left > h.r.cfg.TTL-h.r.cfg.Every
+	fresh := left > cfg.TTL-cfg.SafetyMargin-cfg.Every
 	if fresh {
-		checked, ok, err = h.r.store.Check(rctx, l)
+		var held bool
+		checked, held, ok, err = h.r.store.Check(rctx, l, cfg.SafetyMargin)
+		inside = held && !ok
 	} else {
-		checked, ok, err = h.r.store.Renew(rctx, l, h.r.cfg.TTL)
+		checked, ok, err = h.r.store.Renew(rctx, l, cfg.TTL)
 	}
 	switch {
 	case err != nil:
@@ -179,6 +245,15 @@ func (h *Holding) Verify(ctx context.Context) error {
 			h.r.observe(RenewalError, 1)
 		}
 		return fmt.Errorf("%w: lease check failed: %v", batch.ErrStaleLease, err)
+	case inside:
+		// Held, but no more than the margin is left by the database clock:
+		// as good as lost to this holder.
+		h.r.observe(RenewalLost, 1)
+		cfg.Logger.Error("lease inside its safety margin at a lease check: stopping work on the batch",
+			"batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation,
+			"remaining", checked.Remaining(), "safety_margin", cfg.SafetyMargin)
+		h.fence(fmt.Errorf("%w: term %d of batch %d has %s left, within its safety margin of %s", ErrLost, l.Generation, l.BatchID, checked.Remaining(), cfg.SafetyMargin))
+		return batch.ErrStaleLease
 	case !ok:
 		h.r.observe(RenewalLost, 1)
 		h.fence(fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID))
@@ -216,7 +291,12 @@ func (h *Holding) renewed(l Lease, sent time.Time) {
 	if l.ExpiresAt.After(h.lease.ExpiresAt) {
 		h.lease = l
 	}
-	if d := sent.Add(l.Remaining()); d.After(h.deadline) {
+	if h.busy {
+		h.busy = false
+		h.r.cfg.Logger.Info("lease renewed again: the batch row is no longer locked",
+			"batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation)
+	}
+	if d := h.r.deadlineOf(l, sent); d.After(h.deadline) {
 		h.deadline = d
 		h.timer.Reset(d.Sub(h.r.cfg.Clock()))
 	}
@@ -253,9 +333,10 @@ func (h *Holding) expire() {
 	l := h.lease
 	h.mu.Unlock()
 	h.r.observe(RenewalLost, 1)
-	h.r.cfg.Logger.Error("lease lost: its term ran out without a renewal; stopping work on the batch",
-		"batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation)
-	h.fence(fmt.Errorf("%w: term %d of batch %d ran out without a renewal", ErrLost, l.Generation, l.BatchID))
+	h.r.cfg.Logger.Error("lease lost: its term reached its safety margin without a renewal; stopping work on the batch",
+		"batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation,
+		"expires_at", l.ExpiresAt, "safety_margin", h.r.cfg.SafetyMargin)
+	h.fence(fmt.Errorf("%w: term %d of batch %d reached its safety margin without a renewal", ErrLost, l.Generation, l.BatchID))
 }
 
 func (r *Renewer) observe(outcome string, n int) {
@@ -264,13 +345,35 @@ func (r *Renewer) observe(outcome string, n int) {
 	}
 }
 
-// retryAfter is how soon a failed renewal statement is retried.
-func (r *Renewer) retryAfter() time.Duration { return max(r.cfg.Every/4, 100*time.Millisecond) }
+// retryAfter is how soon a failed renewal statement, or a term whose row
+// was locked, is retried, for a renewal period of every.
+func retryAfter(every time.Duration) time.Duration { return max(every/4, 100*time.Millisecond) }
 
-// loop renews every period while terms are held.
+// lockWait is how long the per-term retry of a term whose row was locked
+// waits for the lock: long enough for a holder's own fenced write, well
+// under the period, and never more than a second.
+func (r *Renewer) lockWait() time.Duration { return min(r.cfg.Every/4, time.Second) }
+
+// holdings returns the terms the renewer holds.
+func (r *Renewer) holdings() []*Holding {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*Holding, 0, len(r.held))
+	for h := range r.held {
+		out = append(out, h)
+	}
+	return out
+}
+
+// loop renews every term each period while terms are held, and the terms
+// whose rows were locked again sooner.
 func (r *Renewer) loop() {
 	t := time.NewTimer(r.cfg.Every)
 	defer t.Stop()
+	var (
+		retry    []*Holding // terms whose rows were locked at the last attempt
+		nextFull = time.Now().Add(r.cfg.Every)
+	)
 	for range t.C {
 		r.mu.Lock()
 		if len(r.held) == 0 {
@@ -279,27 +382,39 @@ func (r *Renewer) loop() {
 			return
 		}
 		r.mu.Unlock()
-		next := r.cfg.Every
-		if err := r.RenewAll(context.Background()); err != nil {
-			r.cfg.Logger.Warn("renewing leases failed: retrying; terms are fenced at their deadlines", "error", err, "retry_in", r.retryAfter())
-			next = r.retryAfter()
+		terms := retry
+		if len(retry) == 0 || !time.Now().Before(nextFull) {
+			terms, nextFull = r.holdings(), time.Now().Add(r.cfg.Every)
 		}
-		t.Reset(next)
+		busy, err := r.renew(context.Background(), terms)
+		retry = busy
+		next := time.Until(nextFull)
+		switch {
+		case err != nil:
+			r.cfg.Logger.Warn("renewing leases failed: retrying; terms are fenced at their deadlines", "error", err, "retry_in", retryAfter(r.cfg.Every))
+			next, nextFull, retry = retryAfter(r.cfg.Every), time.Now(), nil
+		case len(busy) > 0:
+			next = min(next, retryAfter(r.cfg.Every))
+		}
+		t.Reset(max(next, 0))
 	}
 }
 
 // RenewAll renews every held term now, in one statement bounded by the
-// renewal period, and fences the terms that came back lost. It returns the
-// statement's error, if any; the terms then keep their deadlines.
+// renewal period, retries alone the terms whose rows were locked, and
+// fences the terms that came back lost. It returns the statement's error,
+// if any; the terms then keep their deadlines, as do the terms whose rows
+// stayed locked.
 func (r *Renewer) RenewAll(ctx context.Context) error {
-	r.mu.Lock()
-	holdings := make([]*Holding, 0, len(r.held))
-	for h := range r.held {
-		holdings = append(holdings, h)
-	}
-	r.mu.Unlock()
+	_, err := r.renew(ctx, r.holdings())
+	return err
+}
+
+// renew renews the live terms among holdings (see RenewAll) and returns
+// those whose rows stayed locked.
+func (r *Renewer) renew(ctx context.Context, holdings []*Holding) ([]*Holding, error) {
 	leases := make([]Lease, 0, len(holdings))
-	live := holdings[:0]
+	live := make([]*Holding, 0, len(holdings))
 	for _, h := range holdings {
 		h.mu.Lock()
 		if !h.done {
@@ -309,10 +424,10 @@ func (r *Renewer) RenewAll(ctx context.Context) error {
 		h.mu.Unlock()
 	}
 	if len(live) == 0 {
-		return nil
+		return nil, nil
 	}
-	// One order for every process's statement, so two renewals never wait
-	// on each other's rows in opposite orders.
+	// One order for every process's statement (the statement locks its
+	// rows in id order too).
 	order := make([]int, len(live))
 	for i := range order {
 		order[i] = i
@@ -330,21 +445,26 @@ func (r *Renewer) RenewAll(ctx context.Context) error {
 	res, err := r.store.RenewMany(rctx, sortedLeases, r.cfg.TTL)
 	if err != nil {
 		r.observe(RenewalError, len(sortedLeases))
-		return err
+		return nil, err
 	}
 	renewed := 0
-	var gone []int // indexes of terms no longer held
+	var gone, locked []int // indexes of terms no longer held, of terms whose rows were locked
 	for i, rr := range res {
-		if rr.Held {
+		switch {
+		case rr.Held:
 			renewed++
 			sortedHoldings[i].renewed(rr.Lease, sent)
-			continue
+		case rr.Busy:
+			locked = append(locked, i)
+		default:
+			gone = append(gone, i)
 		}
-		gone = append(gone, i)
 	}
 	r.observe(RenewalRenewed, renewed)
+	busy, stillGone := r.renewLocked(ctx, sortedHoldings, res, locked)
+	gone = append(gone, stillGone...)
 	if len(gone) == 0 {
-		return nil
+		return busy, nil
 	}
 	// A delivery that wrote its batch's terminal state while the statement
 	// ran is done, not fenced: it stops renewing as soon as it returns.
@@ -370,5 +490,67 @@ func (r *Renewer) RenewAll(ctx context.Context) error {
 		r.cfg.Logger.Error("lease lost: stopping work on the batch", "batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation)
 	}
 	r.observe(RenewalLost, lost)
-	return nil
+	return busy, nil
+}
+
+// renewLocked retries, each alone and at once, the terms (indexes of
+// holdings and res) whose rows RenewMany found locked, waiting at most
+// lockWait for each lock. It applies the renewals, and returns the terms
+// whose rows stayed locked (unknown: they keep their deadlines) and the
+// indexes of those found no longer held.
+func (r *Renewer) renewLocked(ctx context.Context, holdings []*Holding, res []Renewal, locked []int) (busy []*Holding, gone []int) {
+	if len(locked) == 0 {
+		return nil, nil
+	}
+	type outcome struct {
+		l    Lease
+		held bool
+		err  error
+		sent time.Time
+	}
+	outcomes := make([]outcome, len(locked))
+	var wg sync.WaitGroup
+	for k, i := range locked {
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, r.cfg.Every)
+			defer cancel()
+			o := &outcomes[k]
+			o.sent = r.cfg.Clock()
+			o.l, o.held, o.err = r.store.RenewWaiting(rctx, res[i].Lease, r.cfg.TTL, r.lockWait())
+		})
+	}
+	wg.Wait()
+	renewed, errs := 0, 0
+	for k, i := range locked {
+		h, o := holdings[i], outcomes[k]
+		switch {
+		case o.err == nil && o.held:
+			renewed++
+			h.renewed(o.l, o.sent)
+		case o.err == nil:
+			gone = append(gone, i)
+		default:
+			// Unknown: its row is still locked (or the retry failed). Not
+			// lost; it is fenced only if its deadline passes first.
+			busy = append(busy, h)
+			if !errors.Is(o.err, ErrRowLocked) {
+				errs++
+				r.cfg.Logger.Warn("renewing a lease whose row was locked failed: retrying; it is fenced at its deadline",
+					"batch_id", o.l.BatchID, "lease_generation", o.l.Generation, "error", o.err)
+				continue
+			}
+			h.mu.Lock()
+			first, deadline := !h.busy && !h.done, h.deadline
+			h.busy = true
+			h.mu.Unlock()
+			if first {
+				r.cfg.Logger.Warn("lease not renewed: another transaction holds the batch row's lock; retrying, the term is fenced at its deadline if the lock outlasts it",
+					"batch_id", o.l.BatchID, "lease_id", o.l.HolderID, "lease_generation", o.l.Generation, "deadline_in", deadline.Sub(r.cfg.Clock()))
+			}
+		}
+	}
+	r.observe(RenewalRenewed, renewed)
+	r.observe(RenewalError, errs)
+	r.observe(RenewalBusy, len(busy)-errs)
+	return busy, gone
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
@@ -141,7 +142,7 @@ func TestVerifyReadsAFreshTermAndRenewsAnOldOne(t *testing.T) {
 	require.Zero(t, n)
 
 	mu.Lock()
-	elapsed = 59*time.Minute + 30*time.Second // more than a period since the last renewal, by the local clock
+	elapsed = 59*time.Minute + 10*time.Second // more than a period since the last renewal, by the local clock, and before the deadline (TTL less the default 30 s margin)
 	mu.Unlock()
 	require.NoError(t, h.Verify(ctx))
 	require.True(t, renewedAt().After(acquired), "an old term is renewed")
@@ -258,4 +259,144 @@ func TestRenewerDoesNotReportATermEndedByItsOwnTerminalWriteAsLost(t *testing.T)
 	require.NotErrorIs(t, context.Cause(finished.Context()), lease.ErrLost)
 	finished.Close()
 	revoked.Close()
+}
+
+// TestALockedRowDelaysOnlyItsOwnTerm: a process holds four terms; another
+// transaction holds the row lock of one batch (an operator's open
+// transaction) for longer than the TTL, and of a second one for a few
+// renewal periods. Every other term keeps being renewed (its expiry moves
+// forward in the database) and keeps working; the term whose row is locked
+// past the TTL is not reported lost while its deadline has not passed, and
+// self-fences only at that deadline; the term whose lock ends in time is
+// renewed again and keeps working.
+func TestALockedRowDelaysOnlyItsOwnTerm(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	store := lease.NewStore(pool)
+	var obs observed
+	const (
+		ttl   = 3 * time.Second
+		every = 200 * time.Millisecond
+	)
+	r, err := lease.NewRenewer(store, lease.RenewerConfig{TTL: ttl, Every: every, Observe: obs.observe, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	var holdings []*lease.Holding
+	for i := range 4 {
+		b := reserve(t, pool, "tenant-a", fmt.Sprintf("s3://bucket/locked-row-%d", i))
+		_, h, err := r.Acquire(ctx, b.ID, fmt.Sprintf("delivery-%d", i))
+		require.NoError(t, err)
+		require.NotNil(t, h)
+		defer h.Close()
+		holdings = append(holdings, h)
+	}
+	lockedPastTTL, lockedBriefly, free := holdings[0], holdings[1], holdings[2:]
+
+	lock := func(h *lease.Holding) pgx.Tx {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+		_, err = tx.Exec(ctx, `SELECT 1 FROM ingestion_batches WHERE id = $1 FOR UPDATE`, h.Lease().BatchID)
+		require.NoError(t, err)
+		return tx
+	}
+	long, brief := lock(lockedPastTTL), lock(lockedBriefly)
+	expiryOf := func(h *lease.Holding) time.Time {
+		var at time.Time
+		// A plain read: never blocked by the row locks.
+		require.NoError(t, pool.QueryRow(ctx, `SELECT execution_lease_expires_at FROM ingestion_batches WHERE id = $1`, h.Lease().BatchID).Scan(&at))
+		return at
+	}
+	lockedExpiry := expiryOf(lockedPastTTL)
+	snapshot := map[*lease.Holding]time.Time{}
+	for _, h := range holdings {
+		snapshot[h] = expiryOf(h)
+	}
+	// renewedPast reports whether each term's expiry moved past both its
+	// own expiry when the locks were taken and at.
+	renewedPast := func(hs []*lease.Holding, at time.Time) func() bool {
+		return func() bool {
+			for _, h := range hs {
+				if e := expiryOf(h); !e.After(at) || !e.After(snapshot[h]) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+
+	// The free terms are renewed while both rows stay locked.
+	require.Eventually(t, renewedPast(free, lockedExpiry), 10*time.Second, 10*time.Millisecond, "the free terms were not renewed while another row was locked")
+	require.True(t, time.Now().Before(lockedPastTTL.Deadline()), "the test observed the locked term before its deadline")
+	require.NoError(t, lockedPastTTL.Context().Err(), "a term whose row is locked is unknown, not lost, before its deadline")
+	lost, _ := obs.get(lease.RenewalLost)
+	require.Zero(t, lost, "no term was reported lost")
+	require.Eventually(t, func() bool { busy, _ := obs.get(lease.RenewalBusy); return busy > 0 }, 10*time.Second, 10*time.Millisecond, "the locked terms were counted busy")
+
+	// Two more periods; then the brief lock ends and its term is renewed.
+	time.Sleep(2 * every)
+	require.NoError(t, brief.Rollback(ctx))
+	require.Eventually(t, renewedPast([]*lease.Holding{lockedBriefly}, lockedExpiry), 10*time.Second, 10*time.Millisecond, "the term whose lock ended was not renewed")
+
+	// Past the locked term's expiry, by the database clock.
+	require.Eventually(t, func() bool {
+		var past bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT now() > $1::timestamptz + $2 * interval '1 microsecond'`, lockedExpiry, every.Microseconds()).Scan(&past))
+		return past
+	}, 10*time.Second, 10*time.Millisecond)
+	select {
+	case <-lockedPastTTL.Context().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the term whose row stayed locked did not self-fence at its deadline")
+	}
+	require.ErrorIs(t, context.Cause(lockedPastTTL.Context()), lease.ErrLost)
+	for _, h := range append([]*lease.Holding{lockedBriefly}, free...) {
+		require.NoError(t, h.Context().Err(), "term of batch %d was fenced", h.Lease().BatchID)
+	}
+	require.True(t, renewedPast(append([]*lease.Holding{lockedBriefly}, free...), lockedExpiry)(), "the other terms outlived the locked one's expiry in the database")
+	lost, _ = obs.get(lease.RenewalLost)
+	require.Equal(t, 1, lost, "only the locked term, at its own deadline")
+	require.NoError(t, long.Rollback(ctx))
+}
+
+// TestDeadlineIsTheReportedExpiryLessTheSafetyMargin: on a local clock that
+// stands still, a term's local deadline is the time its request was sent
+// plus the time the database said was left, less the safety margin, after
+// the acquisition and after every renewal; a renewer without a margin gets
+// the default one.
+func TestDeadlineIsTheReportedExpiryLessTheSafetyMargin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	store := lease.NewStore(pool)
+	var (
+		mu  sync.Mutex
+		now = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	const margin = 6 * time.Minute
+	r, err := lease.NewRenewer(store, lease.RenewerConfig{TTL: time.Hour, Every: 50 * time.Minute, SafetyMargin: margin, Clock: clock})
+	require.NoError(t, err)
+	b := reserve(t, pool, "tenant-a", "s3://bucket/margin-deadline")
+	a, h, err := r.Acquire(ctx, b.ID, "delivery")
+	require.NoError(t, err)
+	defer h.Close()
+	require.Equal(t, time.Hour, a.Lease.Remaining())
+	require.Equal(t, clock().Add(a.Lease.Remaining()-margin), h.Deadline(), "acquired: reported expiry less the margin")
+
+	mu.Lock()
+	now = now.Add(10 * time.Minute)
+	mu.Unlock()
+	require.NoError(t, r.RenewAll(ctx))
+	require.Equal(t, clock().Add(h.Lease().Remaining()-margin), h.Deadline(), "renewed: reported expiry less the margin")
+	require.Equal(t, clock().Add(time.Hour-margin), h.Deadline())
+
+	require.Equal(t, 3*time.Second, lease.DefaultSafetyMargin(30*time.Second, 10*time.Second), "a tenth of the TTL")
+	require.Equal(t, 300*time.Millisecond, lease.DefaultSafetyMargin(3*time.Second, time.Second))
+	require.Equal(t, 250*time.Millisecond, lease.DefaultSafetyMargin(2*time.Second, time.Second), "at least the renewal retry delay")
+	require.Equal(t, 50*time.Millisecond, lease.DefaultSafetyMargin(time.Second, 900*time.Millisecond), "at most half of TTL − period")
+	for _, bad := range []time.Duration{-time.Second, 10 * time.Minute, 20 * time.Minute} {
+		_, err := lease.NewRenewer(store, lease.RenewerConfig{TTL: time.Hour, Every: 50 * time.Minute, SafetyMargin: bad})
+		require.Error(t, err, "margin %s", bad)
+	}
 }
