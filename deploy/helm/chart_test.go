@@ -3,8 +3,8 @@
 package helm_test
 
 import (
-	"maps"
 	"fmt"
+	"maps"
 	"os"
 	"sort"
 	"strings"
