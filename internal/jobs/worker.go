@@ -46,6 +46,12 @@ type WorkerConfig struct {
 	// RenewEvery is the heartbeat period; it must be shorter than LeaseTTL.
 	// Defaults to RenewEveryDefault (10 s).
 	RenewEvery time.Duration
+	// LeaseSafetyMargin is how long before its lease's expiry a delivery
+	// stops working, and how much of its term must be left for a warehouse
+	// commit to start (lease.RenewerConfig.SafetyMargin). Defaults to
+	// lease.DefaultSafetyMargin(LeaseTTL, RenewEvery): a tenth of the TTL
+	// (3 s with the defaults). It must be shorter than LeaseTTL − RenewEvery.
+	LeaseSafetyMargin time.Duration
 	// HolderPrefix identifies this process in lease ids (e.g. the pod
 	// name). Defaults to "worker".
 	HolderPrefix string
@@ -77,6 +83,12 @@ func (c *WorkerConfig) validate() error {
 	case c.RenewEvery >= c.LeaseTTL:
 		return fmt.Errorf("jobs: lease renewal period %s must be shorter than the lease TTL %s", c.RenewEvery, c.LeaseTTL)
 	}
+	if c.LeaseSafetyMargin == 0 {
+		c.LeaseSafetyMargin = lease.DefaultSafetyMargin(c.LeaseTTL, c.RenewEvery)
+	}
+	if err := lease.ValidateSafetyMargin(c.LeaseSafetyMargin, c.LeaseTTL, c.RenewEvery); err != nil {
+		return fmt.Errorf("jobs: %w", err)
+	}
 	return nil
 }
 
@@ -102,7 +114,7 @@ func NewIngestWorker(cfg WorkerConfig) (*IngestWorker, error) {
 		return nil, err
 	}
 	renewer, err := lease.NewRenewer(cfg.Leases, lease.RenewerConfig{
-		TTL: cfg.LeaseTTL, Every: cfg.RenewEvery, Clock: cfg.Clock, Logger: cfg.Logger,
+		TTL: cfg.LeaseTTL, Every: cfg.RenewEvery, SafetyMargin: cfg.LeaseSafetyMargin, Clock: cfg.Clock, Logger: cfg.Logger,
 		Observe: func(outcome string, n int) { cfg.Metrics.LeaseRenewals.WithLabelValues(outcome).Add(float64(n)) },
 	})
 	if err != nil {
@@ -263,15 +275,31 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 
 // giveUp records a batch whose transient failures outlasted every attempt as
 // failed, so its scope does not stay reserved by a batch nobody retries.
+// It holds the batch's lease through the renewer like any delivery: the
+// term is renewed while the warehouse stamp is read back (however slow the
+// read), the read stops when the term is lost, and the final write is
+// fenced on the term, so it lands only while the term is held.
 func (w *IngestWorker) giveUp(ctx context.Context, job *river.Job[IngestArgs], res pipeline.Result, log *slog.Logger) error {
 	m := w.cfg.Metrics
 	m.Deliveries.WithLabelValues("failed").Inc()
-	a, err := w.cfg.Leases.Acquire(ctx, job.Args.BatchID, w.holderID(job), w.cfg.LeaseTTL)
+	a, held, err := w.renewer.Acquire(ctx, job.Args.BatchID, w.holderID(job))
 	if err != nil || a.Outcome != lease.Acquired {
 		return res.Err
 	}
-	defer w.cfg.Leases.Release(context.WithoutCancel(ctx), a.Lease) //nolint:errcheck
-	b, err := w.cfg.Store.Get(ctx, job.Args.BatchID)
+	marked := false
+	defer func() {
+		last := held.Close()
+		if marked {
+			return // the terminal write released the lease
+		}
+		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		if _, err := w.cfg.Leases.Release(relCtx, last); err != nil {
+			log.Warn("releasing lease failed; it will expire", "error", err)
+		}
+	}()
+	hctx := held.Context()
+	b, err := w.cfg.Store.Get(hctx, job.Args.BatchID)
 	if err != nil {
 		return res.Err
 	}
@@ -281,7 +309,7 @@ func (w *IngestWorker) giveUp(ctx context.Context, job *river.Job[IngestArgs], r
 	}
 	// Never assume the work did not commit: the pipeline reads it back.
 	if s, ok := w.cfg.Pipelines[b.SourceType].(pipeline.Settler); ok {
-		if d, err = s.Settle(ctx, b, d); err != nil {
+		if d, err = s.Settle(hctx, b, d); err != nil {
 			log.Warn("giving up: could not tell whether the batch committed; it stays Running for a later delivery", "error", err)
 			return res.Err
 		}
@@ -291,9 +319,11 @@ func (w *IngestWorker) giveUp(ctx context.Context, job *river.Job[IngestArgs], r
 		phase = batch.PhaseFailedPublication
 	}
 	msg := fmt.Sprintf("gave up after %d attempts: %v", job.Attempt, res.Err)
-	if _, err := w.cfg.Store.MarkFailed(ctx, a.Lease.Fence(), d, phase, msg); err != nil {
+	if _, err := w.cfg.Store.MarkFailed(hctx, held.Lease().Fence(), d, phase, msg); err != nil {
+		log.Warn("giving up: recording the batch failed was refused or failed; it stays Running for a later delivery", "error", err)
 		return res.Err
 	}
+	marked = true
 	log.Error("batch failed after exhausting retries", "phase", phase, "error", res.Err)
 	return nil
 }
