@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +31,7 @@ type runCmd struct {
 	MetricsMaxConns      int           `name:"metrics-max-conns" env:"METRICS_MAX_CONNS" default:"64" help:"Most open connections to the metrics listener; beyond it the longest-idle one is closed."`
 	LeaseTTL             time.Duration `name:"lease-ttl" env:"LEASE_TTL" default:"30s" help:"Execution lease duration, on the database clock."`
 	LeaseRenewEvery      time.Duration `name:"lease-renew-every" env:"LEASE_RENEW_EVERY" default:"10s" help:"Heartbeat period; must be shorter than --lease-ttl."`
+	LeaseSafetyMargin    time.Duration `name:"lease-safety-margin" env:"LEASE_SAFETY_MARGIN" help:"How long before its lease's expiry (as its last renewal reported it) a delivery stops working, and how much of its term must be left, by the database clock, for a warehouse commit to start. Default (0): a tenth of --lease-ttl, at least a quarter of --lease-renew-every (3s with the defaults). Must be shorter than --lease-ttl minus --lease-renew-every."`
 	Concurrency          int           `name:"concurrency" env:"CONCURRENCY" default:"4" help:"Batches this process works at once."`
 	ShutdownGrace        time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"25s" help:"On SIGTERM, how long running batches may finish before they are cancelled and left resumable."`
 	SweepInterval        time.Duration `name:"sweep-interval" env:"SWEEP_INTERVAL" default:"5s" help:"How often to look for Running batches whose lease expired (crashed workers) or that are orphaned."`
@@ -74,6 +76,8 @@ func (r *runCmd) validate() error {
 		return errors.New("--lease-ttl must be at least 1s")
 	case r.LeaseRenewEvery <= 0 || r.LeaseRenewEvery >= r.LeaseTTL:
 		return fmt.Errorf("--lease-renew-every (%s) must be positive and shorter than --lease-ttl (%s)", r.LeaseRenewEvery, r.LeaseTTL)
+	case r.LeaseSafetyMargin < 0 || r.LeaseSafetyMargin >= r.LeaseTTL-r.LeaseRenewEvery:
+		return fmt.Errorf("--lease-safety-margin (%s) must be at least 0 and shorter than --lease-ttl minus --lease-renew-every (%s): a lease renewed on time must not reach it", r.LeaseSafetyMargin, r.LeaseTTL-r.LeaseRenewEvery)
 	case r.Concurrency < 1 || r.Concurrency > 256:
 		return errors.New("--concurrency must be between 1 and 256")
 	case r.ShutdownGrace < 0:
@@ -151,12 +155,13 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 				Mapping:       r.mapping(), AllowLocalFolders: r.DevLocal,
 			},
 		},
-		LeaseTTL:     r.LeaseTTL,
-		RenewEvery:   r.LeaseRenewEvery,
-		HolderPrefix: r.Name,
-		Clock:        offsetClock(r.ClockOffset),
-		Metrics:      m,
-		Logger:       log,
+		LeaseTTL:          r.LeaseTTL,
+		RenewEvery:        r.LeaseRenewEvery,
+		LeaseSafetyMargin: r.LeaseSafetyMargin,
+		HolderPrefix:      r.Name,
+		Clock:             offsetClock(r.ClockOffset),
+		Metrics:           m,
+		Logger:            log,
 	})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
@@ -195,6 +200,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	go jobs.RunStats(bg, pool, m, r.StatsInterval, log)
 	ready.Store(true)
 	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl", r.LeaseTTL, "lease_renew_every", r.LeaseRenewEvery,
+		"lease_safety_margin", cmp.Or(r.LeaseSafetyMargin, lease.DefaultSafetyMargin(r.LeaseTTL, r.LeaseRenewEvery)),
 		"max_conns", leaseConns+mainConns,
 		"database", cli.Redact(g.DatabaseURL), "warehouse", whName)
 
