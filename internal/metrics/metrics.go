@@ -21,7 +21,7 @@ var (
 	ReservationOutcomes = []string{"reserved", "conflict", "enqueue_failed"}
 	ResumeOutcomes      = []string{"resumed", "conflict", "not_resumable", "not_found", "enqueue_failed"}
 	AcquireOutcomes     = []string{"acquired", "taken_over", "contended", "terminal", "not_found"}
-	RenewalOutcomes     = []string{"renewed", "lost", "error"}
+	RenewalOutcomes     = []string{"renewed", "lost", "error", "busy"}
 	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "failed", "retry", "lease_lost", "cancelled", "parked"}
 	BatchOutcomes       = []string{"succeeded", "failed"}
 	Phases              = []string{"load", "publish"}
@@ -82,7 +82,7 @@ func New() *Metrics {
 		Name: "ingest_lease_acquisitions_total", Help: "Execution lease acquisition attempts by outcome (acquired, taken_over, contended, terminal, not_found).",
 	}, []string{"outcome"})
 	m.LeaseRenewals = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_lease_renewals_total", Help: "Execution lease heartbeat renewals by outcome (renewed, lost, error).",
+		Name: "ingest_lease_renewals_total", Help: "Execution lease heartbeat renewals by outcome (renewed, lost, error, busy: the batch row was locked by another transaction, so the term was neither renewed nor lost).",
 	}, []string{"outcome"})
 	m.LeasesHeld = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ingest_leases_held", Help: "Execution leases this process holds now.",
