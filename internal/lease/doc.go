@@ -60,12 +60,50 @@
 // by its deliveries). The terms that come back lost are fenced one by one:
 // their deliveries' work contexts are cancelled with ErrLost.
 //
-// Local deadlines: the only clock is the database's. A holder that sent an
-// acquisition or renewal at local time t, answered with expiry e at database
-// time n, stops working by t + (e − n) on its own clock (Lease.Remaining):
-// clock skew between the two cancels out, and the deadline errs early by the
-// request's latency, never late. A term whose renewals keep failing is fenced
-// at that deadline.
+// Renewals are isolated per row. The statement locks the rows it renews
+// with FOR NO KEY UPDATE SKIP LOCKED, so a row another transaction has
+// locked (an operator's open transaction, a slow cancel, the holder's own
+// fenced write in flight) never makes it wait: that term comes back Busy —
+// the statement's snapshot, a read that waits on no lock, still shows it
+// held — and is retried alone at once (Store.RenewWaiting, waiting at most
+// a quarter of the period, and never more than a second, under SET LOCAL
+// lock_timeout). A term whose row is still locked is unknown: not renewed,
+// not lost, not counted or logged as lost (ingest_lease_renewals_total
+// counts it "busy"). It is retried every quarter period and keeps its local
+// deadline, at which it fences itself if no renewal came first. The other
+// terms of the process are renewed as usual.
+//
+// A term as its holder sees it:
+//
+//	          renewed (deadline moves on)
+//	            ┌───────┐
+//	            ▼       │       row locked: skipped, retried alone
+//	Acquire ─▶ held ────┴────────────────────────▶ unknown (busy)
+//	            │  ▲                                  │   │
+//	            │  └──── renewed once the lock ends ──┘   │
+//	            │ renewal or check finds it gone,         │ local deadline
+//	            │ or local deadline passes                │ passes
+//	            ▼                                         │
+//	         fenced: work context cancelled (ErrLost) ◀───┘
+//
+// Local deadlines and the safety margin: the only clock is the database's.
+// A holder that sent an acquisition or renewal at local time t, answered
+// with expiry e at database time n, stops working by t + (e − n) − m on
+// its own clock, m being the safety margin (RenewerConfig.SafetyMargin;
+// worker run --lease-safety-margin): clock skew between the two cancels
+// out, and the deadline errs early by the request's latency plus m, never
+// late. A term whose renewals keep failing, or whose row stays locked, is
+// fenced at that deadline — m before the database lets a successor take the
+// batch over, so that work in flight when its context is cancelled (a
+// warehouse COMMIT) has m to end. The check a holder makes right before an
+// irreversible step (Holding.Verify, the lease check the warehouses run
+// before their commit) asks the database for more than m left:
+// execution_lease_expires_at > now() + m (Store.Check); a term with m or
+// less left is fenced and its commit refused. The default margin is
+// DefaultSafetyMargin: a tenth of the TTL, at least the quarter period after
+// which a failed renewal is retried (and 100 ms), at most half of TTL −
+// period; a margin must be shorter than TTL − period, or a term renewed on
+// time would reach it.
 //
 // Concurrent acquirers are serialised by the row lock the UPDATE takes;
 // under READ COMMITTED the losers re-evaluate the conditions against the
