@@ -160,6 +160,8 @@ func TestChartDefaults(t *testing.T) {
 	renewDur, _ := time.ParseDuration(renew)
 	require.Less(t, renewDur, ttlDur)
 	require.Equal(t, "30s", ttl)
+	_, ok = argValue(c.Args, "--lease-safety-margin")
+	require.False(t, ok, "the worker's default safety margin (a tenth of the TTL)")
 	require.Equal(t, []string{"/worker"}, c.Command)
 	require.Equal(t, "run", c.Args[0])
 
@@ -216,7 +218,7 @@ func TestChartNonDefaults(t *testing.T) {
 		"image": map[string]any{"tag": "1.2.3"},
 		"worker": map[string]any{
 			"replicas": 5, "autoscaling": map[string]any{"enabled": false}, "shutdownGraceSeconds": 60,
-			"leaseTTLSeconds": 45, "leaseRenewEverySeconds": 15, "concurrency": 8,
+			"leaseTTLSeconds": 45, "leaseRenewEverySeconds": 15, "concurrency": 8, "leaseSafetyMarginMilliseconds": 4500,
 			"podDisruptionBudget": map[string]any{"enabled": false},
 		},
 		"warehouse": map[string]any{"existingSecret": "redshift"},
@@ -236,6 +238,8 @@ func TestChartNonDefaults(t *testing.T) {
 	require.Equal(t, "ghcr.io/fleet/ingest:1.2.3", c.Image)
 	v, _ := argValue(c.Args, "--concurrency")
 	require.Equal(t, "8", v)
+	v, _ = argValue(c.Args, "--lease-safety-margin")
+	require.Equal(t, "4500ms", v)
 	name, key := envSecret(c, "WAREHOUSE_URL")
 	require.Equal(t, "redshift", name)
 	require.Equal(t, "url", key)
@@ -293,6 +297,12 @@ func TestChartRefusesUnsafeTimings(t *testing.T) {
 	require.ErrorContains(t, err, "must be longer than worker.shutdownGraceSeconds")
 	_, err = render(t, map[string]any{"worker": map[string]any{"leaseTTLSeconds": 10, "leaseRenewEverySeconds": 10}})
 	require.ErrorContains(t, err, "leaseRenewEverySeconds must be shorter")
+	for _, margin := range []int{20000, 25000, -1} { // the defaults leave 30 s − 10 s
+		_, err = render(t, map[string]any{"worker": map[string]any{"leaseSafetyMarginMilliseconds": margin}})
+		require.ErrorContains(t, err, "worker.leaseSafetyMarginMilliseconds (", "%d", margin)
+	}
+	_, err = render(t, map[string]any{"worker": map[string]any{"leaseSafetyMarginMilliseconds": 19999}})
+	require.NoError(t, err)
 	_, err = render(t, map[string]any{"secrets": map[string]any{"worker": map[string]any{"existingSecret": ""}}})
 	require.ErrorContains(t, err, "existingSecret is required")
 	_, err = render(t, map[string]any{"enqueue": map[string]any{"sns": map[string]any{"autoConfirm": true}}})

@@ -107,6 +107,12 @@ and the pod name.
 {{- if ge (int .Values.worker.leaseRenewEverySeconds) (int .Values.worker.leaseTTLSeconds) -}}
 {{- fail "worker.leaseRenewEverySeconds must be shorter than worker.leaseTTLSeconds" -}}
 {{- end -}}
+{{- with .Values.worker.leaseSafetyMarginMilliseconds -}}
+{{- $window := mul (sub (int $.Values.worker.leaseTTLSeconds) (int $.Values.worker.leaseRenewEverySeconds)) 1000 -}}
+{{- if or (lt (int .) 0) (ge (int .) $window) -}}
+{{- fail (printf "worker.leaseSafetyMarginMilliseconds (%d) must be at least 0 and shorter than (leaseTTLSeconds - leaseRenewEverySeconds) x 1000 = %d" (int .) $window) -}}
+{{- end -}}
+{{- end -}}
 {{- $term -}}
 {{- end -}}
 
