@@ -12,6 +12,7 @@ import (
 	"database/sql"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -70,12 +71,16 @@ func upTo(ctx context.Context, db *sql.DB, fsys fs.FS, table string, version int
 		return nil, err
 	}
 	results, err := provider.UpTo(ctx, version)
-	if err != nil {
-		return nil, fmt.Errorf("applying migrations: %w", err)
+	var partial *goose.PartialError
+	if errors.As(err, &partial) {
+		results = partial.Applied // applied before the one that failed
 	}
 	applied := make([]Applied, 0, len(results))
 	for _, r := range results {
 		applied = append(applied, Applied{Version: r.Source.Version, Source: r.Source.Path, Duration: r.Duration})
+	}
+	if err != nil {
+		return applied, fmt.Errorf("applying migrations: %w", err)
 	}
 	return applied, nil
 }

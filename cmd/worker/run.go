@@ -46,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 type migrateCmd struct {
 	SkipWarehouse bool          `name:"skip-warehouse" help:"Apply only the operational database's migrations (project and River), not the warehouse schema."`
 	Timeout       time.Duration `default:"5m" help:"Give up after this long."`
+	LockTimeout   time.Duration `name:"lock-timeout" env:"MIGRATE_LOCK_TIMEOUT" default:"5s" help:"How long one migration statement waits for a lock (PostgreSQL lock_timeout) before it gives way, so lease renewals never queue behind it for longer; it is retried (--lock-attempts) and the session it waited for is logged."`
+	LockAttempts  int           `name:"lock-attempts" env:"MIGRATE_LOCK_ATTEMPTS" default:"10" help:"How many times migrations that gave way to a lock are tried (backoff 1 s doubling to 30 s) before worker migrate exits 6 naming the blocking session."`
 
 	warehousecli.Flags
 }
@@ -54,6 +56,22 @@ func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
 	if err := m.Flags.Validate(false); err != nil {
 		return warehousecli.ExitError(err)
 	}
+	if m.LockTimeout <= 0 || m.LockTimeout > time.Minute {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--lock-timeout: must be positive and at most 1m")}
+	}
+	if m.LockAttempts < 1 || m.LockAttempts > 1000 {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--lock-attempts: must be between 1 and 1000")}
+	}
+	cfg := migrations.Config{LockTimeout: m.LockTimeout, LockAttempts: m.LockAttempts, Logger: e.Logger}
+	err := m.apply(g, e, cfg)
+	var lte *migrations.LockTimeoutError
+	if errors.As(err, &lte) {
+		return cli.ExitError{Code: cli.ExitLockTimeout, Err: err}
+	}
+	return err
+}
+
+func (m *migrateCmd) apply(g *cli.Globals, e *cli.Env, cfg migrations.Config) error {
 	ctx, cancel := context.WithTimeout(e.Ctx, m.Timeout)
 	defer cancel()
 	pool, err := g.Connect(ctx, 10*time.Second)
@@ -64,7 +82,7 @@ func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
 		return err
 	}
 	defer pool.Close()
-	report, err := migrations.Apply(ctx, pool, e.Logger)
+	report, err := cfg.Apply(ctx, pool)
 	if err != nil {
 		return err
 	}
@@ -96,7 +114,7 @@ func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
 			}
 			defer whPool.Close()
 		}
-		if report.Warehouse, err = migrations.ApplyWarehouse(ctx, whPool); err != nil {
+		if report.Warehouse, err = cfg.ApplyWarehouse(ctx, whPool); err != nil {
 			return fmt.Errorf("warehouse: %w", err)
 		}
 	}

@@ -31,6 +31,7 @@ const (
 	ExitConflict     = 3 // a running batch holds the scope
 	ExitEnqueueFail  = 4 // the job insert failed; the batch was recorded Failed
 	ExitNotResumable = 5 // refused: not resumable, retryable or cancellable, or batch not found
+	ExitLockTimeout  = 6 // worker migrate gave way to locks held by other sessions on every attempt
 )
 
 // Globals are the flags every command has.
