@@ -36,6 +36,21 @@ var (
 // SNSConfirmationOutcomes label ingest_sns_subscription_confirmations_total.
 var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "invalid", "topic_not_accepted"}
 
+// SQSDeletedOutcomes label ingest_sqs_messages_deleted_total: why a message
+// was acknowledged (imported: every folder it completes has a batch;
+// ignored: it completes no folder; test_event: the s3:TestEvent).
+var SQSDeletedOutcomes = []string{"imported", "ignored", "test_event"}
+
+// SQSLeftReasons label ingest_sqs_messages_left_total: why a message was
+// left in the queue. database_unavailable, enqueue_failed and
+// delete_failed come back after the visibility timeout and may succeed;
+// the others never will and end in the dead-letter queue.
+var SQSLeftReasons = []string{"malformed", "unmapped", "bucket_not_allowed", "invalid_input", "sns_control", "database_unavailable", "enqueue_failed", "delete_failed"}
+
+// ReconcileOutcomes label ingest_reconcile_folders_total: what reconcile
+// found for each completed folder.
+var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue"}
+
 // Metrics are the coordinator's Prometheus metrics.
 type Metrics struct {
 	Registry *prometheus.Registry
@@ -62,6 +77,21 @@ type Metrics struct {
 	DatabaseStatsErrors prometheus.Counter
 	HTTPRequests        *prometheus.CounterVec
 	SNSConfirmations    *prometheus.CounterVec
+
+	// The SQS consumer (enqueue sqs).
+	SQSMessagesReceived prometheus.Counter
+	SQSMessagesDeleted  *prometheus.CounterVec
+	SQSMessagesLeft     *prometheus.CounterVec
+	SQSReceiveDuration  prometheus.Histogram
+	SQSOldestMessageAge prometheus.Gauge
+	SQSReceiveCount     prometheus.Histogram
+
+	// The reconciler (enqueue reconcile).
+	ReconcileFolders       *prometheus.CounterVec
+	ReconcileMissed        prometheus.Counter
+	ReconcileObjectsListed prometheus.Counter
+	ReconcileScanDuration  prometheus.Histogram
+	ReconcileScans         *prometheus.CounterVec
 }
 
 // New creates the metrics on a fresh registry, with the Go and process
@@ -144,6 +174,8 @@ func New() *Metrics {
 		Help: "Amazon SNS subscription confirmations received by outcome (confirmed, unconfirmed: left to an operator, failed, invalid: bad signature, topic_not_accepted: not verified, its topic is not --sns-topic-arn).",
 	}, []string{"outcome"})
 	f(m.SNSConfirmations)
+	m.newSQS(f)
+	m.newReconcile(f)
 
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,
@@ -181,6 +213,58 @@ func New() *Metrics {
 		m.HTTPRequests.WithLabelValues("cancel", o)
 	}
 	return m
+}
+
+func (m *Metrics) newSQS(f func(prometheus.Collector)) {
+	m.SQSMessagesReceived = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_sqs_messages_received_total", Help: "SQS messages received by the consumer (a redelivery counts again).",
+	})
+	m.SQSMessagesDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_sqs_messages_deleted_total", Help: "SQS messages deleted after their folders' burst committed, by outcome (imported, ignored, test_event).",
+	}, []string{"outcome"})
+	m.SQSMessagesLeft = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_sqs_messages_left_total", Help: "SQS messages left in the queue, by reason: database_unavailable, enqueue_failed and delete_failed come back after the visibility timeout; malformed, unmapped, bucket_not_allowed, invalid_input and sns_control never succeed and reach the dead-letter queue.",
+	}, []string{"reason"})
+	m.SQSReceiveDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ingest_sqs_receive_duration_seconds", Help: "Duration of ReceiveMessage calls (long polls: up to the wait time when the queue is empty).",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30},
+	})
+	m.SQSOldestMessageAge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ingest_sqs_oldest_message_age_seconds", Help: "Age (by its SentTimestamp) of the oldest message of the last receive that returned messages.",
+	})
+	m.SQSReceiveCount = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ingest_sqs_message_receive_count", Help: "ApproximateReceiveCount of the messages received: above 1 is a redelivery.",
+		Buckets: []float64{1, 2, 3, 5, 10, 20},
+	})
+	for _, c := range []prometheus.Collector{m.SQSMessagesReceived, m.SQSMessagesDeleted, m.SQSMessagesLeft, m.SQSReceiveDuration, m.SQSOldestMessageAge, m.SQSReceiveCount} {
+		f(c)
+	}
+	initLabels(m.SQSMessagesDeleted, SQSDeletedOutcomes)
+	initLabels(m.SQSMessagesLeft, SQSLeftReasons)
+}
+
+func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
+	m.ReconcileFolders = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_reconcile_folders_total", Help: "Completed folders reconcile found, by outcome.",
+	}, []string{"outcome"})
+	m.ReconcileMissed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_reconcile_missed_total", Help: "Completed folders without a batch that reconcile enqueued: uploads whose notification was lost.",
+	})
+	m.ReconcileObjectsListed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_reconcile_objects_listed_total", Help: "Objects reconcile listed (ListObjectsV2).",
+	})
+	m.ReconcileScanDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ingest_reconcile_scan_duration_seconds", Help: "Duration of reconcile scans.",
+		Buckets: prometheus.ExponentialBuckets(0.1, 3, 10),
+	})
+	m.ReconcileScans = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_reconcile_scans_total", Help: "Reconcile periods by outcome (scanned; skipped: another replica holds the lock or scanned this period; failed).",
+	}, []string{"outcome"})
+	for _, c := range []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileScanDuration, m.ReconcileScans} {
+		f(c)
+	}
+	initLabels(m.ReconcileFolders, ReconcileOutcomes)
+	initLabels(m.ReconcileScans, []string{"scanned", "skipped", "failed"})
 }
 
 func initLabels(c *prometheus.CounterVec, values []string) {
