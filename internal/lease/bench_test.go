@@ -111,3 +111,26 @@ func BenchmarkBaselineRawUpdate(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRenewMany64 renews 64 held terms with one statement, as a worker
+// process does once per period: the cost of one renewal round.
+func BenchmarkRenewMany64(b *testing.B) {
+	pool := pgtest.NewPool(b)
+	ctx := context.Background()
+	leases := lease.NewStore(pool)
+	held := make([]lease.Lease, 64)
+	for i := range held {
+		id := reserve(b, pool, "tenant-bench", fmt.Sprintf("s3://bucket/many-%d", i)).ID
+		a, err := leases.Acquire(ctx, id, fmt.Sprintf("d-%d", i), time.Hour)
+		if err != nil || a.Outcome != lease.Acquired {
+			b.Fatalf("acquire: %v %v", a.Outcome, err)
+		}
+		held[i] = a.Lease
+	}
+	for b.Loop() {
+		res, err := leases.RenewMany(ctx, held, time.Hour)
+		if err != nil || !res[0].Held {
+			b.Fatalf("renew: %v", err)
+		}
+	}
+}

@@ -273,35 +273,37 @@ func (s *Store) Check(ctx context.Context, l Lease, margin time.Duration) (check
 const renewManySQL = `
 	WITH h AS (
 	    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS h(id, lease_id, generation)
+	), locked AS (
+	    SELECT l.id FROM ingestion_batches l JOIN h ON l.id = h.id
+	    WHERE l.id = ANY($1::bigint[])
+	      AND l.execution_lease_id = h.lease_id
+	      AND l.execution_lease_generation = h.generation
+	      AND l.status = 'Running'
+	      AND l.execution_lease_expires_at > now()
+	    ORDER BY l.id
+	    FOR NO KEY UPDATE OF l SKIP LOCKED
 	), renewed AS (
 	    UPDATE ingestion_batches b
 	    SET execution_lease_expires_at = now() + $4 * interval '1 microsecond',
 	        execution_lease_renewed_at = now()
 	    FROM h
 	    WHERE b.id = h.id
+	      AND b.id IN (SELECT id FROM locked)
 	      AND b.execution_lease_id = h.lease_id
 	      AND b.execution_lease_generation = h.generation
 	      AND b.status = 'Running'
 	      AND b.execution_lease_expires_at > now()
-	      AND b.id IN (
-	          SELECT l.id FROM ingestion_batches l JOIN h ON l.id = h.id
-	          WHERE l.execution_lease_id = h.lease_id
-	            AND l.execution_lease_generation = h.generation
-	            AND l.status = 'Running'
-	            AND l.execution_lease_expires_at > now()
-	          ORDER BY l.id
-	          FOR NO KEY UPDATE OF l SKIP LOCKED)
 	    RETURNING b.id, b.execution_lease_generation, b.execution_lease_expires_at, now() AS at
 	)
 	SELECT h.id, h.generation, r.execution_lease_expires_at, r.at,
-	       r.id IS NULL AND EXISTS (
-	           SELECT 1 FROM ingestion_batches s
-	           WHERE s.id = h.id
-	             AND s.execution_lease_id = h.lease_id
-	             AND s.execution_lease_generation = h.generation
-	             AND s.status = 'Running'
-	             AND s.execution_lease_expires_at > now())
-	FROM h LEFT JOIN renewed r ON r.id = h.id AND r.execution_lease_generation = h.generation`
+	       r.id IS NULL AND s.id IS NOT NULL
+	       AND s.execution_lease_id = h.lease_id
+	       AND s.execution_lease_generation = h.generation
+	       AND s.status = 'Running'
+	       AND s.execution_lease_expires_at > now()
+	FROM h
+	LEFT JOIN renewed r ON r.id = h.id AND r.execution_lease_generation = h.generation
+	LEFT JOIN ingestion_batches s ON s.id = h.id`
 
 // Renewal is the result of renewing one term with RenewMany.
 type Renewal struct {
@@ -350,13 +352,15 @@ func (s *Store) RenewMany(ctx context.Context, leases []Lease, ttl time.Duration
 	}
 	for rows.Next() {
 		var (
-			k key
-			r result
+			k    key
+			r    result
+			busy *bool
 		)
-		if err := rows.Scan(&k.id, &k.gen, &r.exp, &r.now, &r.busy); err != nil {
+		if err := rows.Scan(&k.id, &k.gen, &r.exp, &r.now, &busy); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("renewing %d leases: %w", len(leases), err)
 		}
+		r.busy = busy != nil && *busy
 		results[k] = r
 	}
 	if err := rows.Err(); err != nil {
