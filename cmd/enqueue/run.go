@@ -32,6 +32,7 @@ type enqueueCLI struct {
 	Status statusCmd `cmd:"" help:"Show one batch: status, phase, lease holder, expiry, generation, age."`
 	List   listCmd   `cmd:"" help:"List batches, newest first."`
 	Serve  serveCmd  `cmd:"" help:"Serve the HTTP listener for upload notifications (POST /v1/imports, POST /v1/events/s3)."`
+	SQS    sqsCmd    `cmd:"" name:"sqs" help:"Consume S3 upload notifications from an SQS queue: the folders of each receive are imported in one transaction, then their messages deleted."`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

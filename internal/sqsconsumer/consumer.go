@@ -95,7 +95,8 @@ type Config struct {
 	// ImportTimeoutDefault.
 	ImportTimeout time.Duration
 	// BackoffMin and BackoffMax bound the pause after a failed round
-	// (doubling from min to max). Default to BackoffMinDefault and
+	// (doubling from min to max), and BackoffMin the pause after a short
+	// poll that found nothing. Default to BackoffMinDefault and
 	// BackoffMaxDefault.
 	BackoffMin, BackoffMax time.Duration
 	// DelayAfterCommit pauses between the burst's commit and the delete.
@@ -176,7 +177,8 @@ func New(cfg Config) (*Consumer, error) {
 func (c *Consumer) Run(ctx context.Context) error {
 	failures := 0
 	for ctx.Err() == nil {
-		if _, err := c.Round(ctx); err != nil {
+		res, err := c.Round(ctx)
+		if err != nil {
 			failures++
 			pause := c.backoff(failures)
 			c.log.Warn("sqs round failed: backing off", "error", err.Error(), "failures", failures, "backoff", pause)
@@ -187,6 +189,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 			continue
 		}
 		failures = 0
+		if res.Received == 0 && c.cfg.WaitTime < 0 {
+			// A short poll found nothing: do not spin.
+			select {
+			case <-ctx.Done():
+			case <-time.After(c.cfg.BackoffMin):
+			}
+		}
 	}
 	return nil
 }
