@@ -27,6 +27,15 @@ const (
 	PollIntervalDefault = 100 * time.Millisecond
 	// PollMaxDefault is the longest DescribeStatement interval.
 	PollMaxDefault = 2 * time.Second
+	// ConflictRetriesDefault is how many times a transaction that failed
+	// on a transient conflict is submitted again within one load or
+	// publication.
+	ConflictRetriesDefault = 5
+	// RetryBackoffDefault is the first wait before such a retry; it
+	// doubles up to RetryBackoffMaxDefault.
+	RetryBackoffDefault = time.Second
+	// RetryBackoffMaxDefault is the longest wait before such a retry.
+	RetryBackoffMaxDefault = 30 * time.Second
 	// MaxRecordBytesDefault is Redshift's limit on one JSON object read by
 	// COPY (4 MB, before any parsing), taken as decimal megabytes to stay on
 	// the safe side. It applies to a whole staged line: the record plus its
@@ -80,6 +89,15 @@ type Config struct {
 	// PollInterval and PollMax shape DescribeStatement polling. Default to
 	// PollIntervalDefault and PollMaxDefault.
 	PollInterval, PollMax time.Duration
+	// ConflictRetries bounds how many times a transaction that failed on a
+	// transient conflict (Redshift's 1023 serializable isolation
+	// violation, a snapshot-isolation conflict, an aborted statement) is
+	// submitted again, from the same staging, within one load or
+	// publication. Defaults to ConflictRetriesDefault; negative disables.
+	ConflictRetries int
+	// RetryBackoff and RetryBackoffMax shape the wait before such a retry.
+	// Default to RetryBackoffDefault and RetryBackoffMaxDefault.
+	RetryBackoff, RetryBackoffMax time.Duration
 	// MaxRecordBytes, MaxStringBytes and MaxDepth are the limits records
 	// are held to before staging. Default to MaxRecordBytesDefault,
 	// MaxStringBytesDefault and MaxDepthDefault.
@@ -140,7 +158,7 @@ func (c Config) ValidateTarget() error {
 		return bad("db-user", "temporary credentials for a database user need a provisioned cluster id; a workgroup derives the user from the IAM identity")
 	case c.DBUser != "" && !namePattern.MatchString(c.DBUser):
 		return bad("db-user", "%q is not a database user name", c.DBUser)
-	case c.QueryTimeout < 0 || c.PollInterval < 0 || c.PollMax < 0:
+	case c.QueryTimeout < 0 || c.PollInterval < 0 || c.PollMax < 0 || c.RetryBackoff < 0 || c.RetryBackoffMax < 0:
 		return bad("timeouts", "must not be negative")
 	}
 	return nil
@@ -204,6 +222,9 @@ func (c Config) withDefaults() Config {
 	c.QueryTimeout = cmp.Or(c.QueryTimeout, QueryTimeoutDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.PollMax = max(cmp.Or(c.PollMax, PollMaxDefault), c.PollInterval)
+	c.ConflictRetries = max(cmp.Or(c.ConflictRetries, ConflictRetriesDefault), 0)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, RetryBackoffDefault)
+	c.RetryBackoffMax = max(cmp.Or(c.RetryBackoffMax, RetryBackoffMaxDefault), c.RetryBackoff)
 	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault)
 	c.MaxStringBytes = cmp.Or(c.MaxStringBytes, MaxStringBytesDefault)
 	c.MaxDepth = cmp.Or(c.MaxDepth, MaxDepthDefault)

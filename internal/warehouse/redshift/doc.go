@@ -12,17 +12,38 @@
 //	    │   (a record Redshift could not load ─▶ folder.ErrMalformed, naming object and line)
 //	beforeCommit (lease check)
 //	    │
-//	BatchExecuteStatement, one transaction:
+//	transaction 1, the COPY — no shared lock, nothing shared written:
+//	    DROP TABLE IF EXISTS curated_staging.fleet_load_<batch>_<generation>
+//	    CREATE TABLE … (LIKE curated.fleet_records INCLUDING DEFAULTS)
+//	    COPY … FROM '<manifest>' IAM_ROLE … MANIFEST FORMAT AS JSON 'auto' GZIP
+//	    │
+//	beforeCommit (lease check)
+//	    │
+//	transaction 2, the swap — short, under the writer lock:
 //	    LOCK curated.fleet_writer_lock
 //	    guard: no newer batch, no later generation      (fails the transaction)
 //	    DELETE the slice's records
-//	    COPY … FROM '<manifest>' IAM_ROLE … MANIFEST FORMAT AS JSON 'auto' GZIP
+//	    INSERT INTO curated.fleet_records SELECT … FROM the staging table
 //	    guard: the slice holds exactly the staged count
-//	    DELETE + INSERT the stamp (committed_at = SYSDATE)
+//	    DELETE + INSERT the stamp (committed_at = GETDATE(), the swap's moment)
+//	    DROP the staging table
 //	    │
 //	DescribeStatement until FINISHED, FAILED or ABORTED, or LoadTimeout
 //	    │
 //	read the stamp back ─▶ the outcome
+//
+// No tenant waits on another tenant's COPY: a COPY of any length runs in a
+// transaction that locks and writes only the load's own staging table;
+// the writer lock is held by swaps and publications only, each a handful of
+// statements on one slice. Two swaps (or a swap and a publication) are
+// serialised by the lock; should Redshift still report a serializable
+// isolation violation (1023) or a snapshot-isolation conflict ("could not
+// complete because of conflict with concurrent transaction") for either
+// transaction, or end it ABORTED, the same transaction is submitted again
+// after a backoff (Config.ConflictRetries, RetryBackoff), from the same
+// staging: nothing is staged or copied from S3 twice because of a conflict
+// on the swap. Conflicts that outlast the retries are transient
+// (warehouse.ErrTransient) for the delivery's own retry.
 //
 // Staging objects live under <prefix>batch-<id>/gen-<lease generation>/: a
 // retried delivery stages under its own generation and never overwrites
@@ -32,11 +53,16 @@
 // record, the record itself as a JSON object loaded into a SUPER column.
 // The manifest names exactly the parts of the load, each "mandatory" with
 // its meta.content_length, so a missing part fails the COPY and with it the
-// transaction. A load with no records stages nothing and runs no COPY.
+// transaction. A load with no records stages nothing, runs no COPY, and
+// its swap empties the slice.
 //
-// Values reach Redshift as Data API parameters. COPY takes none, so its
-// manifest URL and IAM role are written into the statement; both come from
-// configuration held to patterns without quotes or backslashes.
+// Values are written into the statements as literals (see sql.go): the
+// Data API documents parameters for SELECT, INSERT, UPDATE and DELETE
+// only, and these transactions hold LOCK, COPY and DDL. Strings go
+// through one quoting function, which doubles single quotes and
+// backslashes and refuses NUL and invalid UTF-8; integers are formatted.
+// The manifest URL and IAM role come from configuration held to patterns
+// without quotes or backslashes.
 //
 // Limits checked before staging: a staged line over MaxRecordBytes (COPY
 // reads at most 4 MB of one JSON object), a string over MaxStringBytes
@@ -62,7 +88,7 @@
 //
 // The operational lease cannot fence a Redshift transaction. The guard
 // refuses to replace a newer stamp; beforeCommit (the lease check) runs
-// just before the transaction is submitted, and a delivery whose context
+// just before each transaction is submitted, and a delivery whose context
 // ends while it waits (its heartbeat found the lease lost, or the worker is
 // stopping) cancels its statement. What remains is a delivery that loses its
 // lease while its COPY runs and cannot cancel it — a paused or partitioned
@@ -76,8 +102,10 @@
 //
 // One transaction: lock, guard (stamped with this batch; published already
 // or committed within the window, on the warehouse clock), set published_at,
-// append the outbox row unless the batch has one. The stamp read back is the
-// outcome, as for loads.
+// append the outbox row unless the batch has one. The lock is never held
+// through a COPY, so a publication waits at most for other swaps and
+// publications. Conflicts are retried as for loads. The stamp read back is
+// the outcome, as for loads.
 //
 // # Staging cleanup
 //

@@ -8,10 +8,10 @@ import (
 
 // Query runs one read statement for tests that look into a live warehouse.
 func (w *Warehouse) Query(ctx context.Context, sql string, kv ...string) ([][]types.Field, error) {
-	return w.query(ctx, "fleet-test-query", sql, params(kv...))
+	return w.queryParams(ctx, "fleet-test-query", sql, params(kv...))
 }
 
 // Exec runs statements as one transaction for tests.
 func (w *Warehouse) Exec(ctx context.Context, sqls []string, kv ...string) error {
-	return w.exec(ctx, "fleet-test-exec", sqls, params(kv...))
+	return w.execParams(ctx, "fleet-test-exec", sqls, params(kv...))
 }

@@ -30,6 +30,13 @@ const (
 	stagingBucket = "fleet-staging"
 )
 
+// swapMatch selects a load's swap transaction for a fault; copyMatch its
+// COPY into the staging table.
+const (
+	swapMatch = "INSERT INTO curated.fleet_records"
+	copyMatch = "COPY curated_staging."
+)
+
 // env is one Redshift warehouse on the Data API double and an S3 server.
 type env struct {
 	s3     *s3test.Server
@@ -43,6 +50,7 @@ func testConfig() redshift.Config {
 		WorkgroupName: testWorkgroup, Database: testDatabase, IAMRole: testRole,
 		Staging:      "s3://" + stagingBucket + "/fleet/staging/",
 		PollInterval: 5 * time.Millisecond, PollMax: 50 * time.Millisecond,
+		RetryBackoff: 10 * time.Millisecond, RetryBackoffMax: 50 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler),
 	}
 }
@@ -105,7 +113,7 @@ func (e *env) harness() warehousetest.Harness {
 		DyingLoad: func(t *testing.T, s warehouse.Slice, src *folder.Source, objs []folder.Object) func() {
 			kt := &killableTransport{}
 			mortal := e.warehouse(t, e.mortalClient(kt))
-			in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", Hold: true})
+			in := e.double.Inject(redshifttest.Fault{Match: swapMatch, Hold: true})
 			errc := make(chan error, 1)
 			go func() {
 				_, err := mortal.Load(context.Background(), s, src, objs, nil)

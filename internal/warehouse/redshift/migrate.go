@@ -58,7 +58,7 @@ func (w *dataAPI) Migrate(ctx context.Context) ([]Applied, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := w.exec(ctx, "fleet-migrate-bootstrap", bootstrapSQL, nil); err != nil {
+	if err := w.exec(ctx, "fleet-migrate-bootstrap", bootstrapSQL); err != nil {
 		return nil, fmt.Errorf("creating the migrations table: %w", err)
 	}
 	done, err := w.appliedVersions(ctx)
@@ -71,8 +71,11 @@ func (w *dataAPI) Migrate(ctx context.Context) ([]Applied, error) {
 			continue
 		}
 		start := time.Now()
-		err := w.exec(ctx, "fleet-migrate-"+strconv.FormatInt(m.Version, 10), migrationSQL(m.Statements),
-			params("version", strconv.FormatInt(m.Version, 10), "name", m.Name))
+		sqls, err := migrationSQL(m.Version, m.Name, m.Statements)
+		if err != nil {
+			return applied, err
+		}
+		err = w.exec(ctx, "fleet-migrate-"+strconv.FormatInt(m.Version, 10), sqls)
 		if err != nil {
 			if now, rerr := w.appliedVersions(ctx); rerr == nil && now[m.Version] {
 				continue // a concurrent migrator applied it
@@ -85,7 +88,7 @@ func (w *dataAPI) Migrate(ctx context.Context) ([]Applied, error) {
 }
 
 func (w *dataAPI) appliedVersions(ctx context.Context) (map[int64]bool, error) {
-	rows, err := w.query(ctx, "fleet-migrate-versions", appliedMigrations, nil)
+	rows, err := w.query(ctx, "fleet-migrate-versions", appliedMigrations)
 	if err != nil {
 		return nil, fmt.Errorf("reading applied migrations: %w", err)
 	}
@@ -101,7 +104,13 @@ func (w *dataAPI) appliedVersions(ctx context.Context) (map[int64]bool, error) {
 }
 
 // exec runs statements as one transaction and waits for it.
-func (w *dataAPI) exec(ctx context.Context, name string, sqls []string, p []types.SqlParameter) error {
+func (w *dataAPI) exec(ctx context.Context, name string, sqls []string) error {
+	return w.execParams(ctx, name, sqls, nil)
+}
+
+// execParams is exec with parameters, for tests (a batch of SELECT, INSERT,
+// UPDATE and DELETE only, where the Data API documents them).
+func (w *dataAPI) execParams(ctx context.Context, name string, sqls []string, p []types.SqlParameter) error {
 	ctx, done := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	defer done()
 	id, err := w.submitBatch(ctx, name, sqls, p)

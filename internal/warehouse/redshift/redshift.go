@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/redshiftdata"
-	"github.com/aws/aws-sdk-go-v2/service/redshiftdata/types"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/fleet/ingest/internal/folder"
@@ -68,13 +66,6 @@ func New(cfg Config, data *redshiftdata.Client, s3Client *s3.Client) (*Warehouse
 	return &Warehouse{dataAPI: dataAPI{cfg: cfg, data: data}, s3: s3Client, bucket: bucket, prefix: prefix}, nil
 }
 
-func sliceParams(s warehouse.Slice, kv ...string) []types.SqlParameter {
-	return params(append([]string{
-		"tenant_id", s.TenantID, "source_scope", s.SourceScope,
-		"batch_id", strconv.FormatInt(s.BatchID, 10), "generation", strconv.FormatInt(s.Generation, 10),
-	}, kv...)...)
-}
-
 func checkSlice(s warehouse.Slice) error {
 	if s.TenantID == "" || s.SourceScope == "" || s.BatchID <= 0 || s.Generation < 0 {
 		return fmt.Errorf("invalid warehouse slice %+v", s)
@@ -92,30 +83,47 @@ func newer(st warehouse.Stamp, s warehouse.Slice) bool {
 //
 // It reads the stamp first and refuses a slice a newer batch or generation
 // holds before staging anything. It then stages the records (gzip NDJSON
-// parts and a manifest under batch-{id}/gen-{generation}/), calls
-// beforeCommit (the lease check), and submits one transaction: lock, guard
-// against a newer stamp, delete the slice, COPY the manifest, check the
-// count, replace the stamp. It awaits the transaction for LoadTimeout.
+// parts and a manifest under batch-{id}/gen-{generation}/) and runs two
+// transactions:
 //
-// Commit detection reads the stamp back. Whenever the transaction failed,
-// was aborted, or was not seen to end, the stamp decides: stamped with this
+//   - the COPY, into the load's own staging table
+//     (curated_staging.fleet_load_{batch}_{generation}); it takes no shared
+//     lock and writes nothing shared, so however long it runs no other
+//     tenant's load or publication waits on it;
+//   - the swap, after beforeCommit (the lease check, also called before
+//     the COPY): under the writer
+//     lock, guard against a newer stamp, delete the slice, INSERT … SELECT
+//     the staged rows, check the count, replace the stamp, drop the staging
+//     table.
+//
+// A transient failure of either (Redshift's 1023 serializable isolation
+// violation, its snapshot-isolation conflict, an aborted statement) is
+// retried with backoff within this call, from the same staging: nothing is
+// staged twice. Each transaction is awaited for LoadTimeout.
+//
+// Commit detection reads the stamp back. Whenever the swap failed, was
+// aborted, or was not seen to end, the stamp decides: stamped with this
 // batch means committed (by this load or an earlier generation of the same
 // batch), stamped with a newer batch or generation means
 // ErrSliceSuperseded; otherwise the statement's failure is returned, or,
 // when its outcome is unknown, an error wrapping warehouse.ErrTransient (the
 // statement may still commit; the next delivery reads the stamp before
-// loading again). When ctx ends while the transaction runs (the lease was
+// loading again). When ctx ends while a transaction runs (the lease was
 // lost or the worker is stopping) the statement is cancelled, best effort.
 //
-// Residual window: beforeCommit runs before the transaction is submitted,
-// not at its commit, which happens on the server. A delivery that loses its
-// lease while its COPY runs, and cannot cancel it (a paused or partitioned
+// Residual window: beforeCommit runs before the swap is submitted, not at
+// its commit, which happens on the server. A delivery that loses its lease
+// while its swap runs, and cannot cancel it (a paused or partitioned
 // worker), may still commit. Such a commit loads the same batch's folder and
 // is stamped with its older generation: a newer generation's load replaces
 // it, or, if the newer one committed first, the guard refuses it.
 func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Source, objects []folder.Object, beforeCommit func(context.Context) error) (warehouse.Stamp, error) {
 	if err := checkSlice(s); err != nil {
 		return warehouse.Stamp{}, err
+	}
+	v, err := sliceValues(s)
+	if err != nil {
+		return warehouse.Stamp{}, fmt.Errorf("batch %d: %w", s.BatchID, err)
 	}
 	log := w.cfg.Logger.With("batch_id", s.BatchID, "tenant_id", s.TenantID, "lease_generation", s.Generation)
 	cur, _, found, err := w.stamp(ctx, s.TenantID, s.SourceScope)
@@ -134,36 +142,59 @@ func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Sou
 		return warehouse.Stamp{}, err
 	}
 	log.Info("load staged", "records", st.Records, "parts", st.Parts, "bytes", st.Bytes, "compressed_bytes", st.Compressed, "manifest", st.ManifestURL)
-	if beforeCommit != nil {
-		if err := beforeCommit(ctx); err != nil {
-			w.deleteStaging(ctx, s.BatchID, s.Generation)
-			return warehouse.Stamp{}, err
-		}
-	}
 
-	name := fmt.Sprintf("fleet-load-%d-%d", s.BatchID, s.Generation)
-	id, err := w.submitBatch(ctx, name, loadSQL(st.ManifestURL, w.cfg.IAMRole), sliceParams(s, "record_count", strconv.FormatInt(st.Records, 10)))
-	if err != nil {
-		// The submission may have been accepted even so: settle by the stamp.
-		return w.settleLoad(ctx, s, err)
-	}
-	log.Info("load submitted", "statement_id", id)
-	d, err := w.await(ctx, id, w.cfg.LoadTimeout)
-	switch {
-	case err != nil && ctx.Err() != nil:
-		w.cancel(id)
-		return warehouse.Stamp{}, fmt.Errorf("load of batch %d cancelled; the stamp tells whether statement %s committed: %w", s.BatchID, id, err)
-	case err != nil:
-		return w.settleLoad(ctx, s, err)
-	}
-	if err := interpretStatement(d); err != nil {
-		stamp, serr := w.settleLoad(ctx, s, err)
-		if serr != nil {
-			w.deleteStaging(ctx, s.BatchID, s.Generation) // the statement ended: its staging is garbage
+	staged := st.ManifestURL != ""
+	if staged {
+		name := fmt.Sprintf("fleet-load-copy-%d-%d", s.BatchID, s.Generation)
+		start := time.Now()
+		// The lease is checked before the COPY too: a delivery that lost
+		// it does not start one.
+		id, err := w.run(ctx, name, stageSQL(s, st.ManifestURL, w.cfg.IAMRole), w.cfg.LoadTimeout, beforeCommit)
+		if err != nil {
+			return w.loadFailed(ctx, s, id, err)
 		}
-		return stamp, serr
+		log.Info("load copied into its staging table", "statement_id", id, "table", stagingTable(s), "copy_seconds", time.Since(start).Seconds())
+	}
+	name := fmt.Sprintf("fleet-load-swap-%d-%d", s.BatchID, s.Generation)
+	id, err := w.run(ctx, name, swapSQL(s, v, st.Records, staged), w.cfg.LoadTimeout, beforeCommit)
+	if err != nil {
+		return w.loadFailed(ctx, s, id, err)
 	}
 	return w.settleLoad(ctx, s, nil)
+}
+
+// loadFailed settles a load whose transaction (the COPY or the swap) did
+// not finish as expected: cancelled, failed, or not seen to
+// end. id is the statement, if one was submitted.
+func (w *Warehouse) loadFailed(ctx context.Context, s warehouse.Slice, id string, err error) (warehouse.Stamp, error) {
+	var se *StatementError
+	switch {
+	case ctx.Err() != nil:
+		return warehouse.Stamp{}, fmt.Errorf("load of batch %d cancelled; the stamp tells whether statement %s committed: %w", s.BatchID, id, err)
+	case errors.As(err, &se), !errors.Is(err, errOutcomeUnknown) && id == "":
+		// The transaction ended (or was never run): its staging is garbage
+		// unless the stamp shows the batch committed, which cleans it too.
+		stamp, serr := w.settleLoad(ctx, s, err)
+		if serr != nil {
+			w.deleteStaging(ctx, s.BatchID, s.Generation)
+			w.dropStagingTable(ctx, s)
+		}
+		return stamp, serr
+	default:
+		// The outcome is unknown: the statement may still run, and may
+		// still commit. Its staging stays for it.
+		return w.settleLoad(ctx, s, err)
+	}
+}
+
+// dropStagingTable drops a load's staging table once its load can no longer
+// use it. Failures are logged.
+func (w *Warehouse) dropStagingTable(ctx context.Context, s warehouse.Slice) {
+	ctx, done := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
+	defer done()
+	if err := w.exec(ctx, fmt.Sprintf("fleet-load-drop-%d-%d", s.BatchID, s.Generation), []string{`DROP TABLE IF EXISTS ` + stagingTable(s)}); err != nil {
+		w.cfg.Logger.Warn("dropping staging table", "batch_id", s.BatchID, "table", stagingTable(s), "error", err)
+	}
 }
 
 // settleLoad reads the stamp to learn a load's outcome. cause is why the
@@ -201,7 +232,11 @@ func (w *dataAPI) Stamp(ctx context.Context, tenantID, sourceScope string) (ware
 // stamp reads the slice's stamp and its age in seconds on the warehouse
 // clock.
 func (w *dataAPI) stamp(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, int64, bool, error) {
-	rows, err := w.query(ctx, "fleet-stamp", readStamp, params("tenant_id", tenantID, "source_scope", sourceScope))
+	v, err := sliceValues(warehouse.Slice{TenantID: tenantID, SourceScope: sourceScope})
+	if err != nil {
+		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %w", err)
+	}
+	rows, err := w.query(ctx, "fleet-stamp", render(readStamp, v))
 	if err != nil {
 		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %w", err)
 	}
@@ -242,17 +277,23 @@ func (w *dataAPI) stamp(ctx context.Context, tenantID, sourceScope string) (ware
 // clock, or already published), then calls beforeCommit (the lease check)
 // and submits one transaction: lock, guard (stamped with this batch and
 // published or within the window), stamp published_at, append the outbox
-// row unless the batch has one. The stamp read back is the outcome. The
-// residual window of Load applies: beforeCommit runs before submission. A
-// stale holder's publication that slips through it publishes the batch the
-// slice is stamped with, once: it cannot publish another batch's data or
-// publish twice.
+// row unless the batch has one. The lock is held only by other
+// publications and loads' swaps, never through a COPY. A transient
+// conflict is retried with backoff. The stamp read back is the outcome.
+// The residual window of Load applies: beforeCommit runs before
+// submission. A stale holder's publication that slips through it publishes
+// the batch the slice is stamped with, once: it cannot publish another
+// batch's data or publish twice.
 //
 // Once published, the batch's staging objects of this and older
 // generations are deleted.
 func (w *Warehouse) Publish(ctx context.Context, s warehouse.Slice, window time.Duration, beforeCommit func(context.Context) error) (warehouse.Stamp, error) {
 	if err := checkSlice(s); err != nil {
 		return warehouse.Stamp{}, err
+	}
+	v, err := sliceValues(s)
+	if err != nil {
+		return warehouse.Stamp{}, fmt.Errorf("batch %d: %w", s.BatchID, err)
 	}
 	cur, age, found, err := w.stamp(ctx, s.TenantID, s.SourceScope)
 	if err != nil {
@@ -261,12 +302,12 @@ func (w *Warehouse) Publish(ctx context.Context, s warehouse.Slice, window time.
 	if err := publishable(cur, age, found, s, window); err != nil {
 		return warehouse.Stamp{}, err
 	}
-	if beforeCommit != nil {
-		if err := beforeCommit(ctx); err != nil {
-			return warehouse.Stamp{}, err
-		}
-	}
 	if cur.PublishedAt != nil {
+		if beforeCommit != nil {
+			if err := beforeCommit(ctx); err != nil {
+				return warehouse.Stamp{}, err
+			}
+		}
 		w.deleteStaging(ctx, s.BatchID, s.Generation)
 		return cur, nil
 	}
@@ -274,14 +315,13 @@ func (w *Warehouse) Publish(ctx context.Context, s warehouse.Slice, window time.
 	qctx, done := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	defer done()
 	name := fmt.Sprintf("fleet-publish-%d-%d", s.BatchID, s.Generation)
-	id, err := w.submitBatch(qctx, name, publishSQL, sliceParams(s, "window_seconds", strconv.FormatInt(seconds, 10)))
-	var cause error
-	if err != nil {
-		cause = err
-	} else if d, err := w.await(qctx, id, w.cfg.QueryTimeout); err != nil {
-		cause = err
-	} else {
-		cause = interpretStatement(d)
+	_, cause := w.run(qctx, name, publishSQL(v, seconds), w.cfg.QueryTimeout, beforeCommit)
+	var refused *beforeCommitError
+	if errors.As(cause, &refused) {
+		return warehouse.Stamp{}, refused.err
+	}
+	if cause != nil && ctx.Err() != nil {
+		return warehouse.Stamp{}, cause
 	}
 	cur, age, found, err = w.stamp(ctx, s.TenantID, s.SourceScope)
 	switch {

@@ -110,28 +110,36 @@ func TestStagingManifestAndCleanup(t *testing.T) {
 
 	require.Empty(t, e.stagingKeys(t), "staging is deleted once the commit is confirmed")
 
-	subs := e.double.Submissions()
-	var load redshifttest.Submission
-	for _, sub := range subs {
-		if sub.Name == "fleet-load-41-3" {
-			load = sub
+	var copySub, swapSub redshifttest.Submission
+	for _, sub := range e.double.Submissions() {
+		require.Empty(t, sub.Params, "%s: values are literals, never parameters", sub.Name)
+		switch sub.Name {
+		case "fleet-load-copy-41-3":
+			copySub = sub
+		case "fleet-load-swap-41-3":
+			swapSub = sub
 		}
 	}
-	require.Equal(t, testWorkgroup, load.Workgroup)
-	require.Equal(t, testDatabase, load.Database)
-	require.Equal(t, map[string]string{"tenant_id": "tenant-1", "source_scope": scope, "batch_id": "41", "generation": "3", "record_count": "3"}, load.Params)
-	copySQL := ""
-	for _, q := range load.SQLs {
-		if strings.HasPrefix(q, "COPY") {
-			copySQL = q
-		}
-		require.NotContains(t, q, "tenant-1", "values travel as parameters, never in the SQL text")
-	}
+	require.Equal(t, testWorkgroup, copySub.Workgroup)
+	require.Equal(t, testDatabase, copySub.Database)
+	require.Equal(t, []string{
+		"DROP TABLE IF EXISTS curated_staging.fleet_load_41_3",
+		"CREATE TABLE curated_staging.fleet_load_41_3 (LIKE curated.fleet_records INCLUDING DEFAULTS)",
+	}, copySub.SQLs[:2], "the COPY goes into the load's own table")
+	copySQL := copySub.SQLs[2]
+	require.True(t, strings.HasPrefix(copySQL, "COPY curated_staging.fleet_load_41_3 ("), copySQL)
 	require.Contains(t, copySQL, "FROM 's3://"+stagingBucket+"/fleet/staging/batch-41/gen-3/manifest.json'")
 	require.Contains(t, copySQL, "IAM_ROLE '"+testRole+"'")
 	require.Contains(t, copySQL, "MANIFEST")
 	require.Contains(t, copySQL, "FORMAT AS JSON 'auto'")
 	require.Contains(t, copySQL, "GZIP")
+	for _, q := range copySub.SQLs {
+		require.NotContains(t, q, "LOCK", "the COPY's transaction takes no shared lock")
+	}
+	require.Equal(t, "LOCK curated.fleet_writer_lock", swapSub.SQLs[0], "the swap runs under the writer lock")
+	require.Contains(t, strings.Join(swapSub.SQLs, "\n"), "tenant_id = 'tenant-1'")
+	require.Contains(t, strings.Join(swapSub.SQLs, "\n"), "FROM curated_staging.fleet_load_41_3")
+	require.Equal(t, "DROP TABLE curated_staging.fleet_load_41_3", swapSub.SQLs[len(swapSub.SQLs)-1])
 }
 
 // TestStagedLinesAreCuratedRows: each staged line carries the columns of
@@ -245,8 +253,8 @@ func TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging(t *testing.T) {
 }
 
 // TestEveryFailedStatementLeavesNothing fails each statement of the load's
-// transaction in turn: the previous slice stays whole, and the failure is
-// not transient.
+// two transactions (the COPY into its staging table, then the swap) in
+// turn: the previous slice stays whole, and the failure is not transient.
 func TestEveryFailedStatementLeavesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -254,49 +262,71 @@ func TestEveryFailedStatementLeavesNothing(t *testing.T) {
 	base := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 1}
 	_, err := e.load(t, base, map[string]string{"x.csv": csvRows("old", 3)})
 	require.NoError(t, err)
-	const statements = 7 // lock, guard, delete, COPY, count guard, delete stamp, insert stamp
-	for n := 1; n <= statements; n++ {
-		in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", FailAt: n, Error: fmt.Sprintf("ERROR: injected at %d", n)})
-		s := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: int64(1 + n), Generation: 1}
-		_, err := e.load(t, s, map[string]string{"y.csv": csvRows("new", 5)})
-		require.Error(t, err, "statement %d", n)
-		var se *redshift.StatementError
-		require.ErrorAs(t, err, &se, "statement %d", n)
-		require.Contains(t, se.Message, fmt.Sprintf("injected at %d", n))
-		require.False(t, pipeline.IsTransient(err), "statement %d: %v", n, err)
-		<-in.Done()
-		st := mustStamp(t, e.wh, base)
-		require.Equal(t, int64(1), st.BatchID, "statement %d: the old stamp stays", n)
-		var total int64
-		require.NoError(t, e.double.Pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM curated.fleet_records WHERE source_scope = $1 AND batch_id = 1`, scope).Scan(&total))
-		require.Equal(t, int64(3), total, "statement %d: the old records stay", n)
+	batchID := int64(1)
+	for _, tx := range []struct {
+		match      string
+		statements int
+	}{
+		{copyMatch, 3}, // drop, create, COPY
+		{swapMatch, 8}, // lock, guard, delete, insert, count guard, delete stamp, insert stamp, drop
+	} {
+		for n := 1; n <= tx.statements; n++ {
+			batchID++
+			in := e.double.Inject(redshifttest.Fault{Match: tx.match, FailAt: n, Error: fmt.Sprintf("ERROR: injected at %d", n)})
+			s := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: batchID, Generation: 1}
+			_, err := e.load(t, s, map[string]string{"y.csv": csvRows("new", 5)})
+			require.Error(t, err, "%s statement %d", tx.match, n)
+			var se *redshift.StatementError
+			require.ErrorAs(t, err, &se, "%s statement %d", tx.match, n)
+			require.Contains(t, se.Message, fmt.Sprintf("injected at %d", n))
+			require.False(t, pipeline.IsTransient(err), "%s statement %d: %v", tx.match, n, err)
+			<-in.Done()
+			st := mustStamp(t, e.wh, base)
+			require.Equal(t, int64(1), st.BatchID, "%s statement %d: the old stamp stays", tx.match, n)
+			var total int64
+			require.NoError(t, e.double.Pool.QueryRow(context.Background(),
+				`SELECT count(*) FROM curated.fleet_records WHERE source_scope = $1 AND batch_id = 1`, scope).Scan(&total))
+			require.Equal(t, int64(3), total, "%s statement %d: the old records stay", tx.match, n)
+		}
 	}
 	require.Empty(t, e.stagingKeys(t), "a failed load's staging is deleted")
+	var tables int64
+	require.NoError(t, e.double.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_tables WHERE schemaname = 'curated_staging'`).Scan(&tables))
+	require.Zero(t, tables, "a failed load's staging table is dropped")
 }
 
-// TestSerializationFailureAndAbortAreTransient: Redshift's 1023 and an
-// aborted statement are transient; nothing changes; a retry loads.
-func TestSerializationFailureAndAbortAreTransient(t *testing.T) {
+// TestConflictsAreRetriedWithoutRestaging: Redshift's 1023 on the swap and
+// an aborted COPY are transient: the transaction is submitted again within
+// the same load, from the same staging (one manifest, one staging table),
+// and the load commits. Conflicts that outlast ConflictRetries leave the
+// slice untouched and the load transient.
+func TestConflictsAreRetriedWithoutRestaging(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t, func(c *redshift.Config) { c.ConflictRetries = 2 })
 	scope := "fleet_s3:mem://serial/x"
-	for i, f := range []redshifttest.Fault{
-		{FailAt: 4, Error: "ERROR: 1023 DETAIL: Serializable isolation violation on table - 156273, transactions forming the cycle are: 8311, 8312 (pid:3154)"},
-		{FailAt: 3, Abort: true},
-	} {
-		f.Match = "COPY curated.fleet_records"
-		e.double.Inject(f)
-		_, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: int64(i + 1)}, map[string]string{"x.csv": csvRows("a", 2)})
-		require.ErrorIs(t, err, warehouse.ErrTransient, "fault %d", i)
-		require.True(t, pipeline.IsTransient(err), "fault %d", i)
-		_, found, err := e.wh.Stamp(context.Background(), "tenant-1", scope)
-		require.NoError(t, err)
-		require.False(t, found, "fault %d: nothing committed", i)
-	}
-	st, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 3}, map[string]string{"x.csv": csvRows("a", 2)})
+	conflict := "ERROR: 1023 DETAIL: Serializable isolation violation on table - 156273, transactions forming the cycle are: 8311, 8312 (pid:3154)"
+	e.double.Inject(redshifttest.Fault{Match: copyMatch, FailAt: 3, Abort: true})
+	e.double.Inject(redshifttest.Fault{Match: swapMatch, FailAt: 4, Error: conflict})
+	e.double.Inject(redshifttest.Fault{Match: swapMatch, FailAt: 2, Error: "ERROR: could not complete because of conflict with concurrent transaction"})
+	st, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 1}, map[string]string{"x.csv": csvRows("a", 2)})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), st.RecordCount)
+	names := map[string]int{}
+	for _, sub := range e.double.Submissions() {
+		names[sub.Name]++
+	}
+	require.Equal(t, 2, names["fleet-load-copy-1-1"], "the aborted COPY ran again from the same manifest")
+	require.Equal(t, 3, names["fleet-load-swap-1-1"], "two conflicts, then the swap committed")
+	require.Equal(t, 2, e.s3.Requests(stagingBucket, "PutObject"), "one part and one manifest: staged once")
+
+	for range 3 {
+		e.double.Inject(redshifttest.Fault{Match: swapMatch, FailAt: 4, Error: conflict})
+	}
+	_, err = e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 2, Generation: 1}, map[string]string{"x.csv": csvRows("b", 3)})
+	require.ErrorIs(t, err, warehouse.ErrTransient)
+	require.True(t, pipeline.IsTransient(err))
+	require.Equal(t, int64(1), mustStamp(t, e.wh, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope}).BatchID, "nothing committed")
 }
 
 // TestCommitSeenOnlyByTheStamp: the load's transaction commits, but the
@@ -305,7 +335,7 @@ func TestSerializationFailureAndAbortAreTransient(t *testing.T) {
 func TestCommitSeenOnlyByTheStamp(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 300 * time.Millisecond })
-	in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", HideOutcome: true})
+	in := e.double.Inject(redshifttest.Fault{Match: swapMatch, HideOutcome: true})
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://hidden/x", BatchID: 3, Generation: 2}
 	st, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 4)})
 	require.NoError(t, err, "the stamp shows the commit the client did not see")
@@ -322,7 +352,7 @@ func TestCommitSeenOnlyByTheStamp(t *testing.T) {
 func TestCommitAfterTheClientsDeadline(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 300 * time.Millisecond })
-	in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", Hold: true})
+	in := e.double.Inject(redshifttest.Fault{Match: swapMatch, Hold: true})
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://late/x", BatchID: 8, Generation: 1}
 	_, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 6)})
 	require.ErrorIs(t, err, warehouse.ErrTransient)
@@ -351,7 +381,7 @@ func TestCommitAfterTheClientsDeadline(t *testing.T) {
 func TestCancelledLoadCancelsItsStatement(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", Hold: true})
+	in := e.double.Inject(redshifttest.Fault{Match: swapMatch, Hold: true})
 	src, objs, scope := warehousetest.Source(t, map[string]string{"x.csv": csvRows("a", 3)})
 	ctx, cancel := context.WithCancelCause(context.Background())
 	errc := make(chan error, 1)
@@ -417,7 +447,7 @@ func TestPublishDeletesEveryStagedGenerationUpToItsOwn(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 200 * time.Millisecond })
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://cleanup/x", BatchID: 4, Generation: 1}
-	in := e.double.Inject(redshifttest.Fault{Match: "COPY curated.fleet_records", Hold: true})
+	in := e.double.Inject(redshifttest.Fault{Match: swapMatch, Hold: true})
 	_, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 2)})
 	require.ErrorIs(t, err, warehouse.ErrTransient)
 	in.Release()
@@ -447,7 +477,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		require.NoError(t, rows.Scan(&v))
 		versions = append(versions, v)
 	}
-	require.Equal(t, []int64{1}, versions)
+	require.Equal(t, []int64{1, 2}, versions)
 	var recordType string
 	require.NoError(t, e.double.Pool.QueryRow(context.Background(), `
 		SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = 'curated.fleet_records'::regclass AND attname = 'record'`).Scan(&recordType))

@@ -1,10 +1,25 @@
 package redshift
 
-// The SQL of the Redshift warehouse. Values travel as Data API parameters
-// (:name). The only values written into statement text are the COPY's
-// manifest URL and IAM role: COPY takes no bind parameters, so both are
-// held to strict patterns when the configuration is validated (see
-// ParseStaging and Config.Validate) and contain no quote or backslash.
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/fleet/ingest/internal/warehouse"
+)
+
+// The SQL of the Redshift warehouse.
+//
+// Values are written into the statement text as literals, never sent as
+// Data API parameters: the Data API documents parameters for SELECT,
+// INSERT, UPDATE and DELETE only, and the warehouse's transactions also
+// hold LOCK, COPY and DDL. Every string goes through quoteLiteral (the one
+// quoting function), every integer through strconv; statements are
+// templates whose :name placeholders render replaces with those literals.
+// The COPY's manifest URL and IAM role are literals too, and come from
+// configuration held to patterns without quotes or backslashes.
 //
 // Guards are explicit: keys are informational in Redshift. A guard is a
 // SELECT that divides by zero unless its condition holds (a condition on
@@ -12,81 +27,230 @@ package redshift
 // statement and so the whole transaction; the caller then reads the stamp
 // to learn why.
 
-// lockWriters serialises every writer of the warehouse tables: loads and
-// publications all take it first, before reading anything, so no two of
-// them interleave, and none fails Redshift's serializable isolation check
-// against another (should one still do, the failure is transient). The
-// lock is on a table of its own, so stamp reads never wait behind a COPY.
+// errUnquotable is wrapped by quoteLiteral's refusals.
+var errUnquotable = errors.New("value cannot be written as a Redshift string literal")
+
+// quoteLiteral writes s as a Redshift string literal: between single
+// quotes, with every single quote and every backslash doubled (Redshift
+// reads a backslash in a literal as an escape, as its QUOTE_LITERAL
+// function documents). It refuses what no literal can carry faithfully:
+// NUL, and bytes that are not UTF-8.
+func quoteLiteral(s string) (string, error) {
+	if !utf8.ValidString(s) {
+		return "", fmt.Errorf("%w: invalid UTF-8", errUnquotable)
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return "", fmt.Errorf("%w: NUL", errUnquotable)
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('\'')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\'', '\\':
+			b.WriteByte(c)
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String(), nil
+}
+
+// values are rendered SQL literals by placeholder name.
+type values map[string]string
+
+// sliceValues renders a slice's tenant, scope, batch and generation.
+func sliceValues(s warehouse.Slice) (values, error) {
+	tenant, err := quoteLiteral(s.TenantID)
+	if err != nil {
+		return nil, fmt.Errorf("tenant id: %w", err)
+	}
+	scope, err := quoteLiteral(s.SourceScope)
+	if err != nil {
+		return nil, fmt.Errorf("source scope: %w", err)
+	}
+	return values{
+		"tenant_id": tenant, "source_scope": scope,
+		"batch_id": strconv.FormatInt(s.BatchID, 10), "generation": strconv.FormatInt(s.Generation, 10),
+	}, nil
+}
+
+// with returns v and an integer value more.
+func (v values) with(name string, n int64) values {
+	out := make(values, len(v)+1)
+	for k, x := range v {
+		out[k] = x
+	}
+	out[name] = strconv.FormatInt(n, 10)
+	return out
+}
+
+// render replaces each :name of a template (outside quotes) with its
+// rendered value. A placeholder without a value is a programming error.
+func render(template string, v values) string {
+	var out strings.Builder
+	inQuote := false
+	for i := 0; i < len(template); i++ {
+		c := template[i]
+		switch {
+		case c == '\'':
+			inQuote = !inQuote
+			out.WriteByte(c)
+		case !inQuote && c == ':' && i+1 < len(template) && template[i+1] == ':':
+			out.WriteString("::")
+			i++
+		case !inQuote && c == ':' && i+1 < len(template) && isIdentStart(template[i+1]):
+			j := i + 1
+			for j < len(template) && isIdent(template[j]) {
+				j++
+			}
+			lit, ok := v[template[i+1:j]]
+			if !ok {
+				panic("redshift: no value for :" + template[i+1:j])
+			}
+			out.WriteString(lit)
+			i = j - 1
+		default:
+			out.WriteByte(c)
+		}
+	}
+	return out.String()
+}
+
+func renderAll(templates []string, v values) []string {
+	out := make([]string, len(templates))
+	for i, t := range templates {
+		out[i] = render(t, v)
+	}
+	return out
+}
+
+func isIdentStart(c byte) bool {
+	return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+}
+
+func isIdent(c byte) bool { return isIdentStart(c) || (c >= '0' && c <= '9') }
+
+// lockWriters serialises the short critical sections of the warehouse
+// tables: a load's swap and a publication take it first, before reading
+// anything, so no two of them interleave. A load's COPY runs before it, in
+// a transaction of its own into a staging table of its own, so no writer
+// ever waits on another tenant's COPY. Should two swaps still fail
+// Redshift's serializable isolation check (1023) or its snapshot-isolation
+// counterpart, the failure is transient and the swap is retried. The lock
+// is on a table of its own, so stamp reads never wait behind a writer.
 const lockWriters = `LOCK curated.fleet_writer_lock`
+
+// stagingTable names the table a load COPYs into: schema curated_staging,
+// one table per batch and lease generation, so concurrent loads never share
+// one and a retried delivery never touches an older delivery's.
+func stagingTable(s warehouse.Slice) string {
+	return "curated_staging.fleet_load_" + strconv.FormatInt(s.BatchID, 10) + "_" + strconv.FormatInt(s.Generation, 10)
+}
+
+// copyColumns are the columns the staged NDJSON carries.
+const copyColumns = `tenant_id, source_scope, batch_id, lease_generation, object_key, line_number, record`
+
+// copyManifest loads exactly the parts a manifest names into table.
+func copyManifest(table, manifestURL, iamRole string) string {
+	role := "default"
+	if iamRole != "default" {
+		role = "'" + iamRole + "'"
+	}
+	return "COPY " + table + " (" + copyColumns + ")\nFROM '" + manifestURL + "'\nIAM_ROLE " + role +
+		"\nMANIFEST\nFORMAT AS JSON 'auto'\nGZIP"
+}
+
+// stageSQL is a load's first transaction: no shared lock, nothing shared
+// written. It (re)creates the load's staging table and COPYs the manifest
+// into it; however long the COPY takes, no other load or publication waits.
+func stageSQL(s warehouse.Slice, manifestURL, iamRole string) []string {
+	table := stagingTable(s)
+	return []string{
+		`DROP TABLE IF EXISTS ` + table,
+		`CREATE TABLE ` + table + ` (LIKE curated.fleet_records INCLUDING DEFAULTS)`,
+		copyManifest(table, manifestURL, iamRole),
+	}
+}
 
 // guardNotSuperseded fails when the slice is stamped with a newer batch, or
 // with a later lease generation of this batch.
 const guardNotSuperseded = `SELECT 1 / CASE WHEN (SELECT count(*) FROM curated.fleet_slices
   WHERE tenant_id = :tenant_id AND source_scope = :source_scope
-    AND (batch_id > CAST(:batch_id AS BIGINT)
-         OR (batch_id = CAST(:batch_id AS BIGINT) AND lease_generation > CAST(:generation AS BIGINT)))) = 0
+    AND (batch_id > :batch_id
+         OR (batch_id = :batch_id AND lease_generation > :generation))) = 0
   THEN 1 ELSE 0 END`
 
 const deleteSlice = `DELETE FROM curated.fleet_records WHERE tenant_id = :tenant_id AND source_scope = :source_scope`
 
+// insertStaged moves the staged rows of exactly this slice and batch into
+// the slice, under this delivery's generation.
+const insertStaged = `INSERT INTO curated.fleet_records (` + copyColumns + `)
+SELECT tenant_id, source_scope, batch_id, :generation, object_key, line_number, record FROM :staging_table
+WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND batch_id = :batch_id`
+
 // guardCount fails unless the slice holds exactly the records staged.
 const guardCount = `SELECT 1 / CASE WHEN (SELECT count(*) FROM curated.fleet_records
-  WHERE tenant_id = :tenant_id AND source_scope = :source_scope) = CAST(:record_count AS BIGINT)
+  WHERE tenant_id = :tenant_id AND source_scope = :source_scope) = :record_count
   THEN 1 ELSE 0 END`
 
 const deleteStamp = `DELETE FROM curated.fleet_slices WHERE tenant_id = :tenant_id AND source_scope = :source_scope`
 
+// insertStamp stamps the slice; committed_at is the warehouse clock when
+// the swap runs (GETDATE(): the statement's start, after the lock was
+// granted), not when the load began.
 const insertStamp = `INSERT INTO curated.fleet_slices
   (tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
-VALUES (:tenant_id, :source_scope, CAST(:batch_id AS BIGINT), CAST(:generation AS BIGINT), CAST(:record_count AS BIGINT), SYSDATE, NULL)`
+VALUES (:tenant_id, :source_scope, :batch_id, :generation, :record_count, GETDATE(), NULL)`
 
-// copyColumns are the columns the staged NDJSON carries.
-const copyColumns = `tenant_id, source_scope, batch_id, lease_generation, object_key, line_number, record`
-
-// copyManifest loads exactly the parts a manifest names.
-func copyManifest(manifestURL, iamRole string) string {
-	role := "default"
-	if iamRole != "default" {
-		role = "'" + iamRole + "'"
+// swapSQL is a load's second transaction, the only one under the writer
+// lock: guard, replace the slice's rows with the staged ones, check the
+// count, replace the stamp, drop the staging table. A load with no records
+// has no staging table: it empties the slice and stamps it.
+func swapSQL(s warehouse.Slice, v values, records int64, staged bool) []string {
+	v = v.with("record_count", records)
+	sqls := []string{lockWriters, render(guardNotSuperseded, v), render(deleteSlice, v)}
+	if staged {
+		v["staging_table"] = stagingTable(s)
+		sqls = append(sqls, render(insertStaged, v))
 	}
-	return "COPY curated.fleet_records (" + copyColumns + ")\nFROM '" + manifestURL + "'\nIAM_ROLE " + role +
-		"\nMANIFEST\nFORMAT AS JSON 'auto'\nGZIP"
+	sqls = append(sqls, render(guardCount, v), render(deleteStamp, v), render(insertStamp, v))
+	if staged {
+		sqls = append(sqls, `DROP TABLE `+stagingTable(s))
+	}
+	return sqls
 }
 
-// loadSQL is one load's transaction.
-func loadSQL(manifestURL, iamRole string) []string {
-	sqls := []string{lockWriters, guardNotSuperseded, deleteSlice}
-	if manifestURL != "" {
-		sqls = append(sqls, copyManifest(manifestURL, iamRole))
-	}
-	return append(sqls, guardCount, deleteStamp, insertStamp)
-}
-
-// readStamp reads a slice's stamp and its age on the warehouse clock.
+// readStamp reads a slice's stamp and its age in seconds on the warehouse
+// clock.
 const readStamp = `SELECT batch_id, lease_generation, record_count, committed_at, published_at,
-       CAST(EXTRACT(EPOCH FROM SYSDATE) - EXTRACT(EPOCH FROM committed_at) AS BIGINT)
+       CAST(EXTRACT(EPOCH FROM GETDATE()) - EXTRACT(EPOCH FROM committed_at) AS BIGINT)
 FROM curated.fleet_slices WHERE tenant_id = :tenant_id AND source_scope = :source_scope`
 
 // guardPublishable fails unless the slice is stamped with the batch and is
 // published already or still within the window (seconds, warehouse clock).
 const guardPublishable = `SELECT 1 / CASE WHEN (SELECT count(*) FROM curated.fleet_slices
-  WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND batch_id = CAST(:batch_id AS BIGINT)
+  WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND batch_id = :batch_id
     AND (published_at IS NOT NULL
-         OR EXTRACT(EPOCH FROM SYSDATE) - EXTRACT(EPOCH FROM committed_at) <= CAST(:window_seconds AS BIGINT))) = 1
+         OR EXTRACT(EPOCH FROM GETDATE()) - EXTRACT(EPOCH FROM committed_at) <= :window_seconds)) = 1
   THEN 1 ELSE 0 END`
 
-const markPublished = `UPDATE curated.fleet_slices SET published_at = SYSDATE
-WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND batch_id = CAST(:batch_id AS BIGINT) AND published_at IS NULL`
+const markPublished = `UPDATE curated.fleet_slices SET published_at = GETDATE()
+WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND batch_id = :batch_id AND published_at IS NULL`
 
 // appendPublication adds the outbox row once per batch.
 const appendPublication = `INSERT INTO curated.fleet_publications (tenant_id, source_scope, batch_id, record_count, published_at)
 SELECT s.tenant_id, s.source_scope, s.batch_id, s.record_count, s.published_at FROM curated.fleet_slices s
-WHERE s.tenant_id = :tenant_id AND s.source_scope = :source_scope AND s.batch_id = CAST(:batch_id AS BIGINT)
+WHERE s.tenant_id = :tenant_id AND s.source_scope = :source_scope AND s.batch_id = :batch_id
   AND NOT EXISTS (SELECT 1 FROM curated.fleet_publications p
                   WHERE p.tenant_id = s.tenant_id AND p.source_scope = s.source_scope AND p.batch_id = s.batch_id)`
 
 // publishSQL is one publication's transaction.
-var publishSQL = []string{lockWriters, guardPublishable, markPublished, appendPublication}
+func publishSQL(v values, windowSeconds int64) []string {
+	return renderAll([]string{lockWriters, guardPublishable, markPublished, appendPublication}, v.with("window_seconds", windowSeconds))
+}
 
 // Migrations.
 
@@ -106,11 +270,16 @@ const appliedMigrations = `SELECT version FROM ` + migrationsTable + ` ORDER BY 
 
 // migrationSQL wraps one migration's statements: it fails when the version
 // was applied meanwhile (by a concurrent migrate), and records it.
-func migrationSQL(statements []string) []string {
+func migrationSQL(version int64, name string, statements []string) ([]string, error) {
+	n, err := quoteLiteral(name)
+	if err != nil {
+		return nil, fmt.Errorf("migration name: %w", err)
+	}
+	v := values{"version": strconv.FormatInt(version, 10), "name": n}
 	sqls := []string{
 		`LOCK ` + migrationsTable,
-		`SELECT 1 / CASE WHEN (SELECT count(*) FROM ` + migrationsTable + ` WHERE version = CAST(:version AS BIGINT)) = 0 THEN 1 ELSE 0 END`,
+		render(`SELECT 1 / CASE WHEN (SELECT count(*) FROM `+migrationsTable+` WHERE version = :version) = 0 THEN 1 ELSE 0 END`, v),
 	}
 	sqls = append(sqls, statements...)
-	return append(sqls, `INSERT INTO `+migrationsTable+` (version, name) VALUES (CAST(:version AS BIGINT), :name)`)
+	return append(sqls, render(`INSERT INTO `+migrationsTable+` (version, name) VALUES (:version, :name)`, v)), nil
 }

@@ -106,7 +106,8 @@ func params(kv ...string) []types.SqlParameter {
 
 // submitBatch submits sqls as one transaction and returns its id. The SDK
 // fills in a client token, so its own retries of the request cannot run
-// the transaction twice.
+// the transaction twice. p is for tests only: the warehouse writes values
+// as literals (see sql.go).
 func (w *dataAPI) submitBatch(ctx context.Context, name string, sqls []string, p []types.SqlParameter) (string, error) {
 	wg, cl, db, secret, user := w.target()
 	out, err := w.data.BatchExecuteStatement(ctx, &redshiftdata.BatchExecuteStatementInput{
@@ -130,6 +131,60 @@ func (w *dataAPI) submit(ctx context.Context, name, sql string, p []types.SqlPar
 		return "", fmt.Errorf("submitting %s: %w", name, err)
 	}
 	return aws.ToString(out.Id), nil
+}
+
+// beforeCommitError is the caller's beforeCommit refusing a transaction
+// run was about to submit.
+type beforeCommitError struct{ err error }
+
+func (e *beforeCommitError) Error() string { return e.err.Error() }
+func (e *beforeCommitError) Unwrap() error { return e.err }
+
+// run submits sqls as one transaction and awaits it for timeout; before,
+// if set, runs before each submission (a lease check). A transient failure
+// (a serialization or snapshot-isolation conflict, an aborted statement)
+// is submitted again after a backoff, up to ConflictRetries times. It
+// returns the id of the last submission and nil once one FINISHED; a
+// *StatementError for one that failed; an error wrapping errOutcomeUnknown
+// (and warehouse.ErrTransient) when the last submission was not seen to end
+// or its submission's answer was lost; a *beforeCommitError; or, when ctx
+// ended while a statement ran, ctx's cause, after cancelling the statement.
+func (w *dataAPI) run(ctx context.Context, name string, sqls []string, timeout time.Duration, before func(context.Context) error) (string, error) {
+	backoff := w.cfg.RetryBackoff
+	for attempt := 0; ; attempt++ {
+		if before != nil {
+			if err := before(ctx); err != nil {
+				return "", &beforeCommitError{err}
+			}
+		}
+		id, err := w.submitBatch(ctx, name, sqls, nil)
+		if err != nil {
+			if ctx.Err() != nil {
+				return "", fmt.Errorf("%s: %w", name, context.Cause(ctx))
+			}
+			// The submission may have been accepted even so.
+			return "", fmt.Errorf("%w: %w: %w", warehouse.ErrTransient, errOutcomeUnknown, err)
+		}
+		d, err := w.await(ctx, id, timeout)
+		if err != nil {
+			if ctx.Err() != nil {
+				w.cancel(id)
+			}
+			return id, err
+		}
+		err = interpretStatement(d)
+		var se *StatementError
+		if err == nil || !errors.As(err, &se) || !se.Transient || attempt >= w.cfg.ConflictRetries {
+			return id, err
+		}
+		w.cfg.Logger.Info("redshift transaction conflicted: retrying", "statement", name, "statement_id", id, "attempt", attempt+1, "backoff", backoff, "error", se.Message)
+		select {
+		case <-ctx.Done():
+			return id, fmt.Errorf("%s: %w", name, context.Cause(ctx))
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, w.cfg.RetryBackoffMax)
+	}
 }
 
 // await polls the statement until it ends (FINISHED, FAILED or ABORTED)
@@ -179,7 +234,13 @@ func (w *dataAPI) cancel(id string) {
 }
 
 // query runs one read statement and returns its rows.
-func (w *dataAPI) query(ctx context.Context, name, sql string, p []types.SqlParameter) ([][]types.Field, error) {
+func (w *dataAPI) query(ctx context.Context, name, sql string) ([][]types.Field, error) {
+	return w.queryParams(ctx, name, sql, nil)
+}
+
+// queryParams is query with parameters, for tests (a SELECT, where the Data
+// API documents them).
+func (w *dataAPI) queryParams(ctx context.Context, name, sql string, p []types.SqlParameter) ([][]types.Field, error) {
 	ctx, done := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	defer done()
 	id, err := w.submit(ctx, name, sql, p)

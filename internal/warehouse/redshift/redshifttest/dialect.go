@@ -52,7 +52,20 @@ func translate(sql string, params map[string]string) (string, []any, error) {
 	for i := 0; i < len(sql); i++ {
 		c := sql[i]
 		switch {
+		case inQuote && c == '\\' && i+1 < len(sql):
+			// Redshift reads a backslash in a literal as an escape (its
+			// QUOTE_LITERAL doubles backslashes); PostgreSQL does so in
+			// E'' strings only.
+			out.WriteByte(c)
+			out.WriteByte(sql[i+1])
+			i++
+		case inQuote && c == '\'' && i+1 < len(sql) && sql[i+1] == '\'':
+			out.WriteString("''") // a quote inside the literal
+			i++
 		case c == '\'':
+			if !inQuote && (i == 0 || !isIdent(sql[i-1])) {
+				out.WriteByte('E')
+			}
 			inQuote = !inQuote
 			out.WriteByte(c)
 		case !inQuote && c == ':' && i+1 < len(sql) && sql[i+1] == ':':

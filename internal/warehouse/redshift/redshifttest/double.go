@@ -25,8 +25,10 @@
 // (for example Redshift's "ERROR: 1023 … Serializable isolation violation"),
 // end it ABORTED, hold a transaction open before its commit until the test
 // releases it (a commit after the client's deadline, or after the client
-// died), or keep reporting STARTED after the transaction ended (a client
-// that never sees the outcome). Throttle answers the next requests with
+// died), keep reporting STARTED after the transaction ended (a client
+// that never sees the outcome), or hold a batch's COPY for a while before
+// it reads S3 (CopyDelay: a long COPY, with whatever its transaction
+// locked still locked). Throttle answers the next requests with
 // ThrottlingException.
 //
 // What it does not emulate: authentication and IAM (credentials, secrets,
@@ -139,6 +141,10 @@ type Fault struct {
 	// transaction ended, until Reveal; it answers only once the
 	// transaction has ended.
 	HideOutcome bool
+	// CopyDelay holds each COPY of the batch this long before it reads
+	// S3, as a COPY of a large folder takes minutes on Redshift; whatever
+	// the transaction locked before it stays locked meanwhile.
+	CopyDelay time.Duration
 }
 
 // Injection is an injected fault in flight.
@@ -149,6 +155,8 @@ type Injection struct {
 	release  chan struct{}
 	reveal   chan struct{}
 	done     chan struct{}
+	copying  chan struct{}
+	copyOnce sync.Once
 	relOnce  sync.Once
 	revOnce  sync.Once
 	heldOnce sync.Once
@@ -160,6 +168,9 @@ func (f *Injection) Matched() <-chan string { return f.matched }
 // Held is closed when a Hold fault's transaction ran its statements and
 // waits for Release.
 func (f *Injection) Held() <-chan struct{} { return f.held }
+
+// Copying is closed when a CopyDelay fault's COPY starts its delay.
+func (f *Injection) Copying() <-chan struct{} { return f.copying }
 
 // Release lets a held transaction commit.
 func (f *Injection) Release() { f.relOnce.Do(func() { close(f.release) }) }
@@ -268,7 +279,7 @@ func (d *Double) Env() []string {
 // Inject arms a fault for the next matching batch.
 func (d *Double) Inject(f Fault) *Injection {
 	in := &Injection{Fault: f, matched: make(chan string, 1), held: make(chan struct{}), release: make(chan struct{}),
-		reveal: make(chan struct{}), done: make(chan struct{})}
+		reveal: make(chan struct{}), done: make(chan struct{}), copying: make(chan struct{})}
 	if !f.Hold {
 		close(in.release)
 	}
@@ -550,7 +561,7 @@ func (d *Double) runTx(ctx context.Context, st *statement) error {
 			}
 			return errors.New(msg)
 		}
-		rows, res, err := d.exec(ctx, tx, sql, st.params)
+		rows, res, err := d.exec(ctx, tx, st, sql)
 		if err != nil {
 			msg := redshiftError(err)
 			st.set(func() { sub.status, sub.errText = "FAILED", msg })
@@ -594,11 +605,20 @@ func redshiftError(err error) string {
 
 // exec runs one statement of a transaction and returns the rows it
 // affected and, for a query, its result.
-func (d *Double) exec(ctx context.Context, tx pgx.Tx, sql string, params map[string]string) (int64, *result, error) {
+func (d *Double) exec(ctx context.Context, tx pgx.Tx, st *statement, sql string) (int64, *result, error) {
+	params := st.params
 	if isCopy(sql) {
 		c, err := parseCopy(sql)
 		if err != nil {
 			return 0, nil, err
+		}
+		if f := st.fault; f != nil && f.CopyDelay > 0 {
+			f.copyOnce.Do(func() { close(f.copying) })
+			select {
+			case <-time.After(f.CopyDelay):
+			case <-ctx.Done():
+				return 0, nil, ctx.Err()
+			}
 		}
 		n, err := d.runCopy(ctx, tx, c)
 		return n, nil, err
