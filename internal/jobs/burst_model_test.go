@@ -123,14 +123,17 @@ func TestFailedEnqueueRecordCannotPoisonTheFolder(t *testing.T) {
 	require.Equal(t, OutcomeEnqueued, res[1].Outcome)
 }
 
-// waitForLockWaiters waits until n backends wait on a lock of the type.
+// waitForLockWaiters waits until n backends of this test's database wait
+// on a lock of the type (pg_locks is the whole cluster's: other tests'
+// waiters must not count).
 func waitForLockWaiters(t *testing.T, pool *pgxpool.Pool, lockType string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var waiting int
-		require.NoError(t, pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = $1 AND database IS NOT DISTINCT FROM (SELECT oid FROM pg_database WHERE datname = current_database()) OR (NOT granted AND locktype = $1 AND locktype = 'transactionid')`, lockType).Scan(&waiting))
+		require.NoError(t, pool.QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE NOT l.granted AND l.locktype = $1 AND a.datname = current_database()`, lockType).Scan(&waiting))
 		if waiting >= n {
 			return
 		}
