@@ -90,7 +90,9 @@ func TestUpgradeFromBaselineKeepsExistingBatches(t *testing.T) {
 
 	// No operational table other than River's and goose's was added;
 	// ingest_seen_signatures holds replay records of enqueue serve's
-	// authentication (digests and expiries), not batch state.
+	// authentication (digests and expiries), ingest_reconcile_checkpoints
+	// where enqueue reconcile --every resumes its listing: neither is batch
+	// state.
 	var tables []string
 	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename NOT LIKE 'river%' ORDER BY 1`)
 	require.NoError(t, err)
@@ -99,7 +101,7 @@ func TestUpgradeFromBaselineKeepsExistingBatches(t *testing.T) {
 		require.NoError(t, rows.Scan(&name))
 		tables = append(tables, name)
 	}
-	require.Equal(t, []string{"ingest_schema_migrations", "ingest_seen_signatures", "ingestion_batches"}, tables)
+	require.Equal(t, []string{"ingest_reconcile_checkpoints", "ingest_schema_migrations", "ingest_seen_signatures", "ingestion_batches"}, tables)
 }
 
 func TestConcurrentApplyIsSafe(t *testing.T) {

@@ -206,6 +206,9 @@ GRANT SELECT ON river_migration TO fleet_enqueue;
 -- claim, release after a failed request, prune expired ones.
 GRANT SELECT, INSERT, UPDATE, DELETE ON ingest_seen_signatures TO fleet_enqueue;
 
+-- Checkpoints of enqueue reconcile --every (migration 00040).
+GRANT SELECT, INSERT, UPDATE ON ingest_reconcile_checkpoints TO fleet_enqueue;
+
 -- ---------------------------------------------------------------------------
 -- Local warehouse (schema curated): the worker loads and publishes; enqueue
 -- reads the stamp to prove resumes.

@@ -1,0 +1,370 @@
+// Package reconcile finds every completed folder of a bucket that has no
+// batch — an upload whose notification was lost — and enqueues it
+// (enqueue reconcile).
+//
+// A scan lists the bucket with ListObjectsV2, a page (up to 1,000 keys) at
+// a time, so memory is bounded by a page and a burst whatever the bucket
+// holds. Every completion marker (LastModified at or after Since) is
+// mapped to its folder with uploads.PlanEvents and folder.Mapping, the rule
+// of every other door. A burst of folders is looked up in the database:
+//
+//	a Running batch            → running (not enqueued)
+//	a Succeeded batch          → already_succeeded
+//	only Failed batches        → failed, reported with the newest one's id
+//	                             and phase; enqueued only with
+//	                             RetryFailedPreCommit and a pre-commit failure
+//	no batch                   → enqueued in one ImportMany burst
+//	                             (ingest_reconcile_missed_total)
+//
+// The reservation makes a race with the notification paths harmless: a
+// folder the SQS consumer reserves between the look-up and the burst
+// answers conflict (or already_succeeded), never a second batch.
+package reconcile
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"path"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/uploads"
+)
+
+// Outcomes reported per folder (the outcome label of
+// ingest_reconcile_folders_total).
+const (
+	OutcomeEnqueued         = "enqueued"
+	OutcomeWouldEnqueue     = "would_enqueue"
+	OutcomeRunning          = "running"
+	OutcomeAlreadySucceeded = "already_succeeded"
+	OutcomeFailed           = "failed"
+	OutcomeConflict         = "conflict"
+	OutcomeUnmapped         = "unmapped"
+	OutcomeInvalidInput     = "invalid_input"
+	OutcomeEnqueueFailed    = "enqueue_failed"
+)
+
+// Defaults of Config.
+const (
+	BurstSizeDefault = 500
+	MarkerDefault    = "_SUCCESS"
+)
+
+// Importer reserves and enqueues a burst of folders; *jobs.Enqueuer is one.
+type Importer interface {
+	ImportMany(ctx context.Context, reqs []jobs.ImportRequest) ([]jobs.Result, error)
+}
+
+// Config configures a scan.
+type Config struct {
+	// S3 lists the bucket; *s3.Client is one.
+	S3     s3.ListObjectsV2APIClient
+	Bucket string
+	// Prefix bounds the listing (may be empty: the whole bucket).
+	Prefix string
+	// Marker is the object name whose existence completes a folder.
+	// Defaults to MarkerDefault.
+	Marker string
+	// Mapping maps folders to tenants (its Buckets, if empty, is the
+	// scanned bucket).
+	Mapping  folder.Mapping
+	Pool     *pgxpool.Pool
+	Importer Importer
+	// Since skips markers last modified before it (zero: none skipped).
+	Since time.Time
+	// DryRun reports what would be enqueued and writes nothing.
+	DryRun bool
+	// RetryFailedPreCommit also enqueues folders whose batches all failed,
+	// the newest before its warehouse commit (failed_pre_commit or
+	// failed_enqueue). Never a failed publication (resume it) or a cancel.
+	RetryFailedPreCommit bool
+	// BurstSize is how many folders are looked up and enqueued together
+	// (at most jobs.MaxBurst). Defaults to BurstSizeDefault.
+	BurstSize int
+	// MaxObjects stops the scan after the page that reaches it (0: the
+	// whole listing); Summary.Complete says whether the end was reached.
+	MaxObjects int
+	// Report receives one report per completed folder, in listing order.
+	Report  func(Folder)
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
+}
+
+// Validate checks the settings without contacting anything. Errors are
+// *ConfigError.
+func (c *Config) Validate() error {
+	switch {
+	case c.Bucket == "":
+		return &ConfigError{"Bucket", "is required"}
+	case folder.ValidateBucketName(c.Bucket) != nil:
+		return &ConfigError{"Bucket", folder.ValidateBucketName(c.Bucket).Error()}
+	case c.BurstSize < 0 || c.BurstSize > jobs.MaxBurst:
+		return &ConfigError{"BurstSize", fmt.Sprintf("must be 1 to %d", jobs.MaxBurst)}
+	case c.MaxObjects < 0:
+		return &ConfigError{"MaxObjects", "must not be negative"}
+	}
+	m := c.mapping()
+	if err := m.Validate(); err != nil {
+		return &ConfigError{"Mapping", err.Error()}
+	}
+	if err := m.BucketAccepted(c.Bucket); err != nil {
+		return &ConfigError{"Bucket", err.Error()}
+	}
+	return nil
+}
+
+func (c *Config) mapping() folder.Mapping {
+	m := c.Mapping
+	if len(m.Buckets) == 0 {
+		m.Buckets = []string{c.Bucket}
+	}
+	return m
+}
+
+// ConfigError is a setting Validate refuses.
+type ConfigError struct{ Setting, Reason string }
+
+func (e *ConfigError) Error() string { return e.Setting + ": " + e.Reason }
+
+// Folder is what a scan found for one completed folder: one JSON line of
+// enqueue reconcile.
+type Folder struct {
+	Outcome        string `json:"outcome"`
+	Folder         string `json:"folder"`
+	TenantID       string `json:"tenant_id,omitempty"`
+	BatchID        int64  `json:"batch_id,omitempty"`
+	JobID          int64  `json:"job_id,omitempty"`
+	RunningBatchID int64  `json:"running_batch_id,omitempty"`
+	// Phase is the newest failed batch's phase (outcome failed).
+	Phase    string    `json:"phase,omitempty"`
+	MarkedAt time.Time `json:"marked_at"`
+	Field    string    `json:"field,omitempty"`
+	Reason   string    `json:"reason,omitempty"`
+	RetryOf  int64     `json:"retry_of,omitempty"`
+}
+
+// Summary counts what a scan did: the last JSON line of enqueue reconcile.
+type Summary struct {
+	Bucket        string         `json:"bucket"`
+	Prefix        string         `json:"prefix"`
+	ObjectsListed int            `json:"objects_listed"`
+	Pages         int            `json:"pages"`
+	Folders       int            `json:"folders"`
+	Outcomes      map[string]int `json:"outcomes"`
+	// Complete: the listing reached its end. Otherwise LastKey is where
+	// the next scan starts (StartAfter).
+	Complete        bool    `json:"complete"`
+	LastKey         string  `json:"last_key,omitempty"`
+	DurationSeconds float64 `json:"duration_seconds"`
+	DryRun          bool    `json:"dry_run,omitempty"`
+}
+
+// marker is one completion marker found by the listing.
+type marker struct {
+	key      string
+	modified time.Time
+}
+
+// Scan lists the bucket from startAfter (empty: its beginning) and
+// reconciles every completed folder. If ctx ends, the listing stops at the
+// next page and what was listed is still reconciled (Complete false,
+// LastKey the last key reconciled). An error is an infrastructure failure
+// (S3 or the database); the folders reported before it stand.
+func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
+	if err := cfg.Validate(); err != nil {
+		return Summary{}, err
+	}
+	cfg.Marker = cmp.Or(cfg.Marker, MarkerDefault)
+	cfg.BurstSize = cmp.Or(cfg.BurstSize, BurstSizeDefault)
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Report == nil {
+		cfg.Report = func(Folder) {}
+	}
+	start := time.Now()
+	defer metrics.ObserveSince(cfg.Metrics.ReconcileScanDuration, start)
+	s := &scan{cfg: cfg, sum: Summary{Bucket: cfg.Bucket, Prefix: cfg.Prefix, Outcomes: map[string]int{}, DryRun: cfg.DryRun}}
+	work := context.WithoutCancel(ctx)
+	in := &s3.ListObjectsV2Input{Bucket: aws.String(cfg.Bucket)}
+	if cfg.Prefix != "" {
+		in.Prefix = aws.String(cfg.Prefix)
+	}
+	if startAfter != "" {
+		in.StartAfter = aws.String(startAfter)
+	}
+	pages := s3.NewListObjectsV2Paginator(cfg.S3, in)
+	err := func() error {
+		for pages.HasMorePages() {
+			if ctx.Err() != nil {
+				return nil
+			}
+			page, err := pages.NextPage(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("listing s3://%s/%s: %w", cfg.Bucket, cfg.Prefix, err)
+			}
+			s.sum.Pages++
+			for _, obj := range page.Contents {
+				s.sum.ObjectsListed++
+				cfg.Metrics.ReconcileObjectsListed.Inc()
+				key := aws.ToString(obj.Key)
+				s.lastListed = key
+				if path.Base(key) != cfg.Marker || (!cfg.Since.IsZero() && aws.ToTime(obj.LastModified).Before(cfg.Since)) {
+					continue
+				}
+				s.pending = append(s.pending, marker{key: key, modified: aws.ToTime(obj.LastModified)})
+				if len(s.pending) >= cfg.BurstSize {
+					if err := s.flush(work); err != nil {
+						return err
+					}
+				}
+			}
+			// Everything up to here is listed; after the flush it is
+			// reconciled, and the next scan may start after it.
+			if err := s.flush(work); err != nil {
+				return err
+			}
+			s.sum.LastKey = s.lastListed
+			if cfg.MaxObjects > 0 && s.sum.ObjectsListed >= cfg.MaxObjects {
+				return nil
+			}
+		}
+		s.sum.Complete = true
+		s.sum.LastKey = ""
+		return nil
+	}()
+	s.sum.DurationSeconds = time.Since(start).Seconds()
+	return s.sum, err
+}
+
+type scan struct {
+	cfg        Config
+	sum        Summary
+	pending    []marker
+	lastListed string
+}
+
+func (s *scan) report(f Folder) {
+	s.sum.Folders++
+	s.sum.Outcomes[f.Outcome]++
+	s.cfg.Metrics.ReconcileFolders.WithLabelValues(f.Outcome).Inc()
+	if f.Outcome == OutcomeEnqueued {
+		s.cfg.Metrics.ReconcileMissed.Inc()
+		s.cfg.Logger.Info("reconcile: a completed folder had no batch; enqueued", "folder", f.Folder, "tenant_id", f.TenantID, "batch_id", f.BatchID, "marked_at", f.MarkedAt)
+	}
+	s.cfg.Report(f)
+}
+
+// flush reconciles the pending markers: look-up, then one burst.
+func (s *scan) flush(ctx context.Context) error {
+	if len(s.pending) == 0 {
+		return nil
+	}
+	markers := s.pending
+	s.pending = nil
+	events := make([]uploads.ObjectEvent, len(markers))
+	for i, m := range markers {
+		events[i] = uploads.ObjectEvent{Bucket: s.cfg.Bucket, Key: m.key, Created: true}
+	}
+	plans := uploads.PlanEvents(events, s.cfg.Marker, s.cfg.mapping())
+	type candidate struct {
+		i   int
+		req jobs.ImportRequest
+		key scopeKey
+	}
+	var cands []candidate
+	var keys []scopeKey
+	reports := make([]*Folder, len(plans))
+	for i, p := range plans {
+		f := &Folder{Folder: "s3://" + p.Bucket + "/" + path.Dir(p.Key), MarkedAt: markers[i].modified}
+		reports[i] = f
+		switch p.Outcome {
+		case "":
+			canon, err := folder.Canonicalize(p.Request.Folder)
+			if err != nil {
+				f.Outcome, f.Field, f.Reason = OutcomeInvalidInput, "folder", err.Error()
+				continue
+			}
+			f.Folder, f.TenantID = p.Request.Folder, p.Request.TenantID
+			k := scopeKey{tenant: p.Request.TenantID, scope: canon.Scope()}
+			cands = append(cands, candidate{i: i, req: p.Request, key: k})
+			keys = append(keys, k)
+		case "unmapped":
+			f.Outcome, f.Reason = OutcomeUnmapped, p.Reason
+		default:
+			f.Outcome, f.Field, f.Reason = OutcomeInvalidInput, p.Field, p.Reason
+		}
+	}
+	states, err := lookup(ctx, s.cfg.Pool, keys)
+	if err != nil {
+		return fmt.Errorf("looking up %d folders' batches: %w", len(keys), err)
+	}
+	var burst []jobs.ImportRequest
+	var burstAt []int
+	for _, c := range cands {
+		f := reports[c.i]
+		st := states[c.key]
+		switch {
+		case st.running != 0:
+			f.Outcome, f.RunningBatchID = OutcomeRunning, st.running
+		case st.succeeded != 0:
+			f.Outcome, f.BatchID = OutcomeAlreadySucceeded, st.succeeded
+		case st.failed != 0 && !(s.cfg.RetryFailedPreCommit && preCommit(st.failedPhase)):
+			f.Outcome, f.BatchID, f.Phase = OutcomeFailed, st.failed, st.failedPhase
+		case s.cfg.DryRun:
+			f.Outcome, f.RetryOf = OutcomeWouldEnqueue, st.failed
+		default:
+			f.RetryOf = st.failed
+			burst = append(burst, c.req)
+			burstAt = append(burstAt, c.i)
+		}
+	}
+	if len(burst) > 0 {
+		results, err := s.cfg.Importer.ImportMany(ctx, burst)
+		if err != nil {
+			return fmt.Errorf("enqueuing %d folders: %w", len(burst), err)
+		}
+		for k, r := range results {
+			f := reports[burstAt[k]]
+			f.BatchID, f.JobID, f.RunningBatchID = r.BatchID, r.JobID, r.RunningBatchID
+			switch r.Outcome {
+			case jobs.OutcomeEnqueued:
+				f.Outcome = OutcomeEnqueued
+			case jobs.OutcomeConflict:
+				f.Outcome = OutcomeConflict
+			case jobs.OutcomeAlreadySucceeded:
+				f.Outcome = OutcomeAlreadySucceeded
+			case jobs.OutcomeInvalidInput:
+				f.Outcome, f.Field, f.Reason = OutcomeInvalidInput, r.Field, r.Error
+			default:
+				f.Outcome, f.Reason = OutcomeEnqueueFailed, r.Error
+			}
+		}
+	}
+	for _, f := range reports {
+		s.report(*f)
+	}
+	return nil
+}
+
+// preCommit reports whether a failed batch's phase is a failure before
+// the warehouse commit, which a new batch may retry.
+func preCommit(phase string) bool {
+	return phase == string(batch.PhaseFailedPreCommit) || phase == string(batch.PhaseFailedEnqueue)
+}

@@ -1,0 +1,168 @@
+package reconcile_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/reconcile"
+	"github.com/fleet/ingest/internal/s3test"
+)
+
+const bucket = "fleet-uploads"
+
+// stray is an object that completes nothing.
+const stray = "tenants/t1/db/company-1/upload-00001/part-0.csv"
+
+func folderKey(n int) string {
+	return fmt.Sprintf("tenants/t%d/db/company-1/upload-%05d", n%7, n)
+}
+
+type fixture struct {
+	pool *pgxpool.Pool
+	s3   *s3test.Server
+	cfg  reconcile.Config
+}
+
+// newFixture writes n completed folders (and one stray object) and returns
+// a Config on them over a fresh database.
+func newFixture(t *testing.T, n int) *fixture {
+	t.Helper()
+	f := &fixture{pool: pgtest.NewPool(t), s3: s3test.Start(t)}
+	f.s3.CreateBucket(t, bucket)
+	var keys []string
+	for i := range n {
+		keys = append(keys, folderKey(i)+"/_SUCCESS")
+	}
+	f.s3.PutMany(t, bucket, keys, nil)
+	f.s3.Put(t, bucket, stray, []byte("x"))
+	client, err := jobs.NewInsertClient(f.pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	m := metrics.New()
+	f.cfg = reconcile.Config{
+		S3: f.s3.Client(), Bucket: bucket, Pool: f.pool, Metrics: m, Logger: slog.New(slog.DiscardHandler),
+		Importer: &jobs.Enqueuer{Pool: f.pool, River: client, Metrics: m, Logger: slog.New(slog.DiscardHandler)},
+	}
+	return f
+}
+
+func (f *fixture) batches(t *testing.T) (batches, scopes int) {
+	t.Helper()
+	require.NoError(t, f.pool.QueryRow(context.Background(),
+		`SELECT count(*), count(DISTINCT (tenant_id, source_scope)) FROM ingestion_batches`).Scan(&batches, &scopes))
+	return batches, scopes
+}
+
+// TestReconcilePeriodsResumeFromTheCheckpoint runs periods of at most
+// 1,000 objects over 2,500 folders from three replicas at once: each
+// period one replica works (the others skip: advisory lock, or the
+// period was just run), each continues after the previous one's last key,
+// the third completes the pass, and every folder is enqueued once. The
+// next pass checks only markers modified since the finished pass began
+// (less the overlap).
+func TestReconcilePeriodsResumeFromTheCheckpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, 2500)
+	f.cfg.MaxObjects = 1000
+	const every = time.Hour // the "ran less than every/2 ago" rule is lifted below
+
+	var starts []string
+	for period := range 3 {
+		var wg sync.WaitGroup
+		results := make([]reconcile.Period, 3)
+		for r := range 3 {
+			wg.Go(func() {
+				p, err := reconcile.RunPeriod(ctx, f.cfg, every)
+				require.NoError(t, err)
+				results[r] = p
+			})
+		}
+		wg.Wait()
+		scanned := 0
+		for _, p := range results {
+			if p.Outcome == "scanned" {
+				scanned++
+				starts = append(starts, p.StartAfter)
+				require.Equal(t, period == 2, p.Summary.Complete, "period %d", period)
+			}
+		}
+		require.Equal(t, 1, scanned, "period %d: one replica works", period)
+		// The next period is due.
+		_, err := f.pool.Exec(ctx, `UPDATE ingest_reconcile_checkpoints SET last_run_at = now() - interval '2 hours'`)
+		require.NoError(t, err)
+	}
+	var keys []string
+	for i := range 2500 {
+		keys = append(keys, folderKey(i)+"/_SUCCESS")
+	}
+	keys = append(keys, stray)
+	slices.Sort(keys)
+	require.Equal(t, []string{"", keys[999], keys[1999]}, starts, "each period starts after the previous one's last key (1,000 per period)")
+	batches, scopes := f.batches(t)
+	require.Equal(t, 2500, batches)
+	require.Equal(t, 2500, scopes)
+	require.Equal(t, 2500.0, testutil.ToFloat64(f.cfg.Metrics.ReconcileMissed))
+
+	var covered *time.Time
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT covered_since FROM ingest_reconcile_checkpoints`).Scan(&covered))
+	require.NotNil(t, covered, "a finished pass records when it began")
+	p, err := reconcile.RunPeriod(ctx, f.cfg, every)
+	require.NoError(t, err)
+	require.Equal(t, "scanned", p.Outcome)
+	require.WithinDuration(t, covered.Add(-reconcile.CheckpointOverlap), p.Since, time.Millisecond)
+	require.Zero(t, p.Summary.Outcomes["enqueued"])
+
+	// Within half a period of the last run, every replica skips.
+	p, err = reconcile.RunPeriod(ctx, f.cfg, every)
+	require.NoError(t, err)
+	require.Equal(t, "skipped", p.Outcome)
+}
+
+// TestReconcileSinceAndDryRun: markers modified before --since are not
+// looked at; a dry run writes nothing.
+func TestReconcileSinceAndDryRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, 30)
+	cfg := f.cfg
+	cfg.Since = time.Now().Add(time.Hour)
+	sum, err := reconcile.Scan(ctx, cfg, "")
+	require.NoError(t, err)
+	require.Equal(t, 31, sum.ObjectsListed)
+	require.Zero(t, sum.Folders)
+
+	cfg.Since, cfg.DryRun = time.Now().Add(-time.Hour), true
+	var reports []reconcile.Folder
+	cfg.Report = func(r reconcile.Folder) { reports = append(reports, r) }
+	sum, err = reconcile.Scan(ctx, cfg, "")
+	require.NoError(t, err)
+	require.True(t, sum.Complete)
+	require.Equal(t, 30, sum.Outcomes["would_enqueue"])
+	require.Len(t, reports, 30)
+	require.Equal(t, "t0", reports[0].TenantID)
+	batches, _ := f.batches(t)
+	require.Zero(t, batches)
+}
+
+// TestReconcileReportsUnmappedMarkers: a marker outside the path pattern
+// is reported unmapped, never enqueued.
+func TestReconcileReportsUnmappedMarkers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2)
+	f.s3.Put(t, bucket, "elsewhere/acme/_SUCCESS", nil)
+	sum, err := reconcile.Scan(context.Background(), f.cfg, "")
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"enqueued": 2, "unmapped": 1}, sum.Outcomes)
+}
