@@ -133,11 +133,13 @@ func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 			require.NotEmpty(t, r.Labels["severity"], r.Alert)
 			checkExpr(t, r.Alert, r.Expr, known)
 			checkRunbook(t, r.Alert, r.Annotations["runbook_url"], anchors)
+			require.False(t, alerts[r.Alert], "alert %s is defined twice", r.Alert)
 			alerts[r.Alert] = true
 		}
 	}
 	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing",
-		"FleetIngestNoLiveWorker", "FleetIngestFailedBatchRateHigh", "FleetIngestParkedBatch"} {
+		"FleetIngestNoLiveWorker", "FleetIngestFailedBatchRateHigh", "FleetIngestParkedBatch",
+		"FleetIngestSQSMessagesFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing"} {
 		require.True(t, alerts[want], "missing alert %s", want)
 	}
 

@@ -70,3 +70,34 @@ func TestChartSQSConsumer(t *testing.T) {
 	_, err = render(t, map[string]any{"sqs": map[string]any{"enabled": true, "queueURL": queue, "visibilityTimeoutSeconds": 30}})
 	require.ErrorContains(t, err, "must exceed sqs.timeoutSeconds")
 }
+
+// TestChartReconciler renders enqueue reconcile --every: its own
+// Deployment, ServiceAccount (the bucket's list role) and NetworkPolicy;
+// refused for a bucket that is not an upload bucket.
+func TestChartReconciler(t *testing.T) {
+	t.Parallel()
+	const irsa = "eks.amazonaws.com/role-arn"
+	docs := mustRender(t, map[string]any{
+		"reconcile": map[string]any{
+			"enabled": true, "bucket": "fleet-uploads",
+			"serviceAccount": map[string]any{"annotations": map[string]any{irsa: "arn:aws:iam::1:role/fleet-reconcile"}},
+		},
+	})
+	dep := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-reconcile"])
+	pod := dep.Spec.Template.Spec
+	requireHardened(t, "reconcile", "fleet-ingest-enqueue", pod)
+	c := pod.Containers[0]
+	require.Equal(t, "reconcile", c.Args[0])
+	for flag, want := range map[string]string{"--bucket": "fleet-uploads", "--prefix": "tenants/", "--every": "15m", "--max-objects": "100000"} {
+		got, ok := argValue(c.Args, flag)
+		require.True(t, ok, flag)
+		require.Equal(t, want, got, flag)
+	}
+	account := decode[corev1.ServiceAccount](t, docs["ServiceAccount/prod-fleet-ingest-reconcile"])
+	require.Equal(t, "arn:aws:iam::1:role/fleet-reconcile", account.Annotations[irsa])
+	np := decode[networkingv1.NetworkPolicy](t, docs["NetworkPolicy/prod-fleet-ingest-reconcile"])
+	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "UDP/53"}, allPorts(rulesOf(np.Spec.Egress)))
+
+	_, err := render(t, map[string]any{"reconcile": map[string]any{"enabled": true, "bucket": "someone-elses"}})
+	require.ErrorContains(t, err, "reconcile.bucket must be one of uploads.buckets")
+}
