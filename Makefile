@@ -52,6 +52,10 @@ chaos:
 # The benchmark harness: every figure against a baseline measured in the same
 # run on a PostgreSQL cluster of its own. Writes bench/results/latest.{json,md}
 # and latency charts. About 7 minutes on 2 cores.
+# The SQS scenario needs local-aws-sqs (npm install --prefix
+# $(LOCAL_AWS_SQS_DIR) local-aws-sqs@2.0.2, as .ci/run does); without it it is
+# skipped with a warning.
+bench: export LOCAL_AWS_SQS_DIR ?= $(HOME)/.cache/fleet-ingest/local-aws-sqs
 bench:
 	$(GO) run ./bench -out bench/results
 

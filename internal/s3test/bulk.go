@@ -8,12 +8,19 @@ import (
 	"testing"
 )
 
-// PutMany writes every key of keys with body, eight requests at a time,
-// failing t on error. It sends plain path-style HTTP PUTs rather than going
-// through the AWS SDK (the server takes any credentials): signing thousands
-// of requests under the race detector is what makes bulk setup slow.
+// PutMany writes every key of keys with body, failing t on error (PutAll).
 func (s *Server) PutMany(t testing.TB, bucket string, keys []string, body []byte) {
 	t.Helper()
+	if err := s.PutAll(bucket, keys, body); err != nil {
+		t.Fatalf("writing to %s: %v", bucket, err)
+	}
+}
+
+// PutAll writes every key of keys with body, eight requests at a time. It
+// sends plain path-style HTTP PUTs rather than going through the AWS SDK
+// (the server takes any credentials): signing thousands of requests under
+// the race detector is what makes bulk setup slow.
+func (s *Server) PutAll(bucket string, keys []string, body []byte) error {
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
@@ -36,9 +43,7 @@ func (s *Server) PutMany(t testing.TB, bucket string, keys []string, body []byte
 	}
 	close(next)
 	wg.Wait()
-	if first != nil {
-		t.Fatalf("writing to %s: %v", bucket, first)
-	}
+	return first
 }
 
 func cmpErr(a, b error) error {

@@ -97,6 +97,16 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// New starts a server outside a test (the benchmark harness); Close stops
+// it. It fails when local-aws-sqs cannot be found below DirEnv.
+func New() (*Server, error) {
+	module, err := modulePath()
+	if err != nil {
+		return nil, err
+	}
+	return start(module)
+}
+
 // modulePath finds the local-aws-sqs package below DirEnv.
 func modulePath() (string, error) {
 	dir := os.Getenv(DirEnv)
