@@ -80,6 +80,7 @@ type Metrics struct {
 
 	// The SQS consumer (enqueue sqs).
 	SQSMessagesReceived prometheus.Counter
+	SQSReceiveErrors    prometheus.Counter
 	SQSMessagesDeleted  *prometheus.CounterVec
 	SQSMessagesLeft     *prometheus.CounterVec
 	SQSReceiveDuration  prometheus.Histogram
@@ -219,6 +220,9 @@ func (m *Metrics) newSQS(f func(prometheus.Collector)) {
 	m.SQSMessagesReceived = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_sqs_messages_received_total", Help: "SQS messages received by the consumer (a redelivery counts again).",
 	})
+	m.SQSReceiveErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_sqs_receive_errors_total", Help: "ReceiveMessage calls that failed (SQS unreachable, throttled, or access denied).",
+	})
 	m.SQSMessagesDeleted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_sqs_messages_deleted_total", Help: "SQS messages deleted after their folders' burst committed, by outcome (imported, ignored, test_event).",
 	}, []string{"outcome"})
@@ -230,13 +234,13 @@ func (m *Metrics) newSQS(f func(prometheus.Collector)) {
 		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30},
 	})
 	m.SQSOldestMessageAge = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "ingest_sqs_oldest_message_age_seconds", Help: "Age (by its SentTimestamp) of the oldest message of the last receive that returned messages.",
+		Name: "ingest_sqs_oldest_message_age_seconds", Help: "Age (by its SentTimestamp) of the oldest message of this consumer's last receive; 0 after a receive that returned none.",
 	})
 	m.SQSReceiveCount = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "ingest_sqs_message_receive_count", Help: "ApproximateReceiveCount of the messages received: above 1 is a redelivery.",
 		Buckets: []float64{1, 2, 3, 5, 10, 20},
 	})
-	for _, c := range []prometheus.Collector{m.SQSMessagesReceived, m.SQSMessagesDeleted, m.SQSMessagesLeft, m.SQSReceiveDuration, m.SQSOldestMessageAge, m.SQSReceiveCount} {
+	for _, c := range []prometheus.Collector{m.SQSMessagesReceived, m.SQSReceiveErrors, m.SQSMessagesDeleted, m.SQSMessagesLeft, m.SQSReceiveDuration, m.SQSOldestMessageAge, m.SQSReceiveCount} {
 		f(c)
 	}
 	initLabels(m.SQSMessagesDeleted, SQSDeletedOutcomes)

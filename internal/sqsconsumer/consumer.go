@@ -248,6 +248,7 @@ func (c *Consumer) Round(ctx context.Context) (RoundResult, error) {
 		if ctx.Err() != nil {
 			return RoundResult{}, nil
 		}
+		c.m.SQSReceiveErrors.Inc()
 		return RoundResult{}, fmt.Errorf("receiving from SQS: %w", err)
 	}
 	if len(msgs) == 0 {

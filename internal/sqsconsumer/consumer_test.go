@@ -227,3 +227,20 @@ func TestSQSConsumerConfig(t *testing.T) {
 		require.Equal(t, c.setting, ce.Setting)
 	}
 }
+
+// TestSQSConsumerReceiveFailureIsCounted: a queue that does not exist (as
+// for a wrong URL or a role without sqs:ReceiveMessage) fails the round,
+// for the back-off, and counts ingest_sqs_receive_errors_total.
+func TestSQSConsumerReceiveFailureIsCounted(t *testing.T) {
+	t.Parallel()
+	srv := sqstest.Start(t)
+	m := metrics.New()
+	c, err := sqsconsumer.New(sqsconsumer.Config{
+		Queue: srv.Client(), QueueURL: srv.URL + "/123456789012/missing", Importer: failing{}, WaitTime: -1,
+		Metrics: m, Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	_, err = c.Round(context.Background())
+	require.Error(t, err)
+	require.Equal(t, 1.0, testutil.ToFloat64(m.SQSReceiveErrors))
+}
