@@ -201,3 +201,34 @@ func TestSQSCommandRefusesBadSettings(t *testing.T) {
 		require.Equal(t, c.field, o["field"], "%v", c.args)
 	}
 }
+
+// TestSQSUnmappedFolderReachesTheDeadLetterQueue: an "enqueue sqs"
+// process never deletes the notification of a folder outside the path
+// pattern: it logs it with its message id, counts it, and the queue's
+// redrive policy moves it to the DLQ after two receives; the good
+// notification beside it is imported and deleted.
+func TestSQSUnmappedFolderReachesTheDeadLetterQueue(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	srv := sqstest.Start(t)
+	dlq := srv.CreateQueue(t, "uploads-dlq", nil)
+	queue := srv.CreateQueue(t, "uploads", map[string]string{
+		"VisibilityTimeout": "2",
+		"RedrivePolicy":     fmt.Sprintf(`{"deadLetterTargetArn":%q,"maxReceiveCount":"2"}`, srv.QueueARN(t, dlq)),
+	})
+	c := startSQSConsumer(t, "sqs-dlq", dbURL, srv, queue)
+	srv.Send(t, queue, sqstest.S3Event(sqsBucket, "incoming/acme/upload-1/_SUCCESS"), sqstest.S3Event(sqsBucket, sqsMarker("acme", 1)))
+	require.Eventually(t, func() bool {
+		inDLQ, _ := srv.Counts(t, dlq)
+		visible, inFlight := srv.Counts(t, queue)
+		return inDLQ == 1 && visible == 0 && inFlight == 0
+	}, 30*time.Second, 200*time.Millisecond, "the unmapped notification never reached the DLQ")
+	batches, _ := batchCounts(t, pool)
+	require.Equal(t, 1, batches)
+	require.GreaterOrEqual(t, c.metric(`ingest_sqs_messages_left_total{reason="unmapped"}`), 2.0)
+	require.Equal(t, 1.0, c.metric(`ingest_sqs_messages_deleted_total{outcome="imported"}`))
+	line := c.waitLog(`"reason":"unmapped"`, time.Second)
+	require.Contains(t, line, `"message_id":"`)
+	require.Contains(t, line, "will reach the dead-letter queue")
+}
