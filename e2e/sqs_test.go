@@ -232,3 +232,28 @@ func TestSQSUnmappedFolderReachesTheDeadLetterQueue(t *testing.T) {
 	require.Contains(t, line, `"message_id":"`)
 	require.Contains(t, line, "will reach the dead-letter queue")
 }
+
+// TestSQSConsumerSIGTERMFinishesTheRoundInHand sends SIGTERM to "enqueue
+// sqs" while its round waits between commit and delete: it deletes the
+// committed round's messages and then exits 0.
+func TestSQSConsumerSIGTERMFinishesTheRoundInHand(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	srv := sqstest.Start(t)
+	queue := srv.CreateQueue(t, "uploads", map[string]string{"VisibilityTimeout": "30"})
+	var bodies []string
+	for i := range 5 {
+		bodies = append(bodies, sqstest.SNSEnvelope(sqstest.S3Event(sqsBucket, sqsMarker("initech", i))))
+	}
+	srv.Send(t, queue, bodies...)
+	c := startSQSConsumer(t, "sqs-term", dbURL, srv, queue, "--test-delay-after-commit", "2s")
+	c.waitLog(`"msg":"test delay between commit and delete"`, 30*time.Second)
+	c.signal(syscall.SIGTERM)
+	require.Equal(t, 0, c.wait(15*time.Second))
+	visible, inFlight := srv.Counts(t, queue)
+	require.Equal(t, [2]int{0, 0}, [2]int{visible, inFlight}, "the committed round's messages were deleted before exit")
+	batches, _ := batchCounts(t, pool)
+	require.Equal(t, 5, batches)
+	require.Contains(t, c.logs.String(), `"msg":"stopped: the round in hand was finished"`)
+}
