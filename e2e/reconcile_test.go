@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -190,4 +191,40 @@ func TestReconcileWhileTheConsumerWorks(t *testing.T) {
 	require.Equal(t, 300, batches)
 	require.Equal(t, 300, scopes)
 	t.Logf("reconcile enqueued %d of 300 folders before the consumer did", enqueued)
+}
+
+// TestReconcileEveryInTwoReplicas runs two "enqueue reconcile --every 1s
+// --max-objects 1000" processes on 2,500 completed folders: the periods
+// are shared (one replica works, the other skips), the pass spans periods
+// from the checkpoint, every folder ends with one batch, and SIGTERM stops
+// both with exit 0.
+func TestReconcileEveryInTwoReplicas(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	s3 := s3test.Start(t)
+	const bucket = "fleet-periodic"
+	s3.CreateBucket(t, bucket)
+	putFolders(t, s3, bucket, 2500)
+	env := append([]string{"DATABASE_URL=" + dbURL}, s3.Env()...)
+	args := []string{"reconcile", "--bucket", bucket, "--prefix", "tenants/", "--every", "1s", "--max-objects", "1000", "--admin-listen", "127.0.0.1:0"}
+	a := startProcess(t, "reconcile-a", "enqueue", args, env, `"msg":"reconciling periodically"`)
+	b := startProcess(t, "reconcile-b", "enqueue", args, env, `"msg":"reconciling periodically"`)
+	require.Eventually(t, func() bool {
+		var covered *time.Time
+		err := pool.QueryRow(context.Background(), `SELECT covered_since FROM ingest_reconcile_checkpoints`).Scan(&covered)
+		return err == nil && covered != nil
+	}, 60*time.Second, 100*time.Millisecond, "the pass never completed")
+	batches, scopes := batchCounts(t, pool)
+	require.Equal(t, 2500, batches)
+	require.Equal(t, 2500, scopes)
+	sum := func(series string) float64 { return a.metric(series) + b.metric(series) }
+	require.Equal(t, 2500.0, sum(`ingest_reconcile_missed_total`))
+	require.GreaterOrEqual(t, sum(`ingest_reconcile_scans_total{outcome="scanned"}`), 3.0, "a pass of 2,750 objects at 1,000 per period")
+	require.Positive(t, sum(`ingest_reconcile_scans_total{outcome="skipped"}`), "the other replica skipped")
+	require.Zero(t, sum(`ingest_reconcile_scans_total{outcome="failed"}`))
+	a.signal(syscall.SIGTERM)
+	b.signal(syscall.SIGTERM)
+	require.Equal(t, 0, a.wait(15*time.Second))
+	require.Equal(t, 0, b.wait(15*time.Second))
 }
