@@ -90,6 +90,12 @@ type Details struct {
 	RetryOf int64 `json:"retryOf,omitempty"`
 	// Progress is how far the current load got, sampled while it runs.
 	Progress *Progress `json:"progress,omitempty"`
+	// WarehouseStatement is the warehouse statement a delivery submitted
+	// (or was about to submit) and has not yet seen end, recorded before it
+	// is awaited: a warehouse statement runs whatever its client does, so a
+	// later delivery follows it to its end instead of submitting another
+	// while it can still commit. Absent in documents of older builds.
+	WarehouseStatement *WarehouseStatement `json:"warehouseStatement,omitempty"`
 	// UpdatedAt is stamped with the database clock by every store write.
 	UpdatedAt *time.Time `json:"updatedAt,omitempty"`
 	// Writes is the audit trail of accepted fenced writes, appended by the
@@ -138,6 +144,28 @@ type Progress struct {
 	ObjectsTotal int64     `json:"objectsTotal"`
 	RecordsDone  int64     `json:"recordsDone"`
 	At           time.Time `json:"at"`
+}
+
+// WarehouseStatement is a submitted warehouse statement (see
+// Details.WarehouseStatement). Its fields mean what the warehouse that
+// wrote it says (package warehouse, Statement).
+type WarehouseStatement struct {
+	// Kind says what the statement does (a load's COPY or swap, or a
+	// publication).
+	Kind string `json:"kind"`
+	// ID is the statement's id, empty while only its submission is
+	// recorded (the submission's answer was not yet seen).
+	ID string `json:"id,omitempty"`
+	// Generation is the lease generation of the delivery that submitted
+	// it.
+	Generation int64 `json:"generation"`
+	// Attempt numbers the submissions of one kind by one delivery; with
+	// Kind and Generation it makes the submission's idempotency token.
+	Attempt int `json:"attempt,omitempty"`
+	// Records is the number of records the statement loads, for a load.
+	Records int64 `json:"records,omitempty"`
+	// SubmittedAt is when it was recorded.
+	SubmittedAt time.Time `json:"submittedAt"`
 }
 
 // Publication records progress of the post-commit publication.

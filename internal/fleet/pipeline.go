@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/fleet/ingest/internal/batch"
@@ -159,6 +160,7 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 		// slice stamped with this batch and continues from publication.
 		d = run.Details
 		d.Phase, d.RedshiftCommitted, d.RecordCount = batch.PhaseCommitted, true, st.RecordCount
+		d.WarehouseStatement = nil // the load's statement ended: the slice is stamped
 		committedAt := st.CommittedAt
 		d.CommittedAt = &committedAt
 	}
@@ -177,7 +179,7 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 	if window <= 0 {
 		window = batch.DefaultPublicationWindow
 	}
-	st, err := p.Warehouse.Publish(ctx, slice, window, run.VerifyLease)
+	st, err := p.Warehouse.Publish(warehouse.WithJournal(ctx, newJournal(run, nil)), slice, window, run.VerifyLease)
 	switch {
 	case errors.Is(err, batch.ErrStaleLease):
 		return err
@@ -189,7 +191,9 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 		return classify(batch.PhaseFailedPublication, err)
 	}
 	p.observe("publish", start)
+	d = run.Details // the journal may have recorded and cleared a statement
 	d.Phase, d.Publication.Completed, d.Publication.CompletedAt = batch.PhasePublished, true, st.PublishedAt
+	d.WarehouseStatement = nil
 	run.Details = d
 	logger.Info("batch published", "record_count", st.RecordCount, "publish_seconds", time.Since(start).Seconds())
 	return nil
@@ -200,7 +204,24 @@ var _ pipeline.Settler = (*Pipeline)(nil)
 // Settle implements pipeline.Settler: a batch whose details do not record a
 // warehouse commit is checked against the warehouse stamp, never assumed
 // uncommitted; a slice stamped with the batch is recorded as its commit.
+//
+// A batch whose details record a warehouse statement that may still commit
+// (a load's or a publication's, see warehouse.StatementWatcher) is not
+// settled: Settle returns an error, and the batch stays Running for a
+// later delivery, which follows that statement to its end.
 func (p *Pipeline) Settle(ctx context.Context, b batch.Batch, d batch.Details) (batch.Details, error) {
+	if ws := d.WarehouseStatement; ws != nil {
+		if sw, ok := p.Warehouse.(warehouse.StatementWatcher); ok {
+			st := warehouse.Statement{Kind: ws.Kind, ID: ws.ID, Generation: ws.Generation, Attempt: ws.Attempt, Records: ws.Records}
+			ended, err := sw.StatementEnded(ctx, st)
+			if err != nil {
+				return d, err
+			}
+			if !ended {
+				return d, fmt.Errorf("warehouse statement %q (%s, generation %d) may still commit", ws.ID, ws.Kind, ws.Generation)
+			}
+		}
+	}
 	if d.RedshiftCommitted {
 		return d, nil
 	}
@@ -233,8 +254,9 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 	}
 	start := time.Now()
 	logger.Info("loading folder", "folder", f.String(), "objects", len(objects))
-	stop := p.sampleProgress(ctx, run, src.Progress(), int64(len(objects)), logger)
-	st, err := p.Warehouse.Load(ctx, slice, src, objects, run.VerifyLease)
+	var details sync.Mutex // the sampler and the journal both write run.Details
+	stop := p.sampleProgress(ctx, run, &details, src.Progress(), int64(len(objects)), logger)
+	st, err := p.Warehouse.Load(warehouse.WithJournal(ctx, newJournal(run, &details)), slice, src, objects, run.VerifyLease)
 	final := stop()
 	switch {
 	case errors.Is(err, batch.ErrStaleLease):
@@ -255,7 +277,7 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 // stop ends the sampling (waiting for a write in flight) and returns the
 // final figures. A failed write is not the load's business: a lost lease
 // stops the load through its own lease checks; anything else is logged.
-func (p *Pipeline) sampleProgress(ctx context.Context, run *pipeline.Run, prog *folder.Progress, objects int64, logger *slog.Logger) (stop func() batch.Progress) {
+func (p *Pipeline) sampleProgress(ctx context.Context, run *pipeline.Run, details *sync.Mutex, prog *folder.Progress, objects int64, logger *slog.Logger) (stop func() batch.Progress) {
 	every := p.ProgressEvery
 	if every <= 0 {
 		every = ProgressEveryDefault
@@ -288,9 +310,12 @@ func (p *Pipeline) sampleProgress(ctx context.Context, run *pipeline.Run, prog *
 				continue
 			}
 			last = bp
+			details.Lock()
 			d := run.Details
 			d.Progress = &bp
-			if err := run.Checkpoint(ctx, d); err != nil {
+			err := run.Checkpoint(ctx, d)
+			details.Unlock()
+			if err != nil {
 				if !errors.Is(err, batch.ErrStaleLease) && ctx.Err() == nil {
 					logger.Warn("recording load progress failed", "error", err)
 				}
@@ -305,6 +330,49 @@ func (p *Pipeline) sampleProgress(ctx context.Context, run *pipeline.Run, prog *
 		<-finished
 		return sample()
 	}
+}
+
+// journal keeps the warehouse's statement record in the batch details
+// (warehouse.Journal): each record is a fenced checkpoint, so only the
+// lease holder records, and it is durable before the statement is awaited.
+type journal struct {
+	run *pipeline.Run
+	mu  *sync.Mutex
+}
+
+func newJournal(run *pipeline.Run, mu *sync.Mutex) *journal {
+	if mu == nil {
+		mu = new(sync.Mutex)
+	}
+	return &journal{run: run, mu: mu}
+}
+
+// Pending implements warehouse.Journal.
+func (j *journal) Pending() (warehouse.Statement, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	ws := j.run.Details.WarehouseStatement
+	if ws == nil {
+		return warehouse.Statement{}, false
+	}
+	return warehouse.Statement{Kind: ws.Kind, ID: ws.ID, Generation: ws.Generation, Attempt: ws.Attempt, Records: ws.Records}, true
+}
+
+// Record implements warehouse.Journal.
+func (j *journal) Record(ctx context.Context, st warehouse.Statement) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	d := j.run.Details
+	if st == (warehouse.Statement{}) {
+		if d.WarehouseStatement == nil {
+			return nil
+		}
+		d.WarehouseStatement = nil
+	} else {
+		d.WarehouseStatement = &batch.WarehouseStatement{Kind: st.Kind, ID: st.ID, Generation: st.Generation,
+			Attempt: st.Attempt, Records: st.Records, SubmittedAt: time.Now().UTC()}
+	}
+	return j.run.Checkpoint(ctx, d)
 }
 
 // classify returns err itself when it is transient, otherwise a Failure

@@ -109,3 +109,55 @@ func Verifier(w StampReader) batch.SliceVerifier {
 		return st.BatchID, found, err
 	})
 }
+
+// Statement is a warehouse statement that may outlive the delivery that
+// submitted it: Redshift's Data API runs a submitted statement whatever its
+// client does next, and it may commit after the client died. Kind,
+// Generation, Attempt and Records identify the submission well enough for a
+// later delivery to repeat it idempotently; ID is its id once known.
+type Statement struct {
+	Kind       string
+	ID         string
+	Generation int64
+	Attempt    int
+	Records    int64
+}
+
+// Journal is where a warehouse records, durably and with the batch, the
+// statement it is about to await, and where a later delivery of the batch
+// finds it. The caller (package fleet) keeps it in the batch details,
+// fenced on the lease.
+type Journal interface {
+	// Pending returns the statement a previous delivery recorded and did
+	// not see end, if any.
+	Pending() (Statement, bool)
+	// Record durably records st before it is awaited; the zero Statement
+	// clears the record once the statement ended. It returns
+	// batch.ErrStaleLease when the lease was lost.
+	Record(ctx context.Context, st Statement) error
+}
+
+type journalKey struct{}
+
+// WithJournal returns ctx carrying j for the Load or Publish called with
+// it. A warehouse whose statements cannot outlive their client ignores it.
+func WithJournal(ctx context.Context, j Journal) context.Context {
+	return context.WithValue(ctx, journalKey{}, j)
+}
+
+// JournalFrom returns the Journal ctx carries, or nil.
+func JournalFrom(ctx context.Context) Journal {
+	j, _ := ctx.Value(journalKey{}).(Journal)
+	return j
+}
+
+// StatementWatcher is implemented by a warehouse whose statements can
+// outlive their client. A batch whose details record such a statement is
+// not settled (pipeline.Settler) while it may still commit.
+type StatementWatcher interface {
+	// StatementEnded reports whether the recorded statement ended
+	// (finished, failed or aborted), or false while it can still commit.
+	// A statement whose submission was recorded without an id is never
+	// known to have ended.
+	StatementEnded(ctx context.Context, st Statement) (bool, error)
+}

@@ -27,6 +27,13 @@ const (
 	PollIntervalDefault = 100 * time.Millisecond
 	// PollMaxDefault is the longest DescribeStatement interval.
 	PollMaxDefault = 2 * time.Second
+	// LoadPollIntervalDefault is the first DescribeStatement interval of
+	// a load's transactions (which run for minutes); it grows to
+	// LoadPollMaxDefault.
+	LoadPollIntervalDefault = time.Second
+	// LoadPollMaxDefault is the longest DescribeStatement interval of a
+	// load's transactions.
+	LoadPollMaxDefault = 10 * time.Second
 	// ConflictRetriesDefault is how many times a transaction that failed
 	// on a transient conflict is submitted again within one load or
 	// publication.
@@ -89,6 +96,10 @@ type Config struct {
 	// PollInterval and PollMax shape DescribeStatement polling. Default to
 	// PollIntervalDefault and PollMaxDefault.
 	PollInterval, PollMax time.Duration
+	// LoadPollInterval and LoadPollMax shape the polling of a load's
+	// transactions (and of a statement a later delivery follows). Default
+	// to LoadPollIntervalDefault and LoadPollMaxDefault.
+	LoadPollInterval, LoadPollMax time.Duration
 	// ConflictRetries bounds how many times a transaction that failed on a
 	// transient conflict (Redshift's 1023 serializable isolation
 	// violation, a snapshot-isolation conflict, an aborted statement) is
@@ -158,7 +169,7 @@ func (c Config) ValidateTarget() error {
 		return bad("db-user", "temporary credentials for a database user need a provisioned cluster id; a workgroup derives the user from the IAM identity")
 	case c.DBUser != "" && !namePattern.MatchString(c.DBUser):
 		return bad("db-user", "%q is not a database user name", c.DBUser)
-	case c.QueryTimeout < 0 || c.PollInterval < 0 || c.PollMax < 0 || c.RetryBackoff < 0 || c.RetryBackoffMax < 0:
+	case c.QueryTimeout < 0 || c.PollInterval < 0 || c.PollMax < 0 || c.RetryBackoff < 0 || c.RetryBackoffMax < 0 || c.LoadPollInterval < 0 || c.LoadPollMax < 0:
 		return bad("timeouts", "must not be negative")
 	}
 	return nil
@@ -222,6 +233,8 @@ func (c Config) withDefaults() Config {
 	c.QueryTimeout = cmp.Or(c.QueryTimeout, QueryTimeoutDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.PollMax = max(cmp.Or(c.PollMax, PollMaxDefault), c.PollInterval)
+	c.LoadPollInterval = cmp.Or(c.LoadPollInterval, LoadPollIntervalDefault)
+	c.LoadPollMax = max(cmp.Or(c.LoadPollMax, LoadPollMaxDefault), c.LoadPollInterval)
 	c.ConflictRetries = max(cmp.Or(c.ConflictRetries, ConflictRetriesDefault), 0)
 	c.RetryBackoff = cmp.Or(c.RetryBackoff, RetryBackoffDefault)
 	c.RetryBackoffMax = max(cmp.Or(c.RetryBackoffMax, RetryBackoffMaxDefault), c.RetryBackoff)

@@ -84,6 +84,38 @@
 // (1023), an aborted statement and throttling are transient
 // (pipeline.IsTransient).
 //
+// # Following a statement across deliveries
+//
+// A submitted statement is followed, never resubmitted while it can still
+// commit. Each of a load's transactions, and a publication's, is recorded
+// with the batch (warehouse.Journal: the batch details'
+// warehouseStatement, a fenced write) twice: its submission (kind, lease
+// generation, attempt, record count) before it is sent, and its id before
+// it is awaited; the record is cleared once the statement is seen to end.
+// Every submission carries a ClientToken derived from kind, batch,
+// generation and attempt, so repeating it — after a lost answer, a
+// throttled request, or by a later delivery that found only the
+// submission recorded — returns the statement already running instead of
+// starting another.
+//
+// A later delivery that finds a record follows it before anything else:
+// it polls the recorded id (or repeats the recorded submission with its
+// token to learn the id) until the statement ends or LoadTimeout
+// (QueryTimeout for a publication) passes; still running, the delivery
+// ends transient and nothing new is submitted. Once it ended, the stamp
+// says whether it committed; a followed COPY's staging table is dropped and
+// this delivery stages its own. Settling a batch that exhausted its
+// attempts (pipeline.Settler, package fleet) asks StatementEnded first: a
+// batch whose statement may still commit stays Running, never
+// failed_pre_commit or failed_publication.
+//
+// Polling backs off from LoadPollInterval (1 s) to LoadPollMax (10 s) for
+// a load's transactions, from PollInterval to PollMax for the short ones;
+// a DescribeStatement or submission request that fails for a reason that
+// may pass (throttling, too many active statements, an internal error, a
+// lost connection) is asked again on the same schedule until the
+// deadline.
+//
 // # Fencing and the residual window
 //
 // The operational lease cannot fence a Redshift transaction. The guard

@@ -50,6 +50,7 @@ func testConfig() redshift.Config {
 		WorkgroupName: testWorkgroup, Database: testDatabase, IAMRole: testRole,
 		Staging:      "s3://" + stagingBucket + "/fleet/staging/",
 		PollInterval: 5 * time.Millisecond, PollMax: 50 * time.Millisecond,
+		LoadPollInterval: 5 * time.Millisecond, LoadPollMax: 50 * time.Millisecond,
 		RetryBackoff: 10 * time.Millisecond, RetryBackoffMax: 50 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler),
 	}
@@ -94,6 +95,17 @@ func (k *killableTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return http.DefaultTransport.RoundTrip(r)
 }
 
+// mortal returns a warehouse whose Data API client kt can kill; once dead,
+// its requests fail until its short LoadTimeout passes.
+func (e *env) mortal(t *testing.T, kt *killableTransport) *redshift.Warehouse {
+	t.Helper()
+	cfg := e.cfg
+	cfg.LoadTimeout, cfg.QueryTimeout = 500*time.Millisecond, 500*time.Millisecond
+	wh, err := redshift.New(cfg, e.mortalClient(kt), e.s3.Client())
+	require.NoError(t, err)
+	return wh
+}
+
 // mortalClient returns a Data API client on the double that kt can kill.
 func (e *env) mortalClient(kt *killableTransport) *redshiftdata.Client {
 	return redshiftdata.New(redshiftdata.Options{
@@ -112,7 +124,7 @@ func (e *env) harness() warehousetest.Harness {
 		// transaction is let go and commits.
 		DyingLoad: func(t *testing.T, s warehouse.Slice, src *folder.Source, objs []folder.Object) func() {
 			kt := &killableTransport{}
-			mortal := e.warehouse(t, e.mortalClient(kt))
+			mortal := e.mortal(t, kt)
 			in := e.double.Inject(redshifttest.Fault{Match: swapMatch, Hold: true})
 			errc := make(chan error, 1)
 			go func() {

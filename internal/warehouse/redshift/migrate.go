@@ -113,11 +113,11 @@ func (w *dataAPI) exec(ctx context.Context, name string, sqls []string) error {
 func (w *dataAPI) execParams(ctx context.Context, name string, sqls []string, p []types.SqlParameter) error {
 	ctx, done := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	defer done()
-	id, err := w.submitBatch(ctx, name, sqls, p)
+	id, err := w.submitBatch(ctx, name, sqls, p, "")
 	if err != nil {
 		return err
 	}
-	d, err := w.await(ctx, id, w.cfg.QueryTimeout)
+	d, err := w.await(ctx, id, w.cfg.QueryTimeout, w.cfg.PollInterval, w.cfg.PollMax)
 	if err != nil {
 		return err
 	}

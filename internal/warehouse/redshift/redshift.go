@@ -126,12 +126,20 @@ func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Sou
 		return warehouse.Stamp{}, fmt.Errorf("batch %d: %w", s.BatchID, err)
 	}
 	log := w.cfg.Logger.With("batch_id", s.BatchID, "tenant_id", s.TenantID, "lease_generation", s.Generation)
+	j := warehouse.JournalFrom(ctx)
+	followed, err := w.follow(ctx, s, j)
+	if err != nil {
+		return warehouse.Stamp{}, err
+	}
 	cur, _, found, err := w.stamp(ctx, s.TenantID, s.SourceScope)
 	if err != nil {
 		return warehouse.Stamp{}, err
 	}
 	if found && newer(cur, s) {
 		return warehouse.Stamp{}, fmt.Errorf("%w: batch %d generation %d holds it", warehouse.ErrSliceSuperseded, cur.BatchID, cur.Generation)
+	}
+	if followed && found && cur.BatchID == s.BatchID {
+		return w.settleLoad(ctx, s, nil) // the followed statement committed it
 	}
 
 	rr := src.Records(ctx, objects)
@@ -144,19 +152,22 @@ func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Sou
 	log.Info("load staged", "records", st.Records, "parts", st.Parts, "bytes", st.Bytes, "compressed_bytes", st.Compressed, "manifest", st.ManifestURL)
 
 	staged := st.ManifestURL != ""
+	sub := submission{slice: s, records: st.Records, timeout: w.cfg.LoadTimeout, poll: w.cfg.LoadPollInterval, pollMax: w.cfg.LoadPollMax,
+		before: beforeCommit, journal: j}
 	if staged {
-		name := fmt.Sprintf("fleet-load-copy-%d-%d", s.BatchID, s.Generation)
-		start := time.Now()
 		// The lease is checked before the COPY too: a delivery that lost
 		// it does not start one.
-		id, err := w.run(ctx, name, stageSQL(s, st.ManifestURL, w.cfg.IAMRole), w.cfg.LoadTimeout, beforeCommit)
+		copySub := sub
+		copySub.kind, copySub.name, copySub.sqls = kindLoadCopy, loadName("copy", s), stageSQL(s, st.ManifestURL, w.cfg.IAMRole)
+		start := time.Now()
+		id, err := w.run(ctx, copySub)
 		if err != nil {
 			return w.loadFailed(ctx, s, id, err)
 		}
 		log.Info("load copied into its staging table", "statement_id", id, "table", stagingTable(s), "copy_seconds", time.Since(start).Seconds())
 	}
-	name := fmt.Sprintf("fleet-load-swap-%d-%d", s.BatchID, s.Generation)
-	id, err := w.run(ctx, name, swapSQL(s, v, st.Records, staged), w.cfg.LoadTimeout, beforeCommit)
+	sub.kind, sub.name, sub.sqls = kindLoadSwap, loadName("swap", s), swapSQL(s, v, st.Records, staged)
+	id, err := w.run(ctx, sub)
 	if err != nil {
 		return w.loadFailed(ctx, s, id, err)
 	}
@@ -295,6 +306,10 @@ func (w *Warehouse) Publish(ctx context.Context, s warehouse.Slice, window time.
 	if err != nil {
 		return warehouse.Stamp{}, fmt.Errorf("batch %d: %w", s.BatchID, err)
 	}
+	j := warehouse.JournalFrom(ctx)
+	if _, err := w.follow(ctx, s, j); err != nil {
+		return warehouse.Stamp{}, err
+	}
 	cur, age, found, err := w.stamp(ctx, s.TenantID, s.SourceScope)
 	if err != nil {
 		return warehouse.Stamp{}, err
@@ -312,10 +327,10 @@ func (w *Warehouse) Publish(ctx context.Context, s warehouse.Slice, window time.
 		return cur, nil
 	}
 	seconds := max(int64(window/time.Second), 1)
-	qctx, done := context.WithTimeout(ctx, w.cfg.QueryTimeout)
-	defer done()
-	name := fmt.Sprintf("fleet-publish-%d-%d", s.BatchID, s.Generation)
-	_, cause := w.run(qctx, name, publishSQL(v, seconds), w.cfg.QueryTimeout, beforeCommit)
+	_, cause := w.run(ctx, submission{
+		kind: kindPublish, name: fmt.Sprintf("fleet-publish-%d-%d", s.BatchID, s.Generation), sqls: publishSQL(v, seconds),
+		slice: s, timeout: w.cfg.QueryTimeout, poll: w.cfg.PollInterval, pollMax: w.cfg.PollMax, before: beforeCommit, journal: j,
+	})
 	var refused *beforeCommitError
 	if errors.As(cause, &refused) {
 		return warehouse.Stamp{}, refused.err

@@ -39,6 +39,11 @@ func (w *Warehouse) genPrefix(s warehouse.Slice) string {
 	return w.batchPrefix(s.BatchID) + "gen-" + strconv.FormatInt(s.Generation, 10) + "/"
 }
 
+// manifestURL is where a load's manifest is staged.
+func (w *Warehouse) manifestURL(s warehouse.Slice) string {
+	return "s3://" + w.bucket + "/" + w.genPrefix(s) + "manifest.json"
+}
+
 // Manifest is a COPY manifest: exactly the parts of one load, each
 // mandatory, each with its size.
 type Manifest struct {
@@ -145,7 +150,7 @@ func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.Rec
 	}); err != nil {
 		return staged{}, fmt.Errorf("writing staging manifest s3://%s/%s: %w", w.bucket, key, err)
 	}
-	out.ManifestURL = "s3://" + w.bucket + "/" + key
+	out.ManifestURL = w.manifestURL(s)
 	return out, nil
 }
 

@@ -2,6 +2,8 @@ package redshift
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/redshiftdata"
 	"github.com/aws/aws-sdk-go-v2/service/redshiftdata/types"
+	"github.com/aws/smithy-go"
 
 	"github.com/fleet/ingest/internal/warehouse"
 )
@@ -104,14 +107,20 @@ func params(kv ...string) []types.SqlParameter {
 	return out
 }
 
-// submitBatch submits sqls as one transaction and returns its id. The SDK
-// fills in a client token, so its own retries of the request cannot run
+// submitBatch submits sqls as one transaction and returns its id. token is
+// the submission's ClientToken: the same token and request return the
+// statement already submitted instead of running another. Empty, the SDK
+// fills in one of its own, so its own retries of the request cannot run
 // the transaction twice. p is for tests only: the warehouse writes values
 // as literals (see sql.go).
-func (w *dataAPI) submitBatch(ctx context.Context, name string, sqls []string, p []types.SqlParameter) (string, error) {
+func (w *dataAPI) submitBatch(ctx context.Context, name string, sqls []string, p []types.SqlParameter, token string) (string, error) {
 	wg, cl, db, secret, user := w.target()
+	var tok *string
+	if token != "" {
+		tok = aws.String(token)
+	}
 	out, err := w.data.BatchExecuteStatement(ctx, &redshiftdata.BatchExecuteStatementInput{
-		Sqls: sqls, Parameters: p, StatementName: aws.String(name),
+		Sqls: sqls, Parameters: p, StatementName: aws.String(name), ClientToken: tok,
 		WorkgroupName: wg, ClusterIdentifier: cl, Database: db, SecretArn: secret, DbUser: user,
 	})
 	if err != nil {
@@ -133,70 +142,175 @@ func (w *dataAPI) submit(ctx context.Context, name, sql string, p []types.SqlPar
 	return aws.ToString(out.Id), nil
 }
 
-// beforeCommitError is the caller's beforeCommit refusing a transaction
-// run was about to submit.
+// beforeCommitError is the caller's beforeCommit (or the journal) refusing
+// a transaction run was about to submit: nothing was submitted.
 type beforeCommitError struct{ err error }
 
 func (e *beforeCommitError) Error() string { return e.err.Error() }
 func (e *beforeCommitError) Unwrap() error { return e.err }
 
-// run submits sqls as one transaction and awaits it for timeout; before,
-// if set, runs before each submission (a lease check). A transient failure
-// (a serialization or snapshot-isolation conflict, an aborted statement)
-// is submitted again after a backoff, up to ConflictRetries times. It
-// returns the id of the last submission and nil once one FINISHED; a
+// submission is one transaction the warehouse submits and awaits.
+type submission struct {
+	// kind names the transaction in the Journal and its ClientToken;
+	// empty for transactions that are neither recorded nor followed.
+	kind string
+	name string
+	sqls []string
+	// slice gives the batch and generation of the token and record;
+	// records is recorded for a load.
+	slice   warehouse.Slice
+	records int64
+	// timeout bounds the wait for the transaction to end; poll and
+	// pollMax shape DescribeStatement polling.
+	timeout, poll, pollMax time.Duration
+	// before, if set, runs before each submission (a lease check).
+	before func(context.Context) error
+	// journal, if set, records the submission before and its id after it
+	// is submitted, before it is awaited, and clears the record once the
+	// transaction is seen to end.
+	journal warehouse.Journal
+}
+
+// clientToken is the idempotency token of a submission: the same kind,
+// batch, generation and attempt always give the same token, so a
+// submission repeated (by the SDK, by submitIdempotent, or by a later
+// delivery that found only the submission recorded) returns the statement
+// already running instead of starting another.
+func clientToken(kind string, batchID, generation int64, attempt int) string {
+	h := sha256.Sum256([]byte(fmt.Sprintf("%s/%d/%d/%d", kind, batchID, generation, attempt)))
+	return "fleet-" + hex.EncodeToString(h[:16])
+}
+
+// run submits sub's transaction and awaits it. A transient failure (a
+// serialization or snapshot-isolation conflict, an aborted statement) is
+// submitted again after a backoff, up to ConflictRetries times. It returns
+// the id of the last submission and nil once one FINISHED; a
 // *StatementError for one that failed; an error wrapping errOutcomeUnknown
 // (and warehouse.ErrTransient) when the last submission was not seen to end
-// or its submission's answer was lost; a *beforeCommitError; or, when ctx
-// ended while a statement ran, ctx's cause, after cancelling the statement.
-func (w *dataAPI) run(ctx context.Context, name string, sqls []string, timeout time.Duration, before func(context.Context) error) (string, error) {
+// or its submission's answer never came; a *beforeCommitError when nothing
+// was submitted; or, when ctx ended while a statement ran, ctx's cause,
+// after cancelling the statement.
+func (w *dataAPI) run(ctx context.Context, sub submission) (string, error) {
 	backoff := w.cfg.RetryBackoff
 	for attempt := 0; ; attempt++ {
-		if before != nil {
-			if err := before(ctx); err != nil {
+		if sub.before != nil {
+			if err := sub.before(ctx); err != nil {
 				return "", &beforeCommitError{err}
 			}
 		}
-		id, err := w.submitBatch(ctx, name, sqls, nil)
+		rec := warehouse.Statement{Kind: sub.kind, Generation: sub.slice.Generation, Attempt: attempt, Records: sub.records}
+		if sub.journal != nil {
+			if err := sub.journal.Record(ctx, rec); err != nil {
+				return "", &beforeCommitError{fmt.Errorf("recording the submission of %s: %w", sub.name, err)}
+			}
+		}
+		token := ""
+		if sub.kind != "" {
+			token = clientToken(sub.kind, sub.slice.BatchID, sub.slice.Generation, attempt)
+		}
+		id, err := w.submitIdempotent(ctx, sub.name, sub.sqls, token, sub.timeout)
 		if err != nil {
 			if ctx.Err() != nil {
-				return "", fmt.Errorf("%s: %w", name, context.Cause(ctx))
+				return "", fmt.Errorf("%s: %w", sub.name, context.Cause(ctx))
 			}
-			// The submission may have been accepted even so.
+			// The submission may have been accepted even so; a later
+			// delivery repeats it with the recorded token to learn.
 			return "", fmt.Errorf("%w: %w: %w", warehouse.ErrTransient, errOutcomeUnknown, err)
 		}
-		d, err := w.await(ctx, id, timeout)
+		if sub.journal != nil {
+			rec.ID = id
+			if err := sub.journal.Record(ctx, rec); err != nil {
+				// Unrecorded, a later delivery could not follow it: stop it.
+				w.cancel(id)
+				return id, fmt.Errorf("%w: statement %s submitted but not recorded: %w", errOutcomeUnknown, id, err)
+			}
+		}
+		d, err := w.await(ctx, id, sub.timeout, sub.poll, sub.pollMax)
 		if err != nil {
 			if ctx.Err() != nil {
 				w.cancel(id)
 			}
 			return id, err
 		}
+		if sub.journal != nil {
+			if err := sub.journal.Record(ctx, warehouse.Statement{}); err != nil && ctx.Err() == nil {
+				w.cfg.Logger.Warn("clearing the record of an ended statement", "statement_id", id, "error", err)
+			}
+		}
 		err = interpretStatement(d)
 		var se *StatementError
 		if err == nil || !errors.As(err, &se) || !se.Transient || attempt >= w.cfg.ConflictRetries {
 			return id, err
 		}
-		w.cfg.Logger.Info("redshift transaction conflicted: retrying", "statement", name, "statement_id", id, "attempt", attempt+1, "backoff", backoff, "error", se.Message)
+		w.cfg.Logger.Info("redshift transaction conflicted: retrying", "statement", sub.name, "statement_id", id, "attempt", attempt+1, "backoff", backoff, "error", se.Message)
 		select {
 		case <-ctx.Done():
-			return id, fmt.Errorf("%s: %w", name, context.Cause(ctx))
+			return id, fmt.Errorf("%s: %w", sub.name, context.Cause(ctx))
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, w.cfg.RetryBackoffMax)
 	}
 }
 
-// await polls the statement until it ends (FINISHED, FAILED or ABORTED)
-// and returns its description. When timeout passes first it returns an
-// error wrapping warehouse.ErrTransient and errOutcomeUnknown; when ctx ends
-// first, ctx's error. Neither means the statement failed: it may still
-// commit, and only the stamp tells.
-func (w *dataAPI) await(ctx context.Context, id string, timeout time.Duration) (*redshiftdata.DescribeStatementOutput, error) {
+// submitIdempotent submits with token, and, when a token makes it safe,
+// submits again after a failure the Data API may not repeat (throttling,
+// too many active statements, a lost answer) until timeout passes: the
+// same token returns the statement if an earlier try was accepted.
+func (w *dataAPI) submitIdempotent(ctx context.Context, name string, sqls []string, token string, timeout time.Duration) (string, error) {
 	deadline := time.Now().Add(timeout)
-	interval := w.cfg.PollInterval
+	backoff := w.cfg.PollInterval
+	for {
+		id, err := w.submitBatch(ctx, name, sqls, nil, token)
+		if err == nil || token == "" || ctx.Err() != nil || !retryableAPIError(err) || !time.Now().Add(backoff).Before(deadline) {
+			return id, err
+		}
+		w.cfg.Logger.Info("submitting again with the same client token", "statement", name, "backoff", backoff, "error", err)
+		select {
+		case <-ctx.Done():
+			return "", context.Cause(ctx)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, w.cfg.PollMax)
+	}
+}
+
+// refusals are the Data API's answers that asking again cannot change.
+var refusals = map[string]bool{
+	"ValidationException":            true,
+	"ResourceNotFoundException":      true,
+	"AccessDeniedException":          true,
+	"ExecuteStatementException":      true,
+	"BatchExecuteStatementException": true,
+	"QueryTimeoutException":          true,
+}
+
+// retryableAPIError reports whether a Data API request may succeed if
+// asked again: everything but its refusals (throttling, too many active
+// statements, internal errors, connection failures).
+func retryableAPIError(err error) bool {
+	var apiErr smithy.APIError
+	if errors.As(err, &apiErr) {
+		return !refusals[apiErr.ErrorCode()]
+	}
+	return true
+}
+
+// await polls the statement until it ends (FINISHED, FAILED or ABORTED)
+// and returns its description. Polling starts at interval and backs off to
+// maxInterval; a DescribeStatement request that fails (throttling, an
+// internal error, a lost connection) is asked again on the same schedule.
+// When timeout passes first it returns an error wrapping
+// warehouse.ErrTransient and errOutcomeUnknown; when ctx ends first, ctx's
+// error. Neither means the statement failed: it may still commit, and only
+// the stamp tells.
+func (w *dataAPI) await(ctx context.Context, id string, timeout, interval, maxInterval time.Duration) (*redshiftdata.DescribeStatementOutput, error) {
+	deadline := time.Now().Add(timeout)
 	timer := time.NewTimer(interval)
 	defer timer.Stop()
+	var (
+		status  types.StatusString = "unknown"
+		lastErr error
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -207,17 +321,24 @@ func (w *dataAPI) await(ctx context.Context, id string, timeout time.Duration) (
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil, fmt.Errorf("statement %s: %w", id, context.Cause(ctx))
-		case err != nil:
+		case err != nil && !retryableAPIError(err):
 			return nil, fmt.Errorf("%w: %w: describing statement %s: %w", warehouse.ErrTransient, errOutcomeUnknown, id, err)
-		}
-		switch d.Status {
-		case types.StatusStringFinished, types.StatusStringFailed, types.StatusStringAborted:
-			return d, nil
+		case err != nil:
+			lastErr = err
+		default:
+			switch d.Status {
+			case types.StatusStringFinished, types.StatusStringFailed, types.StatusStringAborted:
+				return d, nil
+			}
+			status, lastErr = d.Status, nil
 		}
 		if !time.Now().Before(deadline) {
-			return nil, fmt.Errorf("%w: %w: statement %s still %s after %s", warehouse.ErrTransient, errOutcomeUnknown, id, d.Status, timeout)
+			if lastErr != nil {
+				return nil, fmt.Errorf("%w: %w: statement %s not described within %s: %w", warehouse.ErrTransient, errOutcomeUnknown, id, timeout, lastErr)
+			}
+			return nil, fmt.Errorf("%w: %w: statement %s still %s after %s", warehouse.ErrTransient, errOutcomeUnknown, id, status, timeout)
 		}
-		interval = min(interval*3/2, w.cfg.PollMax)
+		interval = min(interval*3/2, maxInterval)
 		timer.Reset(min(interval, time.Until(deadline)+time.Millisecond))
 	}
 }
@@ -247,7 +368,7 @@ func (w *dataAPI) queryParams(ctx context.Context, name, sql string, p []types.S
 	if err != nil {
 		return nil, err
 	}
-	d, err := w.await(ctx, id, w.cfg.QueryTimeout)
+	d, err := w.await(ctx, id, w.cfg.QueryTimeout, w.cfg.PollInterval, w.cfg.PollMax)
 	if err != nil {
 		return nil, err
 	}

@@ -4,7 +4,10 @@
 // through an endpoint override, backed by a PostgreSQL database of its own.
 //
 // It implements ExecuteStatement, BatchExecuteStatement, DescribeStatement,
-// GetStatementResult and CancelStatement. Statements run asynchronously, as
+// GetStatementResult and CancelStatement. A ClientToken is honoured: a
+// submission repeating an earlier one's token is answered with that
+// statement (counted by Repeats), and refused (ValidationException) if its
+// request differs. Statements run asynchronously, as
 // on Redshift: a submission answers with an id at once, the work continues
 // whatever the client does, and DescribeStatement reports SUBMITTED,
 // STARTED, then FINISHED, FAILED (with Error) or ABORTED. A
@@ -57,9 +60,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -108,6 +113,8 @@ type Double struct {
 	faults     []*Injection
 	throttle   int
 	submitted  []Submission
+	repeats    int
+	describes  map[string]int
 }
 
 // Submission records one ExecuteStatement or BatchExecuteStatement request.
@@ -118,6 +125,7 @@ type Submission struct {
 	Params                       map[string]string
 	Workgroup, Cluster, Database string
 	SecretARN, DBUser            string
+	ClientToken                  string
 }
 
 // Fault is a failure to inject into the next batch that matches.
@@ -241,7 +249,7 @@ func New(opts Options) (*Double, error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	d := &Double{Pool: pool, opts: opts, ctx: ctx, stop: stop, statements: map[string]*statement{}, tokens: map[string]string{}}
+	d := &Double{Pool: pool, opts: opts, ctx: ctx, stop: stop, statements: map[string]*statement{}, tokens: map[string]string{}, describes: map[string]int{}}
 	d.srv = httptest.NewServer(http.HandlerFunc(d.serve))
 	d.URL = d.srv.URL
 	return d, nil
@@ -297,6 +305,21 @@ func (d *Double) Throttle(n int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.throttle = n
+}
+
+// Repeats counts the submissions answered with the statement an earlier
+// submission of the same ClientToken started.
+func (d *Double) Repeats() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.repeats
+}
+
+// Describes counts the DescribeStatement requests for a statement id.
+func (d *Double) Describes(id string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.describes[id]
 }
 
 // Submissions returns the requests that submitted statements, in order.
@@ -429,13 +452,21 @@ func (d *Double) submit(batch bool, body []byte) (any, error) {
 	d.mu.Lock()
 	if id, ok := d.tokens[req.ClientToken]; ok && req.ClientToken != "" {
 		st := d.statements[id]
+		same := st.batch == batch && slices.Equal(st.sqls, sqls) && maps.Equal(st.params, params) &&
+			st.target.Workgroup == req.WorkgroupName && st.target.Cluster == req.ClusterIdentifier && st.target.Database == req.Database &&
+			st.target.SecretARN == req.SecretArn && st.target.DBUser == req.DbUser
+		if !same {
+			d.mu.Unlock()
+			return nil, validation("ClientToken %q was used for a different request", req.ClientToken)
+		}
+		d.repeats++
 		d.mu.Unlock()
 		return submitAnswer(st), nil
 	}
 	st := &statement{
 		id: newID(), batch: batch, sqls: sqls, params: params, created: time.Now(), status: "SUBMITTED",
 		target: Submission{Name: req.StatementName, SQLs: sqls, Params: params, Workgroup: req.WorkgroupName,
-			Cluster: req.ClusterIdentifier, Database: req.Database, SecretARN: req.SecretArn, DBUser: req.DbUser},
+			Cluster: req.ClusterIdentifier, Database: req.Database, SecretARN: req.SecretArn, DBUser: req.DbUser, ClientToken: req.ClientToken},
 	}
 	st.target.ID = st.id
 	st.updated = st.created
@@ -745,6 +776,9 @@ func (d *Double) describe(ctx context.Context, body []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.mu.Lock()
+	d.describes[st.id]++
+	d.mu.Unlock()
 	if f := st.fault; f != nil && f.HideOutcome {
 		// Answer only once the transaction has ended, so that a client
 		// polling a hidden outcome is sure to poll after the commit.
