@@ -12,7 +12,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/fleet/ingest/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build test test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
+.PHONY: all build test local-aws-sqs test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
 
 all: lint test
 
@@ -22,8 +22,17 @@ build:
 demo:
 	bash scripts/demo.sh
 
-test:
+# The SQS tests run local-aws-sqs (npm, on Node) as their SQS server; make
+# test installs it on first use (into LOCAL_AWS_SQS_DIR) so they always run.
+LOCAL_AWS_SQS_DIR ?= $(HOME)/.cache/fleet-ingest/local-aws-sqs
+export LOCAL_AWS_SQS_DIR
+
+test: local-aws-sqs
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+local-aws-sqs:
+	@test -f "$(LOCAL_AWS_SQS_DIR)/node_modules/local-aws-sqs/package.json" || \
+		npm install --prefix "$(LOCAL_AWS_SQS_DIR)" --no-audit --no-fund local-aws-sqs@2.0.2
 
 test-short:
 	$(GO) test -short ./...
@@ -52,11 +61,8 @@ chaos:
 # The benchmark harness: every figure against a baseline measured in the same
 # run on a PostgreSQL cluster of its own. Writes bench/results/latest.{json,md}
 # and latency charts. About 7 minutes on 2 cores.
-# The SQS scenario needs local-aws-sqs (npm install --prefix
-# $(LOCAL_AWS_SQS_DIR) local-aws-sqs@2.0.2, as .ci/run does); without it it is
-# skipped with a warning.
-bench: export LOCAL_AWS_SQS_DIR ?= $(HOME)/.cache/fleet-ingest/local-aws-sqs
-bench:
+# The SQS scenario needs local-aws-sqs (installed as for make test).
+bench: local-aws-sqs
 	$(GO) run ./bench -out bench/results
 
 # Store benchmarks (reserve, acquire, renew) next to raw single-row
