@@ -15,3 +15,6 @@ func (w *Warehouse) Query(ctx context.Context, sql string, kv ...string) ([][]ty
 func (w *Warehouse) Exec(ctx context.Context, sqls []string, kv ...string) error {
 	return w.execParams(ctx, "fleet-test-exec", sqls, params(kv...))
 }
+
+// QuoteLiteral is the one quoting function, for its fuzz test.
+var QuoteLiteral = quoteLiteral

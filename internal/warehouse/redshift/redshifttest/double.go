@@ -24,6 +24,16 @@
 // PRIMARY KEY and UNIQUE table constraints, which Redshift never enforces;
 // named parameters (:name) become bind parameters.
 //
+// It refuses, as the Data API documents: a statement over 100 KB, a batch
+// of more than 40 statements, a submission while 200 statements are active
+// (ActiveStatementsExceededException), Parameters on a request holding
+// anything but SELECT, INSERT, UPDATE and DELETE (LOCK, COPY, CREATE …:
+// ValidationException), and — stricter than documented, to catch values
+// spliced into text — a :name inside a string literal of a parameterised
+// request. Statements go SUBMITTED, PICKED, STARTED, then end. String
+// literals are read as Redshift reads them: a backslash escapes the next
+// character (they run as PostgreSQL E” strings).
+//
 // Faults (Inject): fail the Nth statement of a batch with a given error
 // (for example Redshift's "ERROR: 1023 … Serializable isolation violation"),
 // end it ABORTED, hold a transaction open before its commit until the test
@@ -45,8 +55,8 @@
 // snapshot isolation and lock modes stand in; LOCK blocks readers as
 // Redshift's does); COPY options other than the form above, COPY's
 // parallel slices, stl_load_errors, MAXERROR, ACCEPTINVCHARS and JSON
-// paths; Data API limits (100 KB statements are checked; 200 active
-// statements, 24 h runtime, result retention and result size are not),
+// paths; Data API limits beyond those it refuses (see below: 24 h runtime,
+// result retention and result size are not checked),
 // result pagination (one page), sessions (SessionId, SessionKeepAlive),
 // ListStatements, DescribeTable, events, and the Data API's own rate limits
 // (only the injected throttling). It is for tests only and never linked into
@@ -79,8 +89,70 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// maxStatementBytes is the Data API's limit on one statement's text.
-const maxStatementBytes = 100_000
+// Data API limits the double enforces.
+const (
+	// maxStatementBytes is the limit on one statement's text (100 KB).
+	maxStatementBytes = 100_000
+	// maxBatchStatements is the most statements one BatchExecuteStatement
+	// takes.
+	maxBatchStatements = 40
+	// maxActiveStatements is the most statements a cluster or workgroup
+	// runs at once (SUBMITTED, PICKED or STARTED); the next submission is
+	// refused with ActiveStatementsExceededException.
+	maxActiveStatements = 200
+)
+
+// parameterised are the statements the Data API documents parameters
+// for: a request with Parameters is refused if any of its statements is
+// another kind (LOCK, COPY, CREATE, DROP …).
+var parameterised = map[string]bool{"SELECT": true, "INSERT": true, "UPDATE": true, "DELETE": true}
+
+// firstKeyword returns a statement's first word, upper-cased, skipping
+// whitespace and -- comments.
+func firstKeyword(sql string) string {
+	for {
+		sql = strings.TrimLeft(sql, " \t\r\n(")
+		if !strings.HasPrefix(sql, "--") {
+			break
+		}
+		_, rest, ok := strings.Cut(sql, "\n")
+		if !ok {
+			return ""
+		}
+		sql = rest
+	}
+	end := strings.IndexFunc(sql, func(r rune) bool { return !(r == '_' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z') })
+	if end < 0 {
+		end = len(sql)
+	}
+	return strings.ToUpper(sql[:end])
+}
+
+// placeholderInLiteral finds a :name inside a string literal, which a
+// parameterised request must not have (the Data API would not bind it, and
+// a value that looked like one is a sign values were spliced into text).
+var placeholderInLiteral = regexp.MustCompile(`:[A-Za-z_][A-Za-z0-9_]*`)
+
+func literalPlaceholder(sql string) string {
+	inQuote := false
+	start := 0
+	for i := 0; i < len(sql); i++ {
+		switch c := sql[i]; {
+		case inQuote && c == '\\':
+			i++
+		case c == '\'' && inQuote && i+1 < len(sql) && sql[i+1] == '\'':
+			i++
+		case c == '\'':
+			if inQuote {
+				if m := placeholderInLiteral.FindString(sql[start:i]); m != "" {
+					return m
+				}
+			}
+			inQuote, start = !inQuote, i+1
+		}
+	}
+	return ""
+}
 
 // Options configure a Double.
 type Options struct {
@@ -433,6 +505,9 @@ func (d *Double) submit(batch bool, body []byte) (any, error) {
 	case d.opts.Database != "" && req.Database != d.opts.Database:
 		return nil, validation("database %q does not exist", req.Database)
 	}
+	if batch && len(sqls) > maxBatchStatements {
+		return nil, validation("a batch takes at most %d statements, not %d", maxBatchStatements, len(sqls))
+	}
 	params := map[string]string{}
 	for _, p := range req.Parameters {
 		if !paramName.MatchString(p.Name) || p.Value == "" {
@@ -443,6 +518,14 @@ func (d *Double) submit(batch bool, body []byte) (any, error) {
 	for _, s := range sqls {
 		if len(s) > maxStatementBytes {
 			return nil, validation("the SQL statement is %d bytes, over the %d byte limit", len(s), maxStatementBytes)
+		}
+		if len(req.Parameters) > 0 {
+			if kw := firstKeyword(s); !parameterised[kw] {
+				return nil, validation("parameters are supported for SELECT, INSERT, UPDATE and DELETE only, not %s", kw)
+			}
+			if m := literalPlaceholder(s); m != "" {
+				return nil, validation("%s appears inside a string literal of a parameterised statement", m)
+			}
 		}
 		if _, _, err := translate(s, params); err != nil {
 			return nil, validation("%v", err)
@@ -462,6 +545,11 @@ func (d *Double) submit(batch bool, body []byte) (any, error) {
 		d.repeats++
 		d.mu.Unlock()
 		return submitAnswer(st), nil
+	}
+	if active := d.active(); active >= maxActiveStatements {
+		d.mu.Unlock()
+		return nil, &apiError{http.StatusBadRequest, "ActiveStatementsExceededException",
+			fmt.Sprintf("The number of active statements exceeds the limit of %d", maxActiveStatements)}
 	}
 	st := &statement{
 		id: newID(), batch: batch, sqls: sqls, params: params, created: time.Now(), status: "SUBMITTED",
@@ -500,6 +588,20 @@ func (d *Double) submit(batch bool, body []byte) (any, error) {
 	return submitAnswer(st), nil
 }
 
+// active counts the statements SUBMITTED, PICKED or STARTED. d.mu is held.
+func (d *Double) active() int {
+	n := 0
+	for _, st := range d.statements {
+		st.mu.Lock()
+		switch st.status {
+		case "SUBMITTED", "PICKED", "STARTED":
+			n++
+		}
+		st.mu.Unlock()
+	}
+	return n
+}
+
 func containsFold(sqls []string, sub string) bool {
 	for _, s := range sqls {
 		if strings.Contains(strings.ToLower(s), strings.ToLower(sub)) {
@@ -532,6 +634,7 @@ func newID() string {
 // run executes a statement (or batch) as one transaction.
 func (d *Double) run(ctx context.Context, st *statement) {
 	f := st.fault
+	st.set(func() { st.status = "PICKED" })
 	st.set(func() { st.status = "STARTED" })
 	err := d.runTx(ctx, st)
 	if f != nil {
@@ -555,7 +658,7 @@ func (d *Double) run(ctx context.Context, st *statement) {
 	st.set(func() {
 		st.status, st.errText = final, msg
 		for _, sub := range st.subs {
-			if sub.status == "SUBMITTED" || sub.status == "STARTED" {
+			if sub.status == "SUBMITTED" || sub.status == "PICKED" || sub.status == "STARTED" {
 				sub.status = map[bool]string{true: "FINISHED", false: "ABORTED"}[final == "FINISHED"]
 			}
 		}
@@ -866,7 +969,7 @@ func (d *Double) cancel(body []byte) (any, error) {
 		return nil, err
 	}
 	st.mu.Lock()
-	running := st.status == "SUBMITTED" || st.status == "STARTED"
+	running := st.status == "SUBMITTED" || st.status == "PICKED" || st.status == "STARTED"
 	cancel := st.cancel
 	st.mu.Unlock()
 	if !running {
