@@ -54,10 +54,16 @@ const reserveManySQL = `
 			ORDER BY b.tenant_id, b.source_scope, b.id DESC LIMIT 1
 		) l ON true
 		LEFT JOIN LATERAL (
-			-- ux_ingestion_batches_running_scope: at most one row.
+			-- At most one row (ux_ingestion_batches_running_scope). Ordered
+			-- as ix_ingestion_batches_scope, like the look-up above, so the
+			-- planner reads the scope's few index entries even on a table
+			-- whose statistics are stale (a generic plan that guessed a
+			-- small table scanned every Running batch of the tenant, once
+			-- per scope).
 			SELECT b.id FROM ingestion_batches b
 			WHERE b.tenant_id = i.tenant_id AND b.source_scope = i.source_scope
 			  AND b.status = 'Running' AND b.source_scope IS NOT NULL
+			ORDER BY b.tenant_id, b.source_scope, b.id DESC LIMIT 1
 		) r ON true
 	), ins AS (
 		INSERT INTO ingestion_batches
