@@ -21,17 +21,27 @@ import (
 // reads the slice's stamp through the Data API (here its double), not from
 // a local schema: a batch stamped only in Redshift resumes with it and is
 // refused without it; a batch Redshift does not hold is refused
-// warehouse_slice_missing. It sets the AWS environment, so it does not run
-// in parallel.
+// warehouse_slice_missing. The warehouse is migrated by its owner and
+// read by resume as a database user of its own, holding only the
+// fleet_reader role. It sets the AWS environment, so it does not run in
+// parallel.
 func TestResumeProvesTheSliceInRedshift(t *testing.T) {
 	ctx := context.Background()
 	srv := s3test.Start(t)
-	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "fleet", Database: "dev"})
+	const (
+		ownerSecret  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-admin-AbCdEf"
+		readerSecret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-enqueue-AbCdEf"
+	)
+	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "fleet", Database: "dev",
+		Identities: map[string]redshifttest.Identity{
+			redshifttest.IdentityKey(ownerSecret, "", ""):  {User: "fleet_admin", Owner: true},
+			redshifttest.IdentityKey(readerSecret, "", ""): {User: "fleet_enqueue", Roles: []string{"fleet_reader"}},
+		}})
 	for _, kv := range append(srv.Env(), double.Env()...) {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)
 	}
-	migrator, err := redshift.OpenMigrator(ctx, redshift.Config{WorkgroupName: "fleet", Database: "dev"})
+	migrator, err := redshift.OpenMigrator(ctx, redshift.Config{WorkgroupName: "fleet", Database: "dev", SecretARN: ownerSecret})
 	require.NoError(t, err)
 	_, err = migrator.Migrate(ctx)
 	require.NoError(t, err)
@@ -52,7 +62,7 @@ func TestResumeProvesTheSliceInRedshift(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(out), &v), out)
 		return v, code
 	}
-	redshiftFlags := []string{"--warehouse", "redshift", "--redshift-workgroup", "fleet", "--redshift-database", "dev"}
+	redshiftFlags := []string{"--warehouse", "redshift", "--redshift-workgroup", "fleet", "--redshift-database", "dev", "--redshift-secret-arn", readerSecret}
 
 	// The local warehouse (the operational database's schema curated)
 	// holds no slice: without --warehouse redshift nothing proves it.

@@ -357,6 +357,18 @@ func TestChartRedshiftWarehouse(t *testing.T) {
 	}
 	require.Equal(t, []string{"migrate"}, job.Args, "the Job applies the Redshift schema")
 
+	// The migrate Job may run as the schema owner's database user, the
+	// workers as their own (role fleet_loader).
+	owner := maps.Clone(redshift)
+	owner["migrateSecretArn"] = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:fleet-owner"
+	docs = mustRender(t, map[string]any{"warehouse": map[string]any{"type": "redshift", "redshift": owner}})
+	worker = decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"]).Spec.Template.Spec.Containers[0]
+	job = decode[batchv1.Job](t, docs["Job/prod-fleet-ingest-migrate"]).Spec.Template.Spec.Containers[0]
+	got, _ := envValue(worker, "REDSHIFT_SECRET_ARN")
+	require.Equal(t, redshift["secretArn"], got)
+	got, _ = envValue(job, "REDSHIFT_SECRET_ARN")
+	require.Equal(t, owner["migrateSecretArn"], got)
+
 	// Applying the Redshift schema goes through the Data API: the migrate
 	// Job gets the worker's AWS identity and HTTPS egress, and only then.
 	const irsa = "eks.amazonaws.com/role-arn"
@@ -379,7 +391,7 @@ func TestChartRedshiftWarehouse(t *testing.T) {
 	require.Equal(t, []string{"TCP/53", "TCP/5432", "UDP/53"}, allPorts(rulesOf(np.Egress)))
 
 	defaults := decode[appsv1.Deployment](t, mustRender(t, nil)["Deployment/prod-fleet-ingest-worker"]).Spec.Template.Spec.Containers[0]
-	got, _ := envValue(defaults, "WAREHOUSE")
+	got, _ = envValue(defaults, "WAREHOUSE")
 	require.Equal(t, "postgres", got)
 
 	for _, c := range []struct {

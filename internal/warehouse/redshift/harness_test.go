@@ -75,6 +75,44 @@ func newEnv(t *testing.T, adjust ...func(*redshift.Config)) *env {
 	return e
 }
 
+// The identities of newEnvWithIdentities: each component has a Secrets
+// Manager secret of its own.
+const (
+	adminSecret  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-admin-AbCdEf"
+	loaderSecret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-loader-AbCdEf"
+	readerSecret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-reader-AbCdEf"
+	nobodySecret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-nobody-AbCdEf"
+)
+
+// newEnvWithIdentities is newEnv with database users modelled: the schema
+// is migrated as the owner (adminSecret), the warehouse works as the
+// loader (loaderSecret: role fleet_loader); readerSecret holds
+// fleet_reader, nobodySecret no role.
+func newEnvWithIdentities(t *testing.T) *env {
+	t.Helper()
+	e := &env{s3: s3test.Start(t), cfg: testConfig()}
+	e.s3.CreateBucket(t, stagingBucket)
+	e.double = redshifttest.Start(t, redshifttest.Options{
+		DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: e.s3.Client(), Workgroup: testWorkgroup, Database: testDatabase,
+		Identities: map[string]redshifttest.Identity{
+			redshifttest.IdentityKey(adminSecret, "", ""):  {User: "fleet_admin", Owner: true},
+			redshifttest.IdentityKey(loaderSecret, "", ""): {User: "fleet_worker", Roles: []string{"fleet_loader"}},
+			redshifttest.IdentityKey(readerSecret, "", ""): {User: "fleet_enqueue", Roles: []string{"fleet_reader"}},
+			redshifttest.IdentityKey(nobodySecret, "", ""): {User: "fleet_nobody"},
+		},
+	})
+	admin := e.cfg
+	admin.SecretARN = adminSecret
+	m, err := redshift.NewMigrator(admin, e.double.Client())
+	require.NoError(t, err)
+	applied, err := m.Migrate(context.Background())
+	require.NoError(t, err)
+	require.NotEmpty(t, applied)
+	e.cfg.SecretARN = loaderSecret
+	e.wh = e.warehouse(t, e.double.Client())
+	return e
+}
+
 func (e *env) warehouse(t *testing.T, data *redshiftdata.Client) *redshift.Warehouse {
 	t.Helper()
 	wh, err := redshift.New(e.cfg, data, e.s3.Client())
@@ -148,10 +186,11 @@ func (e *env) harness() warehousetest.Harness {
 }
 
 // TestRedshiftContract holds the Redshift warehouse, on the Data API
-// double, to the Warehouse contract.
+// double, to the Warehouse contract, migrated as the owner and working as
+// the loader (role fleet_loader only).
 func TestRedshiftContract(t *testing.T) {
 	t.Parallel()
 	warehousetest.Exercise(t, func(t *testing.T) warehousetest.Harness {
-		return newEnv(t).harness()
+		return newEnvWithIdentities(t).harness()
 	})
 }

@@ -116,9 +116,13 @@ and the pod name.
 {{- $term -}}
 {{- end -}}
 
-{{/* The warehouse settings of worker run and worker migrate. */}}
+{{/*
+The warehouse settings of worker run and worker migrate: dict "root" $ and
+"migrate" (true for the migrate Job, which runs as the warehouse owner's
+database user, warehouse.redshift.migrateSecretArn, when one is set).
+*/}}
 {{- define "fleet-ingest.warehouseEnv" -}}
-{{- $w := .Values.warehouse -}}
+{{- $w := .root.Values.warehouse -}}
 - name: WAREHOUSE
   value: {{ $w.type | quote }}
 {{- if eq $w.type "redshift" }}
@@ -135,7 +139,11 @@ and the pod name.
 {{- if $w.existingSecret }}
 {{- fail "warehouse.existingSecret is for warehouse.type postgres" }}
 {{- end }}
-{{- range $name, $value := dict "REDSHIFT_WORKGROUP" $r.workgroup "REDSHIFT_CLUSTER_ID" $r.clusterId "REDSHIFT_DATABASE" $r.database "REDSHIFT_SECRET_ARN" $r.secretArn "REDSHIFT_DB_USER" $r.dbUser "REDSHIFT_IAM_ROLE" $r.iamRole "REDSHIFT_STAGING" $r.staging "REDSHIFT_LOAD_TIMEOUT" $r.loadTimeout "REDSHIFT_QUERY_TIMEOUT" $r.queryTimeout "AWS_REGION" $r.region }}
+{{- $secret := $r.secretArn }}
+{{- if and .migrate $r.migrateSecretArn }}
+{{- $secret = $r.migrateSecretArn }}
+{{- end }}
+{{- range $name, $value := dict "REDSHIFT_WORKGROUP" $r.workgroup "REDSHIFT_CLUSTER_ID" $r.clusterId "REDSHIFT_DATABASE" $r.database "REDSHIFT_SECRET_ARN" $secret "REDSHIFT_DB_USER" $r.dbUser "REDSHIFT_IAM_ROLE" $r.iamRole "REDSHIFT_STAGING" $r.staging "REDSHIFT_LOAD_TIMEOUT" $r.loadTimeout "REDSHIFT_QUERY_TIMEOUT" $r.queryTimeout "AWS_REGION" $r.region }}
 {{- if $value }}
 - name: {{ $name }}
   value: {{ $value | quote }}

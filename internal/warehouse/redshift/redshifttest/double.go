@@ -44,10 +44,19 @@
 // locked still locked). Throttle answers the next requests with
 // ThrottlingException.
 //
-// What it does not emulate: authentication and IAM (credentials, secrets,
-// database users and the COPY role are checked for presence and form, never
-// verified; the role is not assumed, the double reads S3 with its own
-// client); Redshift's SQL dialect beyond the translations above, its type
+// Database users (Options.Identities): a submission runs as the user its
+// SecretArn, DbUser or (IAM-derived) access key names, a PostgreSQL role of
+// its own created without privileges and made a member of the Redshift
+// roles listed for it (CREATE ROLE and GRANT … TO ROLE in a migration
+// become prefixed PostgreSQL roles, dropped when the double closes), so a
+// missing grant fails as it would on Redshift.
+//
+// What it does not emulate: authentication and IAM (credentials and
+// secrets are never verified, IAM policies and principal tags are not
+// read: the roles of each user are given in Options.Identities; the COPY
+// role is not assumed, the double reads S3 with its own client;
+// PostgreSQL's privilege rules stand in for Redshift's, e.g. LOCK needs
+// UPDATE or DELETE on the table); Redshift's SQL dialect beyond the translations above, its type
 // system (SUPER is jsonb: PartiQL navigation, SUPER's own number and string
 // semantics and its 16 MB object limit are not there), its planner, and its
 // implicit casts of Data API parameters (PostgreSQL infers parameter types
@@ -164,6 +173,12 @@ type Options struct {
 	// Workgroup, Cluster and Database, when set, are the only target the
 	// double accepts.
 	Workgroup, Cluster, Database string
+	// Identities, when set, model database users: a submission runs as
+	// the user its credentials name (IdentityKey), which holds only the
+	// privileges of the Redshift roles listed for it, so a missing GRANT
+	// fails as it would on Redshift; credentials not listed are refused.
+	// Unset, every submission runs as the warehouse's owner.
+	Identities map[string]Identity
 }
 
 // Double is an in-process Redshift Data API.
@@ -187,6 +202,8 @@ type Double struct {
 	submitted  []Submission
 	repeats    int
 	describes  map[string]int
+	rolePrefix string
+	users      map[string]bool
 }
 
 // Submission records one ExecuteStatement or BatchExecuteStatement request.
@@ -264,12 +281,13 @@ func (f *Injection) Done() <-chan struct{} { return f.done }
 
 // statement is one submitted statement or batch.
 type statement struct {
-	id      string
-	batch   bool
-	sqls    []string
-	params  map[string]string
-	target  Submission
-	created time.Time
+	identity Identity
+	id       string
+	batch    bool
+	sqls     []string
+	params   map[string]string
+	target   Submission
+	created  time.Time
 
 	mu      sync.Mutex
 	status  string
@@ -321,7 +339,8 @@ func New(opts Options) (*Double, error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	d := &Double{Pool: pool, opts: opts, ctx: ctx, stop: stop, statements: map[string]*statement{}, tokens: map[string]string{}, describes: map[string]int{}}
+	d := &Double{Pool: pool, opts: opts, ctx: ctx, stop: stop, statements: map[string]*statement{}, tokens: map[string]string{}, describes: map[string]int{},
+		rolePrefix: newRolePrefix(), users: map[string]bool{}}
 	d.srv = httptest.NewServer(http.HandlerFunc(d.serve))
 	d.URL = d.srv.URL
 	return d, nil
@@ -338,6 +357,7 @@ func (d *Double) Close() {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
+	d.dropRoles()
 	d.Pool.Close()
 }
 
@@ -434,7 +454,7 @@ func (d *Double) serve(w http.ResponseWriter, r *http.Request) {
 	var out any
 	switch op {
 	case "ExecuteStatement", "BatchExecuteStatement":
-		out, err = d.submit(op == "BatchExecuteStatement", body)
+		out, err = d.submit(op == "BatchExecuteStatement", body, accessKeyID(r))
 	case "DescribeStatement":
 		out, err = d.describe(r.Context(), body)
 	case "GetStatementResult":
@@ -478,7 +498,7 @@ type submitRequest struct {
 	StatementName     string
 }
 
-func (d *Double) submit(batch bool, body []byte) (any, error) {
+func (d *Double) submit(batch bool, body []byte, accessKey string) (any, error) {
 	var req submitRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, validation("malformed request: %v", err)
@@ -504,6 +524,10 @@ func (d *Double) submit(batch bool, body []byte) (any, error) {
 		return nil, &apiError{http.StatusBadRequest, "ResourceNotFoundException", fmt.Sprintf("cluster %q not found", req.ClusterIdentifier)}
 	case d.opts.Database != "" && req.Database != d.opts.Database:
 		return nil, validation("database %q does not exist", req.Database)
+	}
+	ident, err := d.identityOf(IdentityKey(req.SecretArn, req.DbUser, accessKey))
+	if err != nil {
+		return nil, err
 	}
 	if batch && len(sqls) > maxBatchStatements {
 		return nil, validation("a batch takes at most %d statements, not %d", maxBatchStatements, len(sqls))
@@ -552,7 +576,8 @@ func (d *Double) submit(batch bool, body []byte) (any, error) {
 			fmt.Sprintf("The number of active statements exceeds the limit of %d", maxActiveStatements)}
 	}
 	st := &statement{
-		id: newID(), batch: batch, sqls: sqls, params: params, created: time.Now(), status: "SUBMITTED",
+		identity: ident,
+		id:       newID(), batch: batch, sqls: sqls, params: params, created: time.Now(), status: "SUBMITTED",
 		target: Submission{Name: req.StatementName, SQLs: sqls, Params: params, Workgroup: req.WorkgroupName,
 			Cluster: req.ClusterIdentifier, Database: req.Database, SecretARN: req.SecretArn, DBUser: req.DbUser, ClientToken: req.ClientToken},
 	}
@@ -680,6 +705,15 @@ func (d *Double) runTx(ctx context.Context, st *statement) error {
 		return fmt.Errorf("ERROR: %v", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	if !st.identity.Owner {
+		user, err := d.pgUser(ctx, st.identity)
+		if err != nil {
+			return fmt.Errorf("ERROR: %v", err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+pgx.Identifier{user}.Sanitize()); err != nil {
+			return fmt.Errorf("ERROR: %v", err)
+		}
+	}
 	f := st.fault
 	for i, sql := range st.sqls {
 		sub := st.subs[i]
@@ -761,6 +795,7 @@ func (d *Double) exec(ctx context.Context, tx pgx.Tx, st *statement, sql string)
 	if err != nil {
 		return 0, nil, err
 	}
+	pgSQL = d.rewriteRoles(pgSQL)
 	rows, err := tx.Query(ctx, pgSQL, append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
 	if err != nil {
 		return 0, nil, err
