@@ -67,7 +67,15 @@
 // Limits checked before staging: a staged line over MaxRecordBytes (COPY
 // reads at most 4 MB of one JSON object), a string over MaxStringBytes
 // (65,535 bytes in a SUPER value unless the cluster opted into 16,000,000),
-// nesting deeper than MaxDepth (1,000), invalid UTF-8.
+// nesting deeper than MaxDepth (1,000), invalid UTF-8. NUL (\u0000, or a
+// raw NUL in a CSV field) and unpaired UTF-16 surrogate escapes are refused
+// while the folder is read (package folder, for every warehouse). Each
+// refusal wraps folder.ErrMalformed and names the object and line.
+//
+// The warehouse clock decides time: committed_at is GETDATE() when the
+// swap runs (not when the load began), published_at when the publication
+// runs, and the publication window is the seconds between committed_at and
+// GETDATE() in the guard, never the worker's clock.
 //
 // # Commit detection
 //

@@ -40,9 +40,12 @@ var ddlRewrites = []struct {
 // does not carry is an error; unused parameters are allowed (a batch shares
 // its parameters among its statements).
 func translate(sql string, params map[string]string) (string, []any, error) {
-	for _, r := range ddlRewrites {
-		sql = r.re.ReplaceAllString(sql, r.repl)
-	}
+	sql = outsideLiterals(sql, func(code string) string {
+		for _, r := range ddlRewrites {
+			code = r.re.ReplaceAllString(code, r.repl)
+		}
+		return code
+	})
 	var (
 		out   strings.Builder
 		args  []any
@@ -94,6 +97,34 @@ func translate(sql string, params map[string]string) (string, []any, error) {
 		}
 	}
 	return out.String(), args, nil
+}
+
+// outsideLiterals applies f to the parts of sql outside string literals
+// (read as Redshift reads them: ” is a quote, a backslash escapes the next
+// character), so a rewrite of SQL words never touches a value.
+func outsideLiterals(sql string, f func(string) string) string {
+	var out strings.Builder
+	start, inQuote := 0, false
+	for i := 0; i < len(sql); i++ {
+		switch c := sql[i]; {
+		case inQuote && c == '\\':
+			i++
+		case inQuote && c == '\'' && i+1 < len(sql) && sql[i+1] == '\'':
+			i++
+		case c == '\'' && !inQuote:
+			out.WriteString(f(sql[start:i]))
+			start, inQuote = i, true
+		case c == '\'':
+			out.WriteString(sql[start : i+1])
+			start, inQuote = i+1, false
+		}
+	}
+	if inQuote {
+		out.WriteString(sql[start:])
+	} else {
+		out.WriteString(f(sql[start:]))
+	}
+	return out.String()
 }
 
 func isIdentStart(c byte) bool {

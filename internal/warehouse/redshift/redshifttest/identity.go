@@ -72,8 +72,10 @@ var (
 // rewriteRoles maps CREATE ROLE r and GRANT … TO ROLE r onto the double's
 // prefixed roles.
 func (d *Double) rewriteRoles(sql string) string {
-	sql = createRole.ReplaceAllString(sql, "CREATE ROLE "+d.rolePrefix+"${1} NOLOGIN")
-	return toRole.ReplaceAllString(sql, "TO "+d.rolePrefix+"${1}")
+	return outsideLiterals(sql, func(code string) string {
+		code = createRole.ReplaceAllString(code, "CREATE ROLE "+d.rolePrefix+"${1} NOLOGIN")
+		return toRole.ReplaceAllString(code, "TO "+d.rolePrefix+"${1}")
+	})
 }
 
 // pgUser returns the PostgreSQL role a database user runs as: created
