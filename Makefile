@@ -2,6 +2,8 @@
 #
 #   make demo   run the whole system end to end on a local PostgreSQL
 #   make test   run every test (needs TEST_DATABASE_URL or a Docker engine)
+#   make redshift-live   the opt-in test against a real Redshift Serverless
+#               workgroup (REDSHIFT_TEST_* settings; it says what is missing)
 
 SHELL := /bin/bash
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
@@ -12,7 +14,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/fleet/ingest/internal/buildinfo.version=$(VERSION)
 
-.PHONY: all build test local-aws-sqs test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
+.PHONY: redshift-live all build test local-aws-sqs test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
 
 all: lint test
 
@@ -36,6 +38,21 @@ local-aws-sqs:
 
 test-short:
 	$(GO) test -short ./...
+
+# REDSHIFT_LIVE_REQUIRED must be set; the optional ones widen what it proves.
+REDSHIFT_LIVE_REQUIRED := REDSHIFT_TEST_WORKGROUP REDSHIFT_TEST_DATABASE REDSHIFT_TEST_IAM_ROLE REDSHIFT_TEST_STAGING AWS_REGION
+redshift-live:
+	@missing=""; for v in $(REDSHIFT_LIVE_REQUIRED); do [ -n "$${!v}" ] || missing="$$missing $$v"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "make redshift-live: missing:$$missing"; \
+		echo "  required: REDSHIFT_TEST_WORKGROUP (a Serverless workgroup), REDSHIFT_TEST_DATABASE, REDSHIFT_TEST_IAM_ROLE (the COPY role's ARN,"; \
+		echo "  associated with the workgroup), REDSHIFT_TEST_STAGING (s3://bucket/prefix/ in its region), AWS_REGION, and AWS credentials"; \
+		echo "  optional: REDSHIFT_TEST_SECRET_ARN (the schema owner, migrates), REDSHIFT_TEST_LOADER_SECRET_ARN and"; \
+		echo "  REDSHIFT_TEST_READER_SECRET_ARN (users granted fleet_loader / fleet_reader), REDSHIFT_TEST_DEFAULT_ROLE=1 (the"; \
+		echo "  workgroup has a default IAM role that may read the staging prefix)"; \
+		exit 2; \
+	fi
+	$(GO) test -count=1 -v -timeout 60m -run TestLiveRedshiftServerless ./internal/warehouse/redshift/
 
 lint: fmt vet staticcheck
 
