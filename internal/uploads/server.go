@@ -377,7 +377,21 @@ func (s *Server) importOne(ctx context.Context, req jobs.ImportRequest) (int, st
 		s.cfg.Logger.Error("import failed: database unavailable", "error", err, "tenant_id", req.TenantID)
 		return http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"}
 	}
-	return statusOf(res.Outcome), res.Outcome, res
+	return statusOf(res.Outcome), res.Outcome, inertResult(res)
+}
+
+// enqueueFailedError is what a sender is told of a failed job insert. The
+// database's own message (which names tables, constraints and values) goes
+// to the log and the batch's details, not to whoever sent the request.
+const enqueueFailedError = "the job could not be enqueued; the batch is recorded Failed (failed_enqueue) and the folder is free to import again"
+
+// inertResult is res as an HTTP answer: a failed enqueue's database error
+// is replaced by enqueueFailedError.
+func inertResult(res jobs.Result) jobs.Result {
+	if res.Outcome == jobs.OutcomeEnqueueFailed {
+		res.Error = enqueueFailedError
+	}
+	return res
 }
 
 // statusClientClosed answers a request whose client disconnected (nginx's
@@ -422,7 +436,7 @@ func (s *Server) importMany(ctx context.Context, reqs []jobs.ImportRequest) []an
 			answers[i] = answer{http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: res.Outcome, Field: res.Field, Error: res.Error}}
 			continue
 		}
-		answers[i] = answer{statusOf(res.Outcome), res.Outcome, res}
+		answers[i] = answer{statusOf(res.Outcome), res.Outcome, inertResult(res)}
 	}
 	return answers
 }

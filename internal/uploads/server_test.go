@@ -157,6 +157,8 @@ func TestImportsStatusCodes(t *testing.T) {
 	status, out = f.post(t, "/v1/imports", "application/json", importBody("tenant-a", tenantFolder("tenant-a", "up/2")), auth)
 	require.Equal(t, http.StatusInternalServerError, status)
 	require.Equal(t, "enqueue_failed", out["outcome"])
+	require.Equal(t, enqueueFailedError, out["error"], "the database's message is not the sender's to read")
+	require.NotContains(t, out["error"], "injected")
 	b, err := batch.NewStore(pool).Get(ctx, int64(out["batch_id"].(float64)))
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusFailed, b.Status)
