@@ -100,13 +100,20 @@ func newProcessSNS(t *testing.T) *processSNS {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
-		w.WriteHeader(http.StatusOK)
-		client, _, err := http.NewResponseController(w).Hijack()
+		// Hijack first and answer on the raw connection: a 200 written
+		// through the ResponseWriter is framed as an HTTP response with a
+		// body, and bytes the client sent early sit in the server's reader.
+		client, buffered, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			upstream.Close()
 			return
 		}
-		go func() { _, _ = io.Copy(upstream, client); upstream.Close() }()
+		if _, err := client.Write([]byte("HTTP/1.1 200 Connection Established\r\n\r\n")); err != nil {
+			client.Close()
+			upstream.Close()
+			return
+		}
+		go func() { _, _ = io.Copy(upstream, buffered.Reader); upstream.Close() }()
 		go func() { _, _ = io.Copy(client, upstream); client.Close() }()
 	}))
 	t.Cleanup(proxy.Close)

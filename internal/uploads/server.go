@@ -684,7 +684,7 @@ func (s *Server) snsOK(ctx context.Context, n notification) (status int, outcome
 		return http.StatusUnauthorized, "unauthorized", fmt.Sprintf("unauthenticated: SNS topic %q is not accepted", n.sns.TopicArn)
 	}
 	switch err := s.sns.verify(ctx, n.sns); {
-	case errors.Is(err, errSNSCertFetchLimited):
+	case errors.Is(err, errSNSCertFetchLimited), errors.Is(err, errSNSCertUnavailable):
 		return http.StatusServiceUnavailable, "unavailable", err.Error()
 	case err != nil:
 		return http.StatusUnauthorized, "unauthorized", "unauthenticated: SNS " + err.Error()
@@ -748,7 +748,7 @@ func (s *Server) handleSNSControl(w http.ResponseWriter, r *http.Request, msg sn
 		verr = fmt.Errorf("topic %q is not accepted", msg.TopicArn)
 	default:
 		verr = s.sns.verify(r.Context(), msg)
-		if errors.Is(verr, errSNSCertFetchLimited) {
+		if errors.Is(verr, errSNSCertFetchLimited) || errors.Is(verr, errSNSCertUnavailable) {
 			w.Header().Set("Retry-After", "1")
 			s.refuse(w, routeEvents, http.StatusServiceUnavailable, "unavailable", "", verr.Error())
 			return

@@ -6,6 +6,7 @@ import (
 	"crypto/rsa"
 	"crypto/sha1" //nolint:gosec // SNS SignatureVersion 1 is SHA1withRSA
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -66,6 +67,13 @@ const (
 // errSNSCertFetchLimited is returned by verify when a certificate would
 // have to be fetched beyond the rate limit: the sender should retry later.
 var errSNSCertFetchLimited = errors.New("signing certificate fetches are rate limited: retry later")
+
+// errSNSCertUnavailable is wrapped by verify when the signing certificate
+// could not be fetched for a reason that may pass (the connection failed,
+// timed out or was cut; the host answered 5xx or 429). Such a message is
+// answered 503, so SNS delivers it again, instead of 401, after which SNS
+// would drop it: a network blip must not lose an upload.
+var errSNSCertUnavailable = errors.New("signing certificate unavailable for now: retry later")
 
 // SNSConfig authenticates /v1/events/s3 requests by their Amazon SNS
 // message signature: Amazon SNS can send neither a bearer token nor the
@@ -418,16 +426,24 @@ func (v *snsVerifier) fetch(ctx context.Context, key, region string) (*x509.Cert
 		return nil, err
 	}
 	resp, err := v.client.Do(req)
-	if err != nil {
+	var untrusted *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &untrusted):
+		// Not an outage: the host is not the SNS host it names.
 		return nil, fmt.Errorf("fetching %s: %w", key, err)
+	case err != nil:
+		return nil, fmt.Errorf("%w: fetching %s: %v", errSNSCertUnavailable, key, err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch {
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
+		return nil, fmt.Errorf("%w: fetching %s: HTTP %d", errSNSCertUnavailable, key, resp.StatusCode)
+	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("fetching %s: HTTP %d", key, resp.StatusCode)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, snsMaxCertBytes))
 	if err != nil {
-		return nil, fmt.Errorf("fetching %s: %w", key, err)
+		return nil, fmt.Errorf("%w: fetching %s: %v", errSNSCertUnavailable, key, err)
 	}
 	block, _ := pem.Decode(body)
 	if block == nil || block.Type != "CERTIFICATE" {

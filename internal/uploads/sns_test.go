@@ -53,6 +53,9 @@ type fakeSNS struct {
 	confirms []url.Values
 	// gate, if set, holds every certificate fetch until it is closed.
 	gate chan struct{}
+	// fail, while set, makes certificate fetches fail: "500" answers HTTP
+	// 500, "cut" closes the connection without an answer.
+	fail atomic.Value
 }
 
 const (
@@ -102,6 +105,17 @@ func newFakeSNS(t *testing.T) *fakeSNS {
 			f.fetches.Add(1)
 			if f.gate != nil {
 				<-f.gate
+			}
+			switch f.fail.Load() {
+			case "500":
+				http.Error(w, "internal error", http.StatusInternalServerError)
+				return
+			case "cut":
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					_ = conn.Close()
+				}
+				return
 			}
 			switch {
 			case r.URL.Path == "/attacker.pem":
@@ -637,4 +651,31 @@ func TestSNSCertificateFetchesAreLimited(t *testing.T) {
 	t.Logf("12 uncached certificate URLs in a row: %d fetched, %d refused 503", fetched, limited)
 	require.LessOrEqual(t, fetched, int64(snsCertFetchBurst+2), "at most the burst and what the rate refilled meanwhile")
 	require.Positive(t, limited)
+}
+
+// TestSNSCertificateOutageIsRetriedNotRefused: a signing certificate that
+// cannot be fetched for now (the host answers 500, or the connection is
+// cut) used to answer 401, after which SNS drops the message for good. It
+// is 503 with Retry-After now, nothing is claimed or imported, and SNS's
+// redelivery of the same message imports it once the host answers.
+func TestSNSCertificateOutageIsRetriedNotRefused(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	sns := newFakeSNS(t)
+	f := newServer(t, pool, withSNS(sns, false, nil))
+	for k, failure := range []string{"500", "cut"} {
+		sns.fail.Store(failure)
+		msg := sns.message(t, snsNotification, testTopic, string(s3Event("fleet-uploads", "tenants/t1/db1/c1/outage-"+failure+"/_SUCCESS", "ObjectCreated:Put")), "2",
+			func(m *snsMessage) {
+				m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-" + failure + ".pem"
+			})
+		status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", msg, nil)
+		require.Equal(t, http.StatusServiceUnavailable, status, "%s: %v", failure, out)
+		require.Contains(t, out["error"], "retry later", failure)
+		require.Equal(t, k, count(t, pool), "%s: nothing imported", failure)
+		sns.fail.Store("")
+		status, out = f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", msg, nil)
+		require.Equal(t, http.StatusAccepted, status, "%s: the redelivery is imported: %v", failure, out)
+	}
+	require.Equal(t, 2, count(t, pool))
 }
