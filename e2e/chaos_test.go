@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,22 +89,37 @@ var redshiftScenario = chaosConfig{
 	duration: 20 * time.Second, deadline: 3 * time.Minute,
 }
 
+// Database users of the Redshift chaos scenario: the migration runs as the
+// warehouse's owner, the workers as a loader holding only the grants of
+// migration 00003 (role fleet_loader), as in production.
+const (
+	chaosOwnerSecret  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:chaos-admin-AbCdEf"
+	chaosLoaderSecret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:chaos-loader-AbCdEf"
+)
+
 // redshiftWarehouse starts what --warehouse redshift reaches in a chaos
 // scenario: an S3 server with the staging bucket and the Data API double,
 // whose database lives on the test server (the chaos cluster restarts; the
-// warehouse does not). It returns the workers' extra environment and flags
-// and the double's database.
-func redshiftWarehouse(t *testing.T) (env, flags []string, pool *pgxpool.Pool) {
+// warehouse does not), with database users modelled. It returns the
+// workers' extra environment, the migration's and the workers' flags (each
+// with its own database user), and the double's database.
+func redshiftWarehouse(t *testing.T) (env, migrateFlags, workerFlags []string, pool *pgxpool.Pool) {
 	t.Helper()
 	srv := s3test.Start(t)
 	srv.CreateBucket(t, "chaos-staging")
 	double := redshifttest.Start(t, redshifttest.Options{
 		DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "chaos", Database: "dev",
+		Identities: map[string]redshifttest.Identity{
+			redshifttest.IdentityKey(chaosOwnerSecret, "", ""):  {User: "chaos_admin", Owner: true},
+			redshifttest.IdentityKey(chaosLoaderSecret, "", ""): {User: "chaos_worker", Roles: []string{"fleet_loader"}},
+		},
 	})
 	env = append(srv.Env(), double.Env()...)
-	flags = []string{"--warehouse", "redshift", "--redshift-workgroup", "chaos", "--redshift-database", "dev",
+	flags := []string{"--warehouse", "redshift", "--redshift-workgroup", "chaos", "--redshift-database", "dev",
 		"--redshift-iam-role", "arn:aws:iam::123456789012:role/chaos-copy", "--redshift-staging", "s3://chaos-staging/fleet/"}
-	return env, flags, double.Pool
+	migrateFlags = append(slices.Clone(flags), "--redshift-secret-arn", chaosOwnerSecret)
+	workerFlags = append(slices.Clone(flags), "--redshift-secret-arn", chaosLoaderSecret)
+	return env, migrateFlags, workerFlags, double.Pool
 }
 
 // TestChaos runs workers and an enqueue driver against a throwaway
@@ -213,12 +229,12 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 	require.NoError(t, err)
 	admin.Close()
 	dbURL := cluster.URL(db)
-	var whEnv, whFlags []string
+	var whEnv, whMigrateFlags, whFlags []string
 	var whPool *pgxpool.Pool
 	if cfg.warehouse == "redshift" {
-		whEnv, whFlags, whPool = redshiftWarehouse(t)
+		whEnv, whMigrateFlags, whFlags, whPool = redshiftWarehouse(t)
 	}
-	migrate := exec.Command(filepath.Join(binDir, "worker"), append([]string{"migrate", "--log-level", "warn"}, whFlags...)...)
+	migrate := exec.Command(filepath.Join(binDir, "worker"), append([]string{"migrate", "--log-level", "warn"}, whMigrateFlags...)...)
 	migrate.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL), whEnv...)
 	out, err := migrate.CombinedOutput()
 	require.NoError(t, err, string(out))
