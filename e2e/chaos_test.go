@@ -105,9 +105,18 @@ const (
 // with its own database user), and the double's database.
 func redshiftWarehouse(t *testing.T) (env, migrateFlags, workerFlags []string, pool *pgxpool.Pool) {
 	t.Helper()
+	double, env, migrateFlags, workerFlags := redshiftDouble(t)
+	return env, migrateFlags, workerFlags, double.Pool
+}
+
+// redshiftDouble starts what redshiftWarehouse does and returns the Data
+// API double itself, for a test that injects faults into it or reads its
+// submissions.
+func redshiftDouble(t *testing.T) (double *redshifttest.Double, env, migrateFlags, workerFlags []string) {
+	t.Helper()
 	srv := s3test.Start(t)
 	srv.CreateBucket(t, "chaos-staging")
-	double := redshifttest.Start(t, redshifttest.Options{
+	double = redshifttest.Start(t, redshifttest.Options{
 		DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "chaos", Database: "dev",
 		Identities: map[string]redshifttest.Identity{
 			redshifttest.IdentityKey(chaosOwnerSecret, "", ""):  {User: "chaos_admin", Owner: true},
@@ -119,7 +128,7 @@ func redshiftWarehouse(t *testing.T) (env, migrateFlags, workerFlags []string, p
 		"--redshift-iam-role", "arn:aws:iam::123456789012:role/chaos-copy", "--redshift-staging", "s3://chaos-staging/fleet/"}
 	migrateFlags = append(slices.Clone(flags), "--redshift-secret-arn", chaosOwnerSecret)
 	workerFlags = append(slices.Clone(flags), "--redshift-secret-arn", chaosLoaderSecret)
-	return env, migrateFlags, workerFlags, double.Pool
+	return double, env, migrateFlags, workerFlags
 }
 
 // TestChaos runs workers and an enqueue driver against a throwaway

@@ -163,9 +163,15 @@ func startProcess(t *testing.T, name, binary string, args, env []string, addrLin
 // startWorker starts a worker process and waits until it is ready.
 func startWorker(t *testing.T, dbURL string, extra ...string) *workerProc {
 	t.Helper()
+	return startWorkerEnv(t, dbURL, nil, extra...)
+}
+
+// startWorkerEnv is startWorker with environment beyond DATABASE_URL.
+func startWorkerEnv(t *testing.T, dbURL string, env []string, extra ...string) *workerProc {
+	t.Helper()
 	name := fmt.Sprintf("w%d", workerSeq.Add(1))
 	p := startProcess(t, name, "worker", append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", name, "--dev-allow-local-folders"}, extra...),
-		[]string{"DATABASE_URL=" + dbURL}, `"msg":"metrics listener started"`)
+		append([]string{"DATABASE_URL=" + dbURL}, env...), `"msg":"metrics listener started"`)
 	p.waitLog(`"msg":"worker started"`, 30*time.Second)
 	return p
 }
