@@ -83,8 +83,7 @@ func (r *reconcileCmd) config(c *enqueueCLI, e *cli.Env) (reconcile.Config, erro
 	if err := cfg.Validate(); err != nil {
 		var ce *reconcile.ConfigError
 		errors.As(err, &ce)
-		field := reconcileSettingFields[ce.Setting]
-		return reconcile.Config{}, refuseSetting(e, field, fmt.Errorf("--%s: %s", strings.ReplaceAll(field, "_", "-"), ce.Reason))
+		return reconcile.Config{}, refuseConfigSetting(e, reconcileSettingFields, ce.Setting, ce.Reason, "")
 	}
 	return cfg, nil
 }
@@ -98,15 +97,11 @@ func (r *reconcileCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return fmt.Errorf("AWS configuration: %w", err)
 	}
-	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(r.MaxConns) })
+	pool, enq, err := connectEnqueuer(c, e, r.MaxConns)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	enq, err := newEnqueuer(c, e, pool, nil, 0)
-	if err != nil {
-		return err
-	}
 	cfg.S3, cfg.Pool, cfg.Importer, cfg.Metrics = s3.NewFromConfig(awsCfg), pool, enq, enq.Metrics
 	if r.Every > 0 {
 		return r.periodic(e, cfg, pool)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/httpserver"
+	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/uploads"
 )
 
@@ -70,6 +71,30 @@ func refuseSetting(e *cli.Env, field string, err error) error {
 	printJSON(e.Stdout, map[string]string{"outcome": "invalid_input", "field": field, "error": err.Error()})
 	e.Logger.Error(err.Error(), "field", field)
 	return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
+}
+
+// refuseConfigSetting reports a setting a Config's Validate refused, named
+// by its Config field (setting), as refuseSetting does for the flag fields
+// maps it to; prefix, if any, begins the message.
+func refuseConfigSetting(e *cli.Env, fields map[string]string, setting, reason, prefix string) error {
+	field := fields[setting]
+	return refuseSetting(e, field, fmt.Errorf("%s--%s: %s", prefix, strings.ReplaceAll(field, "_", "-"), reason))
+}
+
+// connectEnqueuer opens the operational pool of a long-running command
+// (at most maxConns connections; the database must answer at start) and
+// the enqueuer on it. The caller closes the pool.
+func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int) (*pgxpool.Pool, *jobs.Enqueuer, error) {
+	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(maxConns) })
+	if err != nil {
+		return nil, nil, err
+	}
+	enq, err := newEnqueuer(c, e, pool, nil, 0)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, enq, nil
 }
 
 // config reads the secrets and checks every setting, connecting to nothing
@@ -135,8 +160,7 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 	if err := cfg.Validate(); err != nil {
 		var ce *uploads.ConfigError
 		errors.As(err, &ce)
-		field := settingFields[ce.Setting]
-		return uploads.Config{}, refuseSetting(e, field, fmt.Errorf("refusing to serve: --%s: %s", strings.ReplaceAll(field, "_", "-"), ce.Reason))
+		return uploads.Config{}, refuseConfigSetting(e, settingFields, ce.Setting, ce.Reason, "refusing to serve: ")
 	}
 	return cfg, nil
 }
@@ -147,15 +171,11 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return err
 	}
 	// The database must answer at start; later outages answer 503.
-	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(s.MaxConns) })
+	pool, enq, err := connectEnqueuer(c, e, s.MaxConns)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	enq, err := newEnqueuer(c, e, pool, nil, 0)
-	if err != nil {
-		return err
-	}
 	cfg.Enqueuer, cfg.Pool, cfg.Metrics = enq, pool, enq.Metrics
 	srv, err := uploads.New(cfg)
 	if err != nil {

@@ -85,8 +85,7 @@ func (s *sqsCmd) config(c *enqueueCLI, e *cli.Env) (sqsconsumer.Config, error) {
 	if err := cfg.Validate(); err != nil {
 		var ce *sqsconsumer.ConfigError
 		errors.As(err, &ce)
-		field := sqsSettingFields[ce.Setting]
-		return sqsconsumer.Config{}, refuseSetting(e, field, fmt.Errorf("--%s: %s", strings.ReplaceAll(field, "_", "-"), ce.Reason))
+		return sqsconsumer.Config{}, refuseConfigSetting(e, sqsSettingFields, ce.Setting, ce.Reason, "")
 	}
 	return cfg, nil
 }
@@ -101,15 +100,11 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return fmt.Errorf("AWS configuration: %w", err)
 	}
 	// The database must answer at start; later outages are backed off.
-	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(s.MaxConns) })
+	pool, enq, err := connectEnqueuer(c, e, s.MaxConns)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	enq, err := newEnqueuer(c, e, pool, nil, 0)
-	if err != nil {
-		return err
-	}
 	cfg.Queue, cfg.Importer, cfg.Metrics = sqs.NewFromConfig(awsCfg), enq, enq.Metrics
 	consumer, err := sqsconsumer.New(cfg)
 	if err != nil {
