@@ -45,6 +45,35 @@
 // on the swap. Conflicts that outlast the retries are transient
 // (warehouse.ErrTransient) for the delivery's own retry.
 //
+// # Why one writer lock, not one per tenant
+//
+// The issue that moved the COPY out of the lock asked for the lock to be
+// partitioned by tenant or scope if one is kept. It is kept, whole, because
+// in Redshift a partitioned lock would not let two swaps run at once: write
+// locks in Redshift are table-level. Amazon's "Concurrent write examples"
+// (docs.aws.amazon.com/redshift/latest/dg/r_Serializable_isolation_example.html)
+// shows a second DELETE (or UPDATE, COPY, INSERT) on a table waiting until
+// the first transaction holding that table's write lock ends, whatever rows
+// either touches. Every swap deletes from and inserts into
+// curated.fleet_records and writes curated.fleet_slices, and every
+// publication writes fleet_slices and fleet_publications, so two of them
+// for unrelated tenants queue on those tables' own write locks with or
+// without fleet_writer_lock. A lock per partition would only change where
+// they queue and the order the tables are locked in; "Write and read/write
+// operations" (…/dg/c_write_readwrite.html) warns that transactions writing
+// several tables in different orders deadlock, and says to lock the tables
+// in the same order before any DML. Taking fleet_writer_lock first in every
+// swap and publication is that order. What the issue was after — no
+// tenant waits for another tenant's COPY — holds because no COPY runs under
+// a lock on a shared table: the lock's wait is at most the swaps and
+// publications ahead of it, each moving one slice's rows inside the
+// cluster (TestNoTenantWaitsOnAnotherTenantsCopy). Sharding the curated
+// tables themselves (a table per tenant group) would let swaps run in
+// parallel; that is a schema change for the readers too, left until a
+// cluster shows swap waits that matter (ingest_phase_duration_seconds{phase="load"}).
+// The double, backed by PostgreSQL, locks rows, not tables, so it cannot
+// show this; the live test's two concurrent loads run against Redshift.
+//
 // Staging objects live under <prefix>batch-<id>/gen-<lease generation>/: a
 // retried delivery stages under its own generation and never overwrites
 // what an older, possibly still running, COPY reads. Each line is the
