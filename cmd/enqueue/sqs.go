@@ -27,11 +27,14 @@ type sqsCmd struct {
 	PathPattern       string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company (as enqueue serve and the worker)."`
 	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Import folders only of these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). A message of another bucket is left for the dead-letter queue."`
 	WaitTime          time.Duration `name:"wait-time" env:"SQS_WAIT_TIME" default:"20s" help:"Long poll of each receive (WaitTimeSeconds), 0s to 20s."`
-	MaxMessages       int           `name:"max-messages" env:"SQS_MAX_MESSAGES" default:"10" help:"Messages per receive, 1 to 10; their folders are imported in one transaction."`
+	MaxMessages       int           `name:"max-messages" env:"SQS_MAX_MESSAGES" default:"10" help:"Messages per receive, 1 to 10."`
+	Receivers         int           `name:"receivers" env:"SQS_RECEIVERS" default:"4" help:"Long polls in flight at once, 1 to 64."`
+	MaxBurst          int           `name:"max-burst" env:"SQS_MAX_BURST" default:"100" help:"Folders imported in one transaction at most: the receives that arrive together (see --linger) are imported together, up to this many folders."`
+	Linger            time.Duration `name:"linger" env:"SQS_LINGER" default:"10ms" help:"How long a transaction waits for more receives to join it after the first arrived, 0s to 1s."`
 	VisibilityTimeout time.Duration `name:"visibility-timeout" env:"SQS_VISIBILITY_TIMEOUT" default:"0s" help:"Visibility timeout of the messages received (whole seconds); 0s keeps the queue's. It must exceed --timeout: a message comes back only after it."`
 	BackoffMax        time.Duration `name:"backoff-max" env:"SQS_BACKOFF_MAX" default:"30s" help:"Longest pause after a failed round (the database or SQS unavailable); pauses double from 1s."`
 	AdminListen       string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" default:":8081" help:"Address of /healthz, /readyz and /metrics."`
-	MaxConns          int           `name:"max-conns" env:"MAX_CONNS" default:"4" help:"Database connections (one round uses one at a time)."`
+	MaxConns          int           `name:"max-conns" env:"MAX_CONNS" default:"4" help:"Database connections (rounds commit one at a time, on one connection)."`
 
 	// DelayAfterCommit is for tests only: a pause between a round's commit
 	// and its delete, the window a crash can fall into.
@@ -40,7 +43,7 @@ type sqsCmd struct {
 
 // sqsSettingFields names the flag behind each sqsconsumer.Config setting.
 var sqsSettingFields = map[string]string{
-	"QueueURL": "queue_url", "WaitTime": "wait_time", "MaxMessages": "max_messages",
+	"QueueURL": "queue_url", "WaitTime": "wait_time", "MaxMessages": "max_messages", "Receivers": "receivers", "MaxBurst": "max_burst", "Linger": "linger",
 	"VisibilityTimeout": "visibility_timeout", "ImportTimeout": "timeout", "Backoff": "backoff_max", "Mapping": "path_pattern",
 }
 
@@ -58,6 +61,12 @@ func (s *sqsCmd) config(c *enqueueCLI, e *cli.Env) (sqsconsumer.Config, error) {
 		return sqsconsumer.Config{}, refuseSetting(e, "wait_time", errors.New("--wait-time must not be negative"))
 	case s.MaxMessages < 1:
 		return sqsconsumer.Config{}, refuseSetting(e, "max_messages", errors.New("--max-messages must be 1 to 10"))
+	case s.Receivers < 1:
+		return sqsconsumer.Config{}, refuseSetting(e, "receivers", errors.New("--receivers must be 1 to 64"))
+	case s.MaxBurst < 1:
+		return sqsconsumer.Config{}, refuseSetting(e, "max_burst", errors.New("--max-burst must be 1 to 1000"))
+	case s.Linger < 0:
+		return sqsconsumer.Config{}, refuseSetting(e, "linger", errors.New("--linger must be 0s to 1s"))
 	case s.BackoffMax < time.Second:
 		return sqsconsumer.Config{}, refuseSetting(e, "backoff_max", errors.New("--backoff-max must be at least 1s"))
 	case s.VisibilityTimeout%time.Second != 0:
@@ -74,9 +83,13 @@ func (s *sqsCmd) config(c *enqueueCLI, e *cli.Env) (sqsconsumer.Config, error) {
 	if wait == 0 {
 		wait = -1 // short polls
 	}
+	linger := s.Linger
+	if linger == 0 {
+		linger = -1 // no wait
+	}
 	cfg := sqsconsumer.Config{
 		QueueURL: s.QueueURL, Marker: s.Marker, Mapping: folder.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
-		WaitTime: wait, MaxMessages: s.MaxMessages, VisibilityTimeout: s.VisibilityTimeout,
+		WaitTime: wait, MaxMessages: s.MaxMessages, Receivers: s.Receivers, MaxBurst: s.MaxBurst, Linger: linger, VisibilityTimeout: s.VisibilityTimeout,
 		ImportTimeout: c.Timeout, BackoffMax: s.BackoffMax, DelayAfterCommit: s.DelayAfterCommit, Logger: e.Logger,
 	}
 	if s.Marker == "" || strings.Contains(s.Marker, "/") {
@@ -120,7 +133,8 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	ready.Store(true)
 	e.Logger.Info("consuming upload notifications", "addr", admin.Addr().String(), "queue_url", s.QueueURL, "buckets", s.Buckets,
-		"wait_time", s.WaitTime, "max_messages", s.MaxMessages, "visibility_timeout", s.VisibilityTimeout)
+		"wait_time", s.WaitTime, "max_messages", s.MaxMessages, "receivers", s.Receivers, "max_burst", s.MaxBurst, "linger", s.Linger,
+		"visibility_timeout", s.VisibilityTimeout)
 
 	consumed := make(chan error, 1)
 	go func() { consumed <- consumer.Run(e.Ctx) }()

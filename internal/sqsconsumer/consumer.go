@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -27,6 +28,9 @@ const (
 	BackoffMinDefault    = time.Second
 	BackoffMaxDefault    = 30 * time.Second
 	MarkerDefault        = "_SUCCESS"
+	ReceiversDefault     = 4
+	MaxBurstDefault      = 100
+	LingerDefault        = 10 * time.Millisecond
 )
 
 // Reasons a message is left in the queue (the reason label of
@@ -88,6 +92,18 @@ type Config struct {
 	WaitTime time.Duration
 	// MaxMessages per receive, 1 to 10. Defaults to MaxMessagesDefault.
 	MaxMessages int
+	// Receivers is how many long polls Run keeps in flight at once, 1 to
+	// 64. Defaults to ReceiversDefault.
+	Receivers int
+	// MaxBurst is how many folders Run gathers from several receives
+	// into one transaction: it stops adding receives once the burst holds
+	// this many. Defaults to MaxBurstDefault.
+	MaxBurst int
+	// Linger is how long Run waits for more receives to join a burst
+	// after the first arrived (while the previous burst commits, those
+	// that arrive meanwhile join without waiting). Defaults to
+	// LingerDefault; a negative value means no wait.
+	Linger time.Duration
 	// VisibilityTimeout, if positive, overrides the queue's for the
 	// messages received: it must exceed the time a round takes.
 	VisibilityTimeout time.Duration
@@ -122,6 +138,12 @@ func (c *Config) Validate() error {
 		return &ConfigError{"WaitTime", "must be at most 20s (SQS's longest long poll)"}
 	case c.MaxMessages < 0 || c.MaxMessages > 10:
 		return &ConfigError{"MaxMessages", "must be 1 to 10"}
+	case c.Receivers < 0 || c.Receivers > 64:
+		return &ConfigError{"Receivers", "must be 1 to 64"}
+	case c.MaxBurst < 0 || c.MaxBurst > 1000:
+		return &ConfigError{"MaxBurst", "must be 1 to 1000"}
+	case c.Linger > time.Second:
+		return &ConfigError{"Linger", "must be at most 1s"}
 	case c.VisibilityTimeout < 0 || c.VisibilityTimeout > 12*time.Hour:
 		return &ConfigError{"VisibilityTimeout", "must be 0 (the queue's) to 12h"}
 	case c.VisibilityTimeout > 0 && c.VisibilityTimeout < time.Second:
@@ -144,6 +166,10 @@ type Consumer struct {
 	log *slog.Logger
 	m   *metrics.Metrics
 	now func() time.Time
+
+	// pauseUntil holds Run's receivers back after a failed burst.
+	pauseMu    sync.Mutex
+	pauseUntil time.Time
 }
 
 // New validates cfg and fills its defaults.
@@ -159,6 +185,12 @@ func New(cfg Config) (*Consumer, error) {
 		cfg.WaitTime = WaitTimeDefault
 	}
 	cfg.MaxMessages = cmp.Or(cfg.MaxMessages, MaxMessagesDefault)
+	cfg.Receivers = cmp.Or(cfg.Receivers, ReceiversDefault)
+	cfg.MaxBurst = cmp.Or(cfg.MaxBurst, MaxBurstDefault)
+	if cfg.Linger == 0 {
+		cfg.Linger = LingerDefault
+	}
+	cfg.Linger = max(cfg.Linger, 0)
 	cfg.ImportTimeout = cmp.Or(cfg.ImportTimeout, ImportTimeoutDefault)
 	cfg.BackoffMin = cmp.Or(cfg.BackoffMin, BackoffMinDefault)
 	cfg.BackoffMax = max(cmp.Or(cfg.BackoffMax, BackoffMaxDefault), cfg.BackoffMin)
@@ -171,33 +203,147 @@ func New(cfg Config) (*Consumer, error) {
 	return &Consumer{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, now: time.Now}, nil
 }
 
-// Run receives and imports until ctx ends, then finishes the round in hand
-// (commit and delete) and returns nil. A failed round (SQS or the database
-// unavailable) is followed by a pause that doubles up to BackoffMax.
+// Run receives and imports until ctx ends, then finishes what it holds
+// (commit and delete) and returns nil.
+//
+// Receivers goroutines long-poll at once; what their receives return is
+// gathered into rounds: a round takes the receives that are waiting, and
+// those that arrive within Linger of its first, until it holds MaxBurst
+// folders, and imports their folders in one transaction. While one round
+// commits the next gathers, and a committed round's messages are deleted
+// (DeleteMessageBatch, ten to a call, the calls at once) while the next
+// commits. A failed receive pauses its receiver, and a failed burst all
+// of them, for a pause that doubles up to BackoffMax.
 func (c *Consumer) Run(ctx context.Context) error {
+	received := make(chan delivery)
+	var receivers sync.WaitGroup
+	for range c.cfg.Receivers {
+		receivers.Go(func() { c.receiveLoop(ctx, received) })
+	}
+	go func() {
+		receivers.Wait()
+		close(received)
+	}()
+	c.commitLoop(ctx, received)
+	return nil
+}
+
+// receiveLoop long-polls until ctx ends and hands what each receive
+// returned to the commit loop. Messages in hand are always handed over,
+// even when ctx ended meanwhile.
+func (c *Consumer) receiveLoop(ctx context.Context, out chan<- delivery) {
 	failures := 0
-	for ctx.Err() == nil {
-		res, err := c.Round(ctx)
+	for sleep(ctx, c.paused()) {
+		msgs, err := c.receive(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			c.m.SQSReceiveErrors.Inc()
 			failures++
 			pause := c.backoff(failures)
-			c.log.Warn("sqs round failed: backing off", "error", err.Error(), "failures", failures, "backoff", pause)
-			select {
-			case <-ctx.Done():
-			case <-time.After(pause):
+			c.log.Warn("sqs round failed: backing off", "stage", "receive", "error", err.Error(), "failures", failures, "backoff", pause)
+			if !sleep(ctx, pause) {
+				return
 			}
 			continue
 		}
 		failures = 0
-		if res.Received == 0 && c.cfg.WaitTime < 0 {
+		if len(msgs) == 0 {
 			// A short poll found nothing: do not spin.
-			select {
-			case <-ctx.Done():
-			case <-time.After(c.cfg.BackoffMin):
+			if c.cfg.WaitTime < 0 && !sleep(ctx, c.cfg.BackoffMin) {
+				return
 			}
+			continue
+		}
+		out <- c.read(msgs)
+	}
+}
+
+// commitLoop gathers deliveries into rounds and imports each, until
+// received is closed; then it waits for the deletes in flight.
+func (c *Consumer) commitLoop(ctx context.Context, received <-chan delivery) {
+	settleCtx := context.WithoutCancel(ctx)
+	var settling sync.WaitGroup
+	slots := make(chan struct{}, 4) // rounds whose deletes run at once
+	failures := 0
+	for open := true; open; {
+		var r *round
+		r, open = c.gather(received)
+		if r == nil {
+			continue
+		}
+		err := c.importBurst(settleCtx, r)
+		slots <- struct{}{}
+		settling.Go(func() {
+			defer func() { <-slots }()
+			c.settle(settleCtx, r, err)
+		})
+		if err == nil {
+			failures = 0
+			continue
+		}
+		failures++
+		pause := c.backoff(failures)
+		c.log.Warn("sqs round failed: backing off", "stage", "import", "error", err.Error(), "failures", failures, "backoff", pause)
+		c.pause(pause)
+		sleep(ctx, pause)
+	}
+	settling.Wait()
+}
+
+// gather waits for a delivery and starts a round with it, then adds the
+// deliveries waiting or arriving within Linger until the round holds
+// MaxBurst folders (or messages). open is false once received is closed;
+// the round is nil if nothing came.
+func (c *Consumer) gather(received <-chan delivery) (r *round, open bool) {
+	d, ok := <-received
+	if !ok {
+		return nil, false
+	}
+	r = &round{seen: map[string]*message{}}
+	r.add(d)
+	linger := time.NewTimer(c.cfg.Linger)
+	defer linger.Stop()
+	for len(r.burst) < c.cfg.MaxBurst && len(r.msgs) < c.cfg.MaxBurst {
+		select {
+		case d, ok := <-received:
+			if !ok {
+				return r, false
+			}
+			r.add(d)
+		case <-linger.C:
+			return r, true
 		}
 	}
-	return nil
+	return r, true
+}
+
+// paused returns how long the receivers are still held back after a
+// failed burst.
+func (c *Consumer) paused() time.Duration {
+	c.pauseMu.Lock()
+	defer c.pauseMu.Unlock()
+	return time.Until(c.pauseUntil)
+}
+
+func (c *Consumer) pause(d time.Duration) {
+	c.pauseMu.Lock()
+	defer c.pauseMu.Unlock()
+	c.pauseUntil = time.Now().Add(d)
+}
+
+// sleep waits d or until ctx ends, and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+	return ctx.Err() == nil
 }
 
 func (c *Consumer) backoff(failures int) time.Duration {
@@ -225,7 +371,8 @@ type message struct {
 	reason, detail string
 	// outcome is how a deleted message is counted.
 	outcome string
-	// burst holds the indices of its imports in the round's burst.
+	// burst holds the indices of its imports in its delivery's, then its
+	// round's, burst.
 	burst []int
 }
 
@@ -236,9 +383,52 @@ func (m *message) leave(reason, detail string) {
 	}
 }
 
+// delivery is what one receive returned, read: its messages and the
+// imports they complete.
+type delivery struct {
+	msgs  []*message
+	burst []jobs.ImportRequest
+}
+
+// read plans the imports of a receive's messages (in the receiver's
+// goroutine, while the commit loop waits on the database).
+func (c *Consumer) read(msgs []*message) delivery {
+	d := delivery{msgs: msgs}
+	for _, m := range msgs {
+		c.plan(m, &d.burst)
+	}
+	return d
+}
+
+// round is the messages of one or more receives whose folders are
+// imported in one transaction, one entry per message id (a message handed
+// out twice keeps the later receipt handle, the one that deletes it).
+type round struct {
+	msgs  []*message
+	burst []jobs.ImportRequest
+	seen  map[string]*message
+}
+
+func (r *round) add(d delivery) {
+	for _, m := range d.msgs {
+		if prev, ok := r.seen[m.id]; ok {
+			prev.receipt = m.receipt
+			continue
+		}
+		r.seen[m.id] = m
+		own := m.burst
+		m.burst = make([]int, 0, len(own))
+		for _, k := range own {
+			m.burst = append(m.burst, len(r.burst))
+			r.burst = append(r.burst, d.burst[k])
+		}
+		r.msgs = append(r.msgs, m)
+	}
+}
+
 // Round receives once (a long poll of up to MaxMessages) and handles what
 // arrived: one burst transaction for every folder the messages complete,
-// then one delete of the messages that are done. If ctx ends during the
+// then the delete of the messages that are done. If ctx ends during the
 // poll, nothing was received and Round returns; once messages are in hand
 // they are handled under a context that ctx's end does not cancel. The
 // error reports a failed receive or burst (the messages are left).
@@ -255,23 +445,22 @@ func (c *Consumer) Round(ctx context.Context) (RoundResult, error) {
 		return RoundResult{}, nil
 	}
 	ctx = context.WithoutCancel(ctx)
-	res := RoundResult{Received: len(msgs)}
+	r := &round{seen: map[string]*message{}}
+	r.add(c.read(msgs))
+	err = c.importBurst(ctx, r)
+	return c.settle(ctx, r, err), err
+}
 
-	var burst []jobs.ImportRequest
-	for _, m := range msgs {
-		c.plan(m, &burst)
+// settle deletes the round's messages that are done (after the test pause,
+// if the burst committed), counts every message and logs those left.
+func (c *Consumer) settle(ctx context.Context, r *round, importErr error) RoundResult {
+	if importErr == nil && len(r.burst) > 0 && c.cfg.DelayAfterCommit > 0 {
+		c.log.Warn("test delay between commit and delete", "delay", c.cfg.DelayAfterCommit, "folders", len(r.burst))
+		time.Sleep(c.cfg.DelayAfterCommit)
 	}
-	res.Folders = len(burst)
-	var roundErr error
-	if len(burst) > 0 {
-		roundErr = c.importBurst(ctx, msgs, burst)
-		if roundErr == nil && c.cfg.DelayAfterCommit > 0 {
-			c.log.Warn("test delay between commit and delete", "delay", c.cfg.DelayAfterCommit, "folders", len(burst))
-			time.Sleep(c.cfg.DelayAfterCommit)
-		}
-	}
-	c.delete(ctx, msgs)
-	for _, m := range msgs {
+	c.delete(ctx, r.msgs)
+	res := RoundResult{Received: len(r.msgs), Folders: len(r.burst)}
+	for _, m := range r.msgs {
 		if m.reason == "" {
 			res.Deleted++
 			c.m.SQSMessagesDeleted.WithLabelValues(m.outcome).Inc()
@@ -286,12 +475,10 @@ func (c *Consumer) Round(ctx context.Context) (RoundResult, error) {
 			c.log.Warn("sqs message left in the queue: it comes back after the visibility timeout", attrs...)
 		}
 	}
-	return res, roundErr
+	return res
 }
 
-// receive long-polls the queue and returns its messages, one per message
-// id (a server may hand a message out twice in one answer; the later
-// receipt handle is the one that deletes it).
+// receive long-polls the queue and returns its messages.
 func (c *Consumer) receive(ctx context.Context) ([]*message, error) {
 	in := &sqs.ReceiveMessageInput{
 		QueueUrl:            aws.String(c.cfg.QueueURL),
@@ -314,8 +501,7 @@ func (c *Consumer) receive(ctx context.Context) ([]*message, error) {
 	if err != nil {
 		return nil, err
 	}
-	var msgs []*message
-	seen := map[string]*message{}
+	msgs := make([]*message, 0, len(out.Messages))
 	oldest := time.Duration(0)
 	for _, raw := range out.Messages {
 		c.m.SQSMessagesReceived.Inc()
@@ -325,14 +511,7 @@ func (c *Consumer) receive(ctx context.Context) ([]*message, error) {
 		if ms, err := strconv.ParseInt(raw.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 			oldest = max(oldest, c.now().Sub(time.UnixMilli(ms)))
 		}
-		id := aws.ToString(raw.MessageId)
-		if m, ok := seen[id]; ok {
-			m.receipt = aws.ToString(raw.ReceiptHandle)
-			continue
-		}
-		m := &message{Message: raw, id: id, receipt: aws.ToString(raw.ReceiptHandle)}
-		seen[id] = m
-		msgs = append(msgs, m)
+		msgs = append(msgs, &message{Message: raw, id: aws.ToString(raw.MessageId), receipt: aws.ToString(raw.ReceiptHandle)})
 	}
 	c.m.SQSOldestMessageAge.Set(oldest.Seconds())
 	return msgs, nil
@@ -376,38 +555,41 @@ func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
 	}
 }
 
-// importBurst imports the round's folders in one transaction and marks
-// each message by its folders' outcomes.
-func (c *Consumer) importBurst(ctx context.Context, msgs []*message, burst []jobs.ImportRequest) error {
+// importBurst imports the round's folders in one transaction (if it has
+// any) and marks each message by its folders' outcomes.
+func (c *Consumer) importBurst(ctx context.Context, r *round) error {
+	if len(r.burst) == 0 {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ImportTimeout)
 	defer cancel()
-	results, err := c.cfg.Importer.ImportMany(ctx, burst)
-	if err == nil && len(results) != len(burst) {
-		err = fmt.Errorf("%d outcomes for %d imports", len(results), len(burst))
+	results, err := c.cfg.Importer.ImportMany(ctx, r.burst)
+	if err == nil && len(results) != len(r.burst) {
+		err = fmt.Errorf("%d outcomes for %d imports", len(results), len(r.burst))
 	}
-	for _, m := range msgs {
+	for _, m := range r.msgs {
 		for _, k := range m.burst {
 			if err != nil {
 				m.leave(LeftDatabaseUnavailable, err.Error())
 				continue
 			}
-			switch r := results[k]; r.Outcome {
+			switch res := results[k]; res.Outcome {
 			case jobs.OutcomeEnqueued, jobs.OutcomeConflict, jobs.OutcomeAlreadySucceeded:
 			case jobs.OutcomeInvalidInput:
-				m.leave(LeftInvalidInput, fmt.Sprintf("%s: %s: %s", burst[k].Folder, r.Field, r.Error))
+				m.leave(LeftInvalidInput, fmt.Sprintf("%s: %s: %s", r.burst[k].Folder, res.Field, res.Error))
 			default:
-				m.leave(LeftEnqueueFailed, fmt.Sprintf("%s: %s %s", burst[k].Folder, r.Outcome, r.Error))
+				m.leave(LeftEnqueueFailed, fmt.Sprintf("%s: %s %s", r.burst[k].Folder, res.Outcome, res.Error))
 			}
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("importing %d folders: %w", len(burst), err)
+		return fmt.Errorf("importing %d folders: %w", len(r.burst), err)
 	}
 	return nil
 }
 
-// delete deletes the messages that are done, ten to a call; a message
-// whose delete fails is marked left (delete_failed).
+// delete deletes the messages that are done, ten to a call, the calls at
+// once; a message whose delete fails is marked left (delete_failed).
 func (c *Consumer) delete(ctx context.Context, msgs []*message) {
 	var done []*message
 	for _, m := range msgs {
@@ -415,27 +597,34 @@ func (c *Consumer) delete(ctx context.Context, msgs []*message) {
 			done = append(done, m)
 		}
 	}
+	var calls sync.WaitGroup
 	for start := 0; start < len(done); start += 10 {
 		chunk := done[start:min(start+10, len(done))]
-		entries := make([]types.DeleteMessageBatchRequestEntry, len(chunk))
-		for i, m := range chunk {
-			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(m.receipt)}
+		calls.Go(func() { c.deleteBatch(ctx, chunk) })
+	}
+	calls.Wait()
+}
+
+// deleteBatch deletes up to ten messages in one DeleteMessageBatch call.
+func (c *Consumer) deleteBatch(ctx context.Context, chunk []*message) {
+	entries := make([]types.DeleteMessageBatchRequestEntry, len(chunk))
+	for i, m := range chunk {
+		entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(m.receipt)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ImportTimeout)
+	defer cancel()
+	out, err := c.cfg.Queue.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
+	if err != nil {
+		for _, m := range chunk {
+			m.leave(LeftDeleteFailed, err.Error())
 		}
-		dctx, cancel := context.WithTimeout(ctx, c.cfg.ImportTimeout)
-		out, err := c.cfg.Queue.DeleteMessageBatch(dctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
-		cancel()
-		if err != nil {
-			for _, m := range chunk {
-				m.leave(LeftDeleteFailed, err.Error())
-			}
+		return
+	}
+	for _, f := range out.Failed {
+		i, err := strconv.Atoi(aws.ToString(f.Id))
+		if err != nil || i < 0 || i >= len(chunk) {
 			continue
 		}
-		for _, f := range out.Failed {
-			i, err := strconv.Atoi(aws.ToString(f.Id))
-			if err != nil || i < 0 || i >= len(chunk) {
-				continue
-			}
-			chunk[i].leave(LeftDeleteFailed, aws.ToString(f.Code)+": "+aws.ToString(f.Message))
-		}
+		chunk[i].leave(LeftDeleteFailed, aws.ToString(f.Code)+": "+aws.ToString(f.Message))
 	}
 }
