@@ -92,7 +92,20 @@ func TestMetricsMoveAsDocumented(t *testing.T) {
 	require.Equal(t, float64(1), serveMetric(`ingest_reservations_total{outcome="reserved",source_type="FleetS3"}`))
 	require.Equal(t, float64(1), serveMetric(`ingest_reservations_total{outcome="conflict",source_type="FleetS3"}`))
 	require.Equal(t, float64(0), serveMetric(`ingest_reservations_total{outcome="enqueue_failed",source_type="FleetS3"}`))
-	require.Equal(t, float64(1), serveMetric(`ingest_http_requests_total{outcome="conflict",route="imports"}`))
+	require.Equal(t, float64(1), serveMetric(`ingest_http_request_outcomes_total{outcome="conflict",route="imports"}`))
+	// The door is measured by route pattern and code; serve exports none
+	// of the worker's lease metrics or database gauges.
+	require.Equal(t, float64(1), serveMetric(`ingest_http_requests_total{code="202",route="POST /v1/imports"}`))
+	require.Equal(t, float64(1), serveMetric(`ingest_http_requests_total{code="409",route="POST /v1/imports"}`))
+	require.Equal(t, float64(2), serveMetric(`ingest_http_request_duration_seconds_count{route="POST /v1/imports"}`))
+	serveBody := httpGet(t, base+"/metrics")
+	for _, workerOnly := range []string{"ingest_leases_held", "ingest_lease_acquisitions_total", "ingest_lease_renewals_total",
+		"ingest_running_batches", "ingest_queue_jobs", "ingest_deliveries_total", "ingest_queue_wait_seconds"} {
+		require.NotContains(t, serveBody, workerOnly+"{", "enqueue serve exports no %s", workerOnly)
+		require.NotContains(t, serveBody, workerOnly+" ", "enqueue serve exports no %s", workerOnly)
+	}
+	// The duplicate delivery the other worker fetched waited in the queue.
+	require.GreaterOrEqual(t, other.metric(`ingest_queue_wait_seconds_count`), float64(1))
 	_ = serve
 
 	// Every documented series exists, zeros included.

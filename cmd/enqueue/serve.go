@@ -14,6 +14,7 @@ import (
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/uploads"
 )
 
@@ -176,6 +177,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return err
 	}
 	defer pool.Close()
+	enq.Metrics = metrics.NewServe() // not the worker's gauges, frozen at zero here
 	cfg.Enqueuer, cfg.Pool, cfg.Metrics = enq, pool, enq.Metrics
 	srv, err := uploads.New(cfg)
 	if err != nil {
@@ -203,11 +205,12 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		mux.Handle("/", handler)
 		handler = mux
 	}
+	handler = httpserver.Observe(handler, observeDoor(cfg.Metrics, e))
 	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: handler, MaxConns: s.MaxHTTPConns, Logger: e.Logger})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}
-	adminSrv, adminServed, err := s.startAdmin(srv, e)
+	adminSrv, adminServed, err := s.startAdmin(srv, cfg.Metrics, e)
 	if err != nil {
 		return err
 	}
@@ -241,6 +244,17 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	return nil
 }
 
+// observeDoor is how enqueue serve's listeners log and measure each
+// request: one access line (probes and scrapes at debug level),
+// ingest_http_requests_total{route,code} and
+// ingest_http_request_duration_seconds{route}.
+func observeDoor(m *metrics.Metrics, e *cli.Env) httpserver.ObserveConfig {
+	return httpserver.ObserveConfig{
+		Logger: e.Logger, Requests: m.DoorRequests, Duration: m.DoorDuration,
+		QuietRoutes: []string{"GET /healthz", "GET /readyz", "GET /metrics"},
+	}
+}
+
 // adminMaxConns caps the admin listener's connections, as the worker's
 // metrics listener (--metrics-max-conns) is by default.
 const adminMaxConns = 64
@@ -248,7 +262,7 @@ const adminMaxConns = 64
 // startAdmin serves /healthz, /readyz and /metrics on --admin-listen, a
 // listener that refuses request bodies, and logs its address. The channel
 // reports the error that stops it; both are nil without --admin-listen.
-func (s *serveCmd) startAdmin(srv *uploads.Server, e *cli.Env) (*httpserver.Server, <-chan error, error) {
+func (s *serveCmd) startAdmin(srv *uploads.Server, m *metrics.Metrics, e *cli.Env) (*httpserver.Server, <-chan error, error) {
 	if s.AdminListen == "" {
 		e.Logger.Warn("no --admin-listen: probes and scrapes share the public port, where slow clients can starve them")
 		return nil, nil, nil
@@ -259,7 +273,7 @@ func (s *serveCmd) startAdmin(srv *uploads.Server, e *cli.Env) (*httpserver.Serv
 		mux.Handle(pattern, routes)
 	}
 	admin, err := httpserver.Listen(httpserver.Config{
-		Addr: s.AdminListen, Handler: mux, MaxConns: adminMaxConns, RefuseBodies: true, Logger: e.Logger,
+		Addr: s.AdminListen, Handler: httpserver.Observe(mux, observeDoor(m, e)), MaxConns: adminMaxConns, RefuseBodies: true, Logger: e.Logger,
 	})
 	if err != nil {
 		return nil, nil, cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--admin-listen: %w", err)}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/lease"
@@ -151,6 +152,7 @@ func (w *IngestWorker) NextRetry(job *river.Job[IngestArgs]) time.Time {
 // Work implements river.Worker.
 func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) error {
 	m, log := w.cfg.Metrics, w.cfg.Logger.With("job_id", job.ID, "batch_id", job.Args.BatchID, "attempt", job.Attempt)
+	observeQueueWait(m, job.JobRow)
 	holder := w.holderID(job)
 	a, held, err := w.renewer.Acquire(ctx, job.Args.BatchID, holder)
 	if err != nil {
@@ -210,6 +212,18 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		res.Outcome = pipeline.LeaseLost
 	}
 	return w.finish(ctx, job, res, log)
+}
+
+// observeQueueWait records how long job waited in the queue before its
+// first fetch: from its insertion to its first attempt, both by the
+// database clock. A later fetch (a retry, or the fetch after a snooze,
+// which River does not count as an attempt but records in AttemptedBy) is
+// not a queue wait.
+func observeQueueWait(m *metrics.Metrics, job *rivertype.JobRow) {
+	if job.Attempt != 1 || len(job.AttemptedBy) > 1 || job.AttemptedAt == nil {
+		return
+	}
+	m.QueueWait.Observe(max(job.AttemptedAt.Sub(job.CreatedAt), 0).Seconds())
 }
 
 // finish maps a pipeline result onto River: completed, snoozed, cancelled

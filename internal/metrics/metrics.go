@@ -1,6 +1,10 @@
 // Package metrics defines the Prometheus metrics of the ingestion
 // coordinator. Each binary owns a Registry (no global registration), so tests
-// can scrape exactly what one process exported.
+// can scrape exactly what one process exported. New registers what a worker
+// (and the one-shot commands) export; NewServe only what enqueue serve
+// measures, so serve does not export the worker's lease metrics and
+// database gauges frozen at zero. Every field is set either way: a metric
+// that is not registered can be updated and is simply not exported.
 //
 // Every labelled series is initialised for all its known label values when
 // the metrics are created, so dashboards and alerts see zeros, not gaps. No
@@ -77,6 +81,15 @@ type Metrics struct {
 	DatabaseStatsErrors prometheus.Counter
 	HTTPRequests        *prometheus.CounterVec
 	SNSConfirmations    *prometheus.CounterVec
+	// QueueWait is how long jobs waited in the queue: from the job's
+	// insertion to its first attempt (observed by the worker).
+	QueueWait prometheus.Histogram
+
+	// The door (enqueue serve), measured by httpserver.Observe: every
+	// request by its route (the ServeMux pattern) and status code, and
+	// its duration by route.
+	DoorRequests *prometheus.CounterVec
+	DoorDuration *prometheus.HistogramVec
 
 	// The SQS consumer (enqueue sqs).
 	SQSMessagesReceived prometheus.Counter
@@ -95,12 +108,39 @@ type Metrics struct {
 	ReconcileScans         *prometheus.CounterVec
 }
 
-// New creates the metrics on a fresh registry, with the Go and process
+// New creates the metrics of a worker (and of the one-shot and SQS and
+// reconcile commands) on a fresh registry, with the Go and process
 // collectors, and initialises every known series.
 func New() *Metrics {
+	m, all := build()
+	for _, c := range all {
+		if c != m.DoorRequests && c != m.DoorDuration {
+			m.Registry.MustRegister(c)
+		}
+	}
+	return m
+}
+
+// NewServe creates the metrics enqueue serve exports: its requests (by
+// route and code, their duration, and by outcome), the reservations it
+// makes, SNS confirmations, build info and the Go and process collectors.
+// The worker's lease, delivery, sweep and database-derived metrics are
+// created but not registered.
+func NewServe() *Metrics {
+	m, _ := build()
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations} {
+		m.Registry.MustRegister(c)
+	}
+	return m
+}
+
+// build creates every metric, initialises its known series, and returns
+// them with a registry holding only the Go and process collectors.
+func build() (*Metrics, []prometheus.Collector) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	var all []prometheus.Collector
+	f := func(c prometheus.Collector) { all = append(all, c) }
 	m := &Metrics{Registry: reg}
 
 	m.Reservations = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -167,8 +207,19 @@ func New() *Metrics {
 		Name: "ingest_database_stats_errors_total", Help: "Failed refreshes of the database-derived gauges.",
 	})
 	m.HTTPRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_http_requests_total", Help: "Upload notification requests by route and outcome.",
+		Name: "ingest_http_request_outcomes_total", Help: "Outcomes of the upload and cancel routes (one per folder of a notification) by route and outcome.",
 	}, []string{"route", "outcome"})
+	m.DoorRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_http_requests_total", Help: "HTTP requests answered by enqueue serve, by route (the ServeMux pattern; unmatched: none) and status code.",
+	}, []string{"route", "code"})
+	m.DoorDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "ingest_http_request_duration_seconds", Help: "Time from a request's headers to the end of its answer, by route (the ServeMux pattern).",
+		Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+	}, []string{"route"})
+	m.QueueWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ingest_queue_wait_seconds", Help: "Time ingest jobs waited in the queue, from the job's insertion to its first attempt (a sweeper redelivery is a new job).",
+		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600},
+	})
 
 	m.SNSConfirmations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_sns_subscription_confirmations_total",
@@ -180,7 +231,8 @@ func New() *Metrics {
 
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,
-		m.RunningBatches, m.StuckBatches, m.ParkedBatches, m.Sweeps, m.RecordsLoaded, m.BuildInfo, m.OldestRunningAge, m.QueueDepth, m.DatabaseStatsErrors, m.HTTPRequests} {
+		m.RunningBatches, m.StuckBatches, m.ParkedBatches, m.Sweeps, m.RecordsLoaded, m.BuildInfo, m.OldestRunningAge, m.QueueDepth, m.DatabaseStatsErrors, m.HTTPRequests,
+		m.QueueWait, m.DoorRequests, m.DoorDuration} {
 		f(c)
 	}
 	bi := buildinfo.Get()
@@ -213,7 +265,7 @@ func New() *Metrics {
 	for _, o := range CancelRequestOutcomes {
 		m.HTTPRequests.WithLabelValues("cancel", o)
 	}
-	return m
+	return m, all
 }
 
 func (m *Metrics) newSQS(f func(prometheus.Collector)) {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 )
 
@@ -73,6 +74,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, routeCancel, http.StatusUnprocessableEntity, "invalid", in.Field, in.Reason)
 		return
 	}
+	httpserver.SetTenant(w, req.TenantID)
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
 	res, err := s.cfg.Enqueuer.Cancel(ctx, req)
@@ -80,6 +82,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() != nil {
 			s.cfg.Logger.Info("client disconnected before the cancel finished", "route", routeCancel, "batch_id", id)
 			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeCancel, "client_closed").Inc()
+			httpserver.SetOutcome(w, "client_closed")
 			return
 		}
 		s.cfg.Logger.Error("cancel failed: database unavailable", "error", err, "batch_id", id)

@@ -190,7 +190,7 @@ func TestDoorRateLimitPerCredential(t *testing.T) {
 
 func httpCounter(t *testing.T, f *fixture, route, outcome string) float64 {
 	t.Helper()
-	return testutilCounter(t, f, "ingest_http_requests_total", map[string]string{"route": route, "outcome": outcome})
+	return testutilCounter(t, f, "ingest_http_request_outcomes_total", map[string]string{"route": route, "outcome": outcome})
 }
 
 func testutilCounter(t *testing.T, f *fixture, name string, labels map[string]string) float64 {

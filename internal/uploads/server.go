@@ -54,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
 )
@@ -302,6 +303,7 @@ type errorBody struct {
 
 func (s *Server) reply(w http.ResponseWriter, route string, status int, outcome string, body any) {
 	s.cfg.Metrics.HTTPRequests.WithLabelValues(route, outcome).Inc()
+	httpserver.SetOutcome(w, outcome)
 	writeJSON(w, status, body)
 }
 
@@ -467,6 +469,7 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req, refusal := ResolveImport(s.cfg.Mapping, in, s.cfg.AllowLocalFolders)
+	httpserver.SetTenant(w, req.TenantID)
 	if refusal != nil {
 		s.cfg.Logger.Warn("import refused", "field", refusal.Field, "error", refusal.Reason)
 		s.reply(w, routeImports, http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: "invalid_input", Field: refusal.Field, Error: refusal.Reason})
@@ -644,12 +647,21 @@ func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Pla
 			res.Outcome, res.Field, res.Reason = b.Outcome, b.Field, b.Error
 		}
 	}
-	worst := http.StatusOK
-	for _, res := range results {
-		if severity[res.status] > severity[worst] {
-			worst = res.status
+	worst, worstOutcome, tenant := http.StatusOK, "", ""
+	for i, res := range results {
+		if severity[res.status] > severity[worst] || (worstOutcome == "" && res.status == worst) {
+			worst, worstOutcome = res.status, res.Outcome
+		}
+		if i < len(plans) && plans[i].Request.TenantID != "" {
+			if tenant == "" || tenant == plans[i].Request.TenantID {
+				tenant = plans[i].Request.TenantID
+			} else {
+				tenant = "(several)"
+			}
 		}
 	}
+	httpserver.SetOutcome(w, worstOutcome)
+	httpserver.SetTenant(w, tenant)
 	if worst >= http.StatusInternalServerError || worst == statusClientClosed {
 		// The sender retries a 5xx (or after hanging up) with the same
 		// signature: let it through.

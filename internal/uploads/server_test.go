@@ -355,7 +355,7 @@ func counterValue(t *testing.T, m *metrics.Metrics, route, outcome string) float
 	families, err := m.Registry.Gather()
 	require.NoError(t, err)
 	for _, fam := range families {
-		if fam.GetName() != "ingest_http_requests_total" {
+		if fam.GetName() != "ingest_http_request_outcomes_total" {
 			continue
 		}
 		for _, mt := range fam.GetMetric() {
