@@ -77,7 +77,7 @@ func printJSON(w io.Writer, v any) {
 func connect(c *enqueueCLI, e *cli.Env) (*pgxpool.Pool, error) {
 	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
-	pool, err := cli.Connect(ctx, c.DatabaseURL, c.Timeout, nil)
+	pool, err := c.Globals.Connect(ctx, c.Timeout, nil)
 	if errors.Is(err, cli.ErrNoDatabaseURL) {
 		printJSON(e.Stdout, map[string]string{"outcome": "invalid_input", "field": "database_url", "error": err.Error()})
 		return nil, cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
@@ -282,7 +282,7 @@ func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return err
 	}
 	defer pool.Close()
-	stamps, _, closeStamps, err := r.Flags.OpenStamps(e.Ctx, e.Logger)
+	stamps, _, closeStamps, err := r.Flags.OpenStamps(e.Ctx, c.DatabasePooler, e.Logger)
 	if err != nil {
 		return invalidFlag(e, err)
 	}

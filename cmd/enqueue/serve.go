@@ -86,7 +86,7 @@ func refuseConfigSetting(e *cli.Env, fields map[string]string, setting, reason, 
 // (at most maxConns connections; the database must answer at start) and
 // the enqueuer on it. The caller closes the pool.
 func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int) (*pgxpool.Pool, *jobs.Enqueuer, error) {
-	pool, err := cli.Connect(e.Ctx, c.DatabaseURL, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(maxConns) })
+	pool, err := c.Globals.Connect(e.Ctx, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(maxConns) })
 	if err != nil {
 		return nil, nil, err
 	}

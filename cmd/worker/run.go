@@ -62,6 +62,11 @@ func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
 	if m.LockAttempts < 1 || m.LockAttempts > 1000 {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--lock-attempts: must be between 1 and 1000")}
 	}
+	if g.DatabasePooler.Transactional() {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: errors.New("--database-pooler: worker migrate needs a direct connection to PostgreSQL " +
+			"(it holds a session advisory lock and session settings for its whole run, which a pooler in transaction mode would drop): " +
+			"run it with --database-pooler none and a DATABASE_URL that bypasses the pooler")}
+	}
 	cfg := migrations.Config{LockTimeout: m.LockTimeout, LockAttempts: m.LockAttempts, Logger: e.Logger}
 	err := m.apply(g, e, cfg)
 	var lte *migrations.LockTimeoutError
@@ -74,7 +79,7 @@ func (m *migrateCmd) Run(g *cli.Globals, e *cli.Env) error {
 func (m *migrateCmd) apply(g *cli.Globals, e *cli.Env, cfg migrations.Config) error {
 	ctx, cancel := context.WithTimeout(e.Ctx, m.Timeout)
 	defer cancel()
-	pool, err := g.Connect(ctx, 10*time.Second)
+	pool, err := g.Connect(ctx, 10*time.Second, nil)
 	if errors.Is(err, cli.ErrNoDatabaseURL) {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
@@ -109,7 +114,7 @@ func (m *migrateCmd) apply(g *cli.Globals, e *cli.Env, cfg migrations.Config) er
 	default:
 		whPool := pool
 		if m.WarehouseURL != "" && m.WarehouseURL != g.DatabaseURL {
-			if whPool, err = cli.Connect(ctx, m.WarehouseURL, 10*time.Second, nil); err != nil {
+			if whPool, err = cli.Connect(ctx, m.WarehouseURL, cli.PoolerNone, 10*time.Second, nil); err != nil {
 				return fmt.Errorf("warehouse: %w", err)
 			}
 			defer whPool.Close()

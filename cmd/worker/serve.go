@@ -32,6 +32,7 @@ type runCmd struct {
 	LeaseTTL             time.Duration `name:"lease-ttl" env:"LEASE_TTL" default:"30s" help:"Execution lease duration, on the database clock."`
 	LeaseRenewEvery      time.Duration `name:"lease-renew-every" env:"LEASE_RENEW_EVERY" default:"10s" help:"Heartbeat period; must be shorter than --lease-ttl."`
 	LeaseSafetyMargin    time.Duration `name:"lease-safety-margin" env:"LEASE_SAFETY_MARGIN" help:"How long before its lease's expiry (as its last renewal reported it) a delivery stops working, and how much of its term must be left, by the database clock, for a warehouse commit to start. Default (0): a tenth of --lease-ttl, at least a quarter of --lease-renew-every (3s with the defaults). Must be shorter than --lease-ttl minus --lease-renew-every."`
+	MaxRunningPerTenant  int           `name:"max-running-per-tenant" env:"MAX_RUNNING_PER_TENANT" default:"0" help:"Fairness between tenants: while another tenant's batch waits for a worker, one tenant's batches running at once across the fleet (holding a lease) are at most this many; a delivery over it is snoozed (not an attempt) and the tenant's queued jobs drop to River's lowest priority. A tenant alone uses every worker. Decided in PostgreSQL. 0: no cap."`
 	Concurrency          int           `name:"concurrency" env:"CONCURRENCY" default:"4" help:"Batches this process works at once."`
 	ShutdownGrace        time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"25s" help:"On SIGTERM, how long running batches may finish before they are cancelled and left resumable."`
 	SweepInterval        time.Duration `name:"sweep-interval" env:"SWEEP_INTERVAL" default:"5s" help:"How often to look for Running batches whose lease expired (crashed workers) or that are orphaned."`
@@ -45,7 +46,7 @@ type runCmd struct {
 	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
 	MaxColumns           int           `name:"max-columns" env:"MAX_COLUMNS" default:"4096" help:"Most columns of a CSV record; a folder with more fails failed_pre_commit."`
 	MaxRecordExpansion   int           `name:"max-record-expansion" env:"MAX_RECORD_EXPANSION" default:"32" help:"Most times its CSV bytes a CSV record, and a CSV object's records together, may become as JSON, plus 4 KiB (every record repeats the header's column names); a folder with more fails failed_pre_commit. Between 2 and 1024."`
-	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Connections this process opens to the operational database: the lease pool (concurrency + 2: acquisitions, releases, lease checks and the one renewal statement per period) and the rest for River, pipeline writes, the sweeper and gauges. Default 3 × --concurrency + 6; at least 2 × --concurrency + 6. The PostgreSQL warehouse has a pool of its own (concurrency + 1), on the same server unless --warehouse-url names another."`
+	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Most connections this process holds to PostgreSQL (or the pooler in front of it), busy or idle: one for lease renewals, the PostgreSQL warehouse's loads (--max-conns − 4, at most --concurrency; none with Redshift) and the rest (3, or --max-conns − 1 with Redshift) for River, lease acquisitions and checks, pipeline writes, the sweeper and gauges. Default --concurrency / 2 + 4 (rounded down); at least 4."`
 	PathPattern          string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company; a batch whose tenant, database or company differs from what its folder's path names is parked unread. Use the same pattern as enqueue serve."`
 	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
 	DevLocal             bool          `name:"dev-allow-local-folders" help:"Also read file:// and mem:// folders. Development only: a file:// batch loads a directory of this host into the warehouse. Without it such batches are parked unread."`
@@ -54,15 +55,42 @@ type runCmd struct {
 	warehousecli.Flags
 }
 
-// pools returns the sizes of the operational pools for r's concurrency and
-// --max-conns: the lease pool and the main pool.
-func (r *runCmd) pools() (leases, main int32) {
-	leases = int32(r.Concurrency + 2)
+// minMaxConns is the smallest --max-conns: the renewal connection, two for
+// River and the deliveries' short statements, one for a load.
+const minMaxConns = 4
+
+// connBudget is how a worker's connections to PostgreSQL are split.
+type connBudget struct {
+	// Renewals is the lease renewer's own connection.
+	Renewals int32
+	// Loads is the PostgreSQL warehouse's pool: each load holds one
+	// connection for its whole transaction (the COPY streams the folder),
+	// so at most Loads batches load at once. 0 with Redshift, whose loads
+	// hold no connection.
+	Loads int32
+	// Main is everything else: River (fetches, completions, leader
+	// election, maintenance, and its LISTEN connection unless
+	// --database-pooler transaction), lease acquisitions, checks and
+	// releases, pipeline writes, the sweeper and the gauges. Each holds a
+	// connection only for a statement or a short transaction.
+	Main int32
+}
+
+// Total is the most connections the worker holds.
+func (b connBudget) Total() int32 { return b.Renewals + b.Loads + b.Main }
+
+// budget splits --max-conns (default concurrency/2 + 4) between the pools.
+func (r *runCmd) budget() connBudget {
 	total := r.MaxConns
 	if total == 0 {
-		total = 3*r.Concurrency + 6
+		total = r.Concurrency/2 + minMaxConns
 	}
-	return leases, int32(total) - leases
+	b := connBudget{Renewals: 1}
+	if !r.IsRedshift() {
+		b.Loads = int32(max(min(total-minMaxConns, r.Concurrency), 1))
+	}
+	b.Main = int32(total) - b.Renewals - b.Loads
+	return b
 }
 
 // mapping is the worker's own rule for which folders it reads, as whose.
@@ -80,10 +108,12 @@ func (r *runCmd) validate() error {
 		return fmt.Errorf("--lease-safety-margin (%s) must be at least 0 and shorter than --lease-ttl minus --lease-renew-every (%s): a lease renewed on time must not reach it", r.LeaseSafetyMargin, r.LeaseTTL-r.LeaseRenewEvery)
 	case r.Concurrency < 1 || r.Concurrency > 256:
 		return errors.New("--concurrency must be between 1 and 256")
+	case r.MaxRunningPerTenant < 0:
+		return errors.New("--max-running-per-tenant must not be negative (0: no cap)")
 	case r.ShutdownGrace < 0:
 		return errors.New("--shutdown-grace must not be negative")
-	case r.MaxConns != 0 && r.MaxConns < 2*r.Concurrency+6:
-		return fmt.Errorf("--max-conns (%d) must be at least 2 × --concurrency + 6 = %d", r.MaxConns, 2*r.Concurrency+6)
+	case r.MaxConns != 0 && r.MaxConns < minMaxConns:
+		return fmt.Errorf("--max-conns (%d) must be at least %d", r.MaxConns, minMaxConns)
 	case r.MetricsMaxConns < 1:
 		return errors.New("--metrics-max-conns must be at least 1")
 	case r.MaxRecordBytes < 1024 || r.MaxColumns < 1:
@@ -118,11 +148,20 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	log := e.Logger.With("worker", r.Name)
 	ctx := e.Ctx
 
-	sized := func(n int32) func(*pgxpool.Config) {
-		return func(c *pgxpool.Config) { c.MaxConns = n }
+	sized := func(n int32, name string) func(*pgxpool.Config) {
+		return func(c *pgxpool.Config) {
+			c.MaxConns = n
+			c.MinConns = 0
+			// Connections idle for a while are closed, so an idle worker
+			// holds few.
+			c.MaxConnIdleTime = time.Minute
+			if c.ConnConfig.RuntimeParams["application_name"] == "" {
+				c.ConnConfig.RuntimeParams["application_name"] = "fleet-worker:" + name
+			}
+		}
 	}
-	leaseConns, mainConns := r.pools()
-	pool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(mainConns))
+	conns := r.budget()
+	pool, err := g.Connect(ctx, 10*time.Second, sized(conns.Main, r.Name))
 	if err != nil {
 		return err
 	}
@@ -130,14 +169,14 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	if err := migrations.RequireCurrent(ctx, pool); err != nil {
 		return err
 	}
-	// Lease operations get connections of their own so renewals never wait
-	// behind pipeline work.
-	hbPool, err := cli.Connect(ctx, g.DatabaseURL, 10*time.Second, sized(leaseConns))
+	// Renewals get a connection of their own so the one renewal statement
+	// per period never queues behind deliveries (see lease.Store.WithRenewals).
+	renewPool, err := g.Connect(ctx, 10*time.Second, sized(conns.Renewals, r.Name))
 	if err != nil {
 		return err
 	}
-	defer hbPool.Close()
-	wh, whName, closeWarehouse, err := r.Flags.Open(ctx, g.DatabaseURL, int32(r.Concurrency+1), log)
+	defer renewPool.Close()
+	wh, whName, closeWarehouse, err := r.Flags.Open(ctx, g.DatabaseURL, g.DatabasePooler, max(conns.Loads, 1), log)
 	if err != nil {
 		return warehousecli.ExitError(err)
 	}
@@ -146,7 +185,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	m := metrics.New()
 	worker, err := jobs.NewIngestWorker(jobs.WorkerConfig{
 		Store:  batch.NewStore(pool),
-		Leases: lease.NewStore(hbPool),
+		Leases: lease.NewStore(pool).WithRenewals(renewPool),
 		Pipelines: pipeline.Registry{
 			batch.SourceTypeFleetS3: &fleet.Pipeline{
 				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns, MaxRecordExpansion: r.MaxRecordExpansion}},
@@ -155,20 +194,22 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 				Mapping:       r.mapping(), AllowLocalFolders: r.DevLocal,
 			},
 		},
-		LeaseTTL:          r.LeaseTTL,
-		RenewEvery:        r.LeaseRenewEvery,
-		LeaseSafetyMargin: r.LeaseSafetyMargin,
-		HolderPrefix:      r.Name,
-		Clock:             offsetClock(r.ClockOffset),
-		Metrics:           m,
-		Logger:            log,
+		LeaseTTL:            r.LeaseTTL,
+		RenewEvery:          r.LeaseRenewEvery,
+		LeaseSafetyMargin:   r.LeaseSafetyMargin,
+		MaxRunningPerTenant: r.MaxRunningPerTenant,
+		FairnessDB:          pool,
+		HolderPrefix:        r.Name,
+		Clock:               offsetClock(r.ClockOffset),
+		Metrics:             m,
+		Logger:              log,
 	})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
 	}
 	client, err := jobs.NewWorkerClient(pool, worker, jobs.ClientConfig{
 		Concurrency: r.Concurrency, RescueStuckJobsAfter: r.RescueStuckJobsAfter,
-		FetchPollInterval: r.PollInterval, ID: r.Name, Logger: log,
+		FetchPollInterval: r.PollInterval, PollOnly: g.DatabasePooler.RiverPollOnly(), ID: r.Name, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -201,7 +242,7 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	ready.Store(true)
 	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl", r.LeaseTTL, "lease_renew_every", r.LeaseRenewEvery,
 		"lease_safety_margin", cmp.Or(r.LeaseSafetyMargin, lease.DefaultSafetyMargin(r.LeaseTTL, r.LeaseRenewEvery)),
-		"max_conns", leaseConns+mainConns,
+		"max_conns", conns.Total(), "warehouse_load_conns", conns.Loads, "database_pooler", string(g.DatabasePooler),
 		"database", cli.Redact(g.DatabaseURL), "warehouse", whName)
 
 	<-ctx.Done()

@@ -36,10 +36,11 @@ const (
 
 // Globals are the flags every command has.
 type Globals struct {
-	DatabaseURL string           `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection string of the operational database (env DATABASE_URL)."`
-	LogFormat   string           `name:"log-format" env:"LOG_FORMAT" enum:"json,text" default:"json" help:"Log format on stderr: json or text."`
-	LogLevel    string           `name:"log-level" env:"LOG_LEVEL" enum:"debug,info,warn,error" default:"info" help:"Minimum log level."`
-	Version     kong.VersionFlag `name:"version" help:"Print the build (version, revision, Go version) and exit."`
+	DatabaseURL    string           `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL connection string of the operational database (env DATABASE_URL)."`
+	DatabasePooler Pooler           `name:"database-pooler" env:"DATABASE_POOLER" enum:"none,transaction" default:"none" help:"What is between this process and PostgreSQL: none (a direct connection), or transaction (PgBouncer in transaction pooling mode, or RDS Proxy): then no named prepared statements and no LISTEN (River polls). worker migrate refuses it: it needs a direct connection."`
+	LogFormat      string           `name:"log-format" env:"LOG_FORMAT" enum:"json,text" default:"json" help:"Log format on stderr: json or text."`
+	LogLevel       string           `name:"log-level" env:"LOG_LEVEL" enum:"debug,info,warn,error" default:"info" help:"Minimum log level."`
+	Version        kong.VersionFlag `name:"version" help:"Print the build (version, revision, Go version) and exit."`
 }
 
 // Logger returns the slog logger the flags describe, writing to w.
@@ -72,16 +73,18 @@ func durationsAsSeconds(_ []string, a slog.Attr) slog.Attr {
 // is set.
 var ErrNoDatabaseURL = errors.New("no database: set DATABASE_URL or pass --database-url")
 
-// Connect opens a pool on the operational database and checks that it
-// answers within timeout. Errors never include the password.
-func (g *Globals) Connect(ctx context.Context, timeout time.Duration) (*pgxpool.Pool, error) {
-	return Connect(ctx, g.DatabaseURL, timeout, nil)
+// Connect opens a pool on the operational database, through the pooler
+// the flags name, lets configure adjust its configuration, and checks that
+// it answers within timeout. Errors never include the password.
+func (g *Globals) Connect(ctx context.Context, timeout time.Duration, configure func(*pgxpool.Config)) (*pgxpool.Pool, error) {
+	return Connect(ctx, g.DatabaseURL, g.DatabasePooler, timeout, configure)
 }
 
-// Connect opens a pool on databaseURL, lets configure adjust its
-// configuration, and pings it within timeout. Errors never include the
-// password.
-func Connect(ctx context.Context, databaseURL string, timeout time.Duration, configure func(*pgxpool.Config)) (*pgxpool.Pool, error) {
+// Connect opens a pool on databaseURL as pooler requires (see Pooler), lets
+// configure adjust its configuration, and pings it within timeout. Errors
+// never include the password. It is the one place the binaries open
+// database pools.
+func Connect(ctx context.Context, databaseURL string, pooler Pooler, timeout time.Duration, configure func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	if databaseURL == "" {
 		return nil, ErrNoDatabaseURL
 	}
@@ -95,6 +98,7 @@ func Connect(ctx context.Context, databaseURL string, timeout time.Duration, con
 	if configure != nil {
 		configure(cfg)
 	}
+	pooler.configure(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening database %s: %w", Redact(databaseURL), err)

@@ -22,12 +22,12 @@ func TestRedact(t *testing.T) {
 
 func TestConnectErrorsHideThePassword(t *testing.T) {
 	t.Parallel()
-	_, err := Connect(context.Background(), "postgres://u:s3cr3tpw@127.0.0.1:1/db", 2*time.Second, nil)
+	_, err := Connect(context.Background(), "postgres://u:s3cr3tpw@127.0.0.1:1/db", PoolerNone, 2*time.Second, nil)
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "s3cr3tpw")
-	_, err = Connect(context.Background(), "postgres://u:s3cr3tpw@127.0.0.1:notaport/db", time.Second, nil)
+	_, err = Connect(context.Background(), "postgres://u:s3cr3tpw@127.0.0.1:notaport/db", PoolerNone, time.Second, nil)
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "s3cr3tpw")
-	_, err = Connect(context.Background(), "", time.Second, nil)
+	_, err = Connect(context.Background(), "", PoolerNone, time.Second, nil)
 	require.ErrorIs(t, err, ErrNoDatabaseURL)
 }

@@ -21,6 +21,11 @@ type ClientConfig struct {
 	// FetchPollInterval defaults to River's (1 s); LISTEN/NOTIFY usually
 	// wakes workers sooner.
 	FetchPollInterval time.Duration
+	// PollOnly makes River poll for jobs every FetchPollInterval and never
+	// LISTEN: what a pooler in transaction mode requires (LISTEN through it
+	// would silently receive nothing). Leadership changes are then noticed
+	// within River's poll period (5 s) instead of at once.
+	PollOnly bool
 	// ID identifies the client in River (e.g. the pod name).
 	ID     string
 	Logger *slog.Logger
@@ -39,6 +44,7 @@ func NewWorkerClient(pool *pgxpool.Pool, w *IngestWorker, cfg ClientConfig) (*ri
 		JobTimeout:           -1,
 		RescueStuckJobsAfter: cfg.RescueStuckJobsAfter,
 		FetchPollInterval:    cfg.FetchPollInterval,
+		PollOnly:             cfg.PollOnly,
 		Logger:               cfg.Logger,
 	})
 }

@@ -23,11 +23,22 @@ type DB interface {
 
 // Store acquires, renews and releases execution leases.
 type Store struct {
-	db DB
+	db       DB
+	renewals DB // Renew and RenewMany; db unless WithRenewals
 }
 
 // NewStore returns a lease store working on db.
-func NewStore(db DB) *Store { return &Store{db: db} }
+func NewStore(db DB) *Store { return &Store{db: db, renewals: db} }
+
+// WithRenewals returns a store that renews terms (Renew, RenewMany) on db
+// and does everything else on the receiver's. A worker gives its renewals a
+// connection of their own (a pool of one): however many deliveries wait for
+// connections or for row locks, the one renewal statement per period never
+// queues behind them, and it holds that connection only for a statement
+// that waits for no lock (SKIP LOCKED). RenewWaiting, the per-term fallback
+// that does wait for a row lock (at most a second), stays on the
+// receiver's db so it cannot hold the renewal connection.
+func (s *Store) WithRenewals(db DB) *Store { return &Store{db: s.db, renewals: db} }
 
 // Lease is one term of an execution lease, as held by one delivery.
 type Lease struct {
@@ -218,7 +229,7 @@ func (s *Store) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, b
 	if ttl <= 0 {
 		return l, false, ErrInvalidTTL
 	}
-	err := s.db.QueryRow(ctx, renewSQL, l.BatchID, l.HolderID, l.Generation, ttl.Microseconds()).Scan(&l.ExpiresAt, &l.RenewedAt)
+	err := s.renewals.QueryRow(ctx, renewSQL, l.BatchID, l.HolderID, l.Generation, ttl.Microseconds()).Scan(&l.ExpiresAt, &l.RenewedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, false, nil
 	}
@@ -346,7 +357,7 @@ func (s *Store) RenewMany(ctx context.Context, leases []Lease, ttl time.Duration
 		busy     bool
 	}
 	results := make(map[key]result, len(leases))
-	rows, err := s.db.Query(ctx, renewManySQL, ids, holders, gens, ttl.Microseconds())
+	rows, err := s.renewals.Query(ctx, renewManySQL, ids, holders, gens, ttl.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("renewing %d leases: %w", len(leases), err)
 	}

@@ -130,7 +130,7 @@ func (f *Flags) Validate(loading bool) error {
 // Open returns the warehouse to load into, a description of it for logs
 // (no secrets) and a function releasing it. The PostgreSQL warehouse gets a
 // pool of poolSize connections on --warehouse-url, or on databaseURL.
-func (f *Flags) Open(ctx context.Context, databaseURL string, poolSize int32, log *slog.Logger) (warehouse.Warehouse, string, func(), error) {
+func (f *Flags) Open(ctx context.Context, databaseURL string, pooler cli.Pooler, poolSize int32, log *slog.Logger) (warehouse.Warehouse, string, func(), error) {
 	if err := f.Validate(true); err != nil {
 		return nil, "", nil, err
 	}
@@ -142,7 +142,7 @@ func (f *Flags) Open(ctx context.Context, databaseURL string, poolSize int32, lo
 		}
 		return wh, describe(cfg) + " staging " + cfg.Staging, func() {}, nil
 	}
-	pool, url, err := f.connect(ctx, databaseURL, poolSize)
+	pool, url, err := f.connect(ctx, databaseURL, pooler, poolSize)
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -159,7 +159,7 @@ func (f *Flags) Open(ctx context.Context, databaseURL string, poolSize int32, lo
 // needs), a description of it for logs and a function releasing it. For
 // PostgreSQL it connects to --warehouse-url; with none it returns nil: the
 // caller reads the stamps on the operational database it already holds.
-func (f *Flags) OpenStamps(ctx context.Context, log *slog.Logger) (warehouse.StampReader, string, func(), error) {
+func (f *Flags) OpenStamps(ctx context.Context, pooler cli.Pooler, log *slog.Logger) (warehouse.StampReader, string, func(), error) {
 	if err := f.Validate(false); err != nil {
 		return nil, "", nil, err
 	}
@@ -174,7 +174,7 @@ func (f *Flags) OpenStamps(ctx context.Context, log *slog.Logger) (warehouse.Sta
 	if f.WarehouseURL == "" {
 		return nil, "", func() {}, nil
 	}
-	pool, url, err := f.connect(ctx, "", 2)
+	pool, url, err := f.connect(ctx, "", pooler, 2)
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -190,13 +190,14 @@ func (f *Flags) OpenMigrator(ctx context.Context, log *slog.Logger) (*redshift.M
 	return m, flagError(err)
 }
 
-// connect opens a pool on --warehouse-url, or on databaseURL without one.
-func (f *Flags) connect(ctx context.Context, databaseURL string, poolSize int32) (*pgxpool.Pool, string, error) {
+// connect opens a pool on --warehouse-url, or on databaseURL without one,
+// through pooler (--database-pooler applies to both).
+func (f *Flags) connect(ctx context.Context, databaseURL string, pooler cli.Pooler, poolSize int32) (*pgxpool.Pool, string, error) {
 	url := f.WarehouseURL
 	if url == "" {
 		url = databaseURL
 	}
-	pool, err := cli.Connect(ctx, url, 10*time.Second, func(c *pgxpool.Config) { c.MaxConns = poolSize })
+	pool, err := cli.Connect(ctx, url, pooler, 10*time.Second, func(c *pgxpool.Config) { c.MaxConns = poolSize })
 	if err != nil {
 		return nil, "", fmt.Errorf("warehouse: %w", err)
 	}
