@@ -65,6 +65,46 @@ func RefreshStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) e
 	for _, s := range metrics.JobStates {
 		m.QueueDepth.WithLabelValues(s).Set(depth[s])
 	}
+	return refreshTenantStats(ctx, pool, m)
+}
+
+// tenantStatsQuery counts each tenant's Running scoped batches that hold a
+// live lease and those that wait for one (parked batches wait for an
+// operator, not a worker, and are left out).
+const tenantStatsQuery = `
+	SELECT tenant_id,
+	       count(*) FILTER (WHERE execution_lease_id IS NOT NULL AND execution_lease_expires_at > now()),
+	       count(*) FILTER (WHERE parked_at IS NULL AND (execution_lease_id IS NULL OR execution_lease_expires_at <= now()))
+	FROM ingestion_batches
+	WHERE status = 'Running' AND source_scope IS NOT NULL
+	GROUP BY tenant_id`
+
+func refreshTenantStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) error {
+	rows, err := pool.Query(ctx, tenantStatsQuery)
+	if err != nil {
+		return err
+	}
+	type counts struct{ running, waiting int64 }
+	seen := map[string]counts{}
+	for rows.Next() {
+		var (
+			tenant string
+			c      counts
+		)
+		if err := rows.Scan(&tenant, &c.running, &c.waiting); err != nil {
+			rows.Close()
+			return err
+		}
+		seen[tenant] = c
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	m.TenantBatches.Reset()
+	for tenant, c := range seen {
+		m.TenantBatches.WithLabelValues(tenant, "running").Set(float64(c.running))
+		m.TenantBatches.WithLabelValues(tenant, "waiting").Set(float64(c.waiting))
+	}
 	return nil
 }
 

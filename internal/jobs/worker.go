@@ -59,8 +59,15 @@ type WorkerConfig struct {
 	// Clock reads the local clock for lease deadlines. Defaults to
 	// time.Now; tests skew it.
 	Clock   func() time.Time
-	Metrics *metrics.Metrics
-	Logger  *slog.Logger
+	// MaxRunningPerTenant caps the batches of one tenant that hold a lease
+	// across the fleet while another tenant's work waits (see fairness.go);
+	// 0 means no cap. It needs FairnessDB.
+	MaxRunningPerTenant int
+	// FairnessDB runs the capped acquisitions' transactions (the lease
+	// pool).
+	FairnessDB lease.DB
+	Metrics    *metrics.Metrics
+	Logger     *slog.Logger
 }
 
 func (c *WorkerConfig) validate() error {
@@ -81,6 +88,10 @@ func (c *WorkerConfig) validate() error {
 	switch {
 	case c.Store == nil || c.Leases == nil:
 		return errors.New("jobs: Store and Leases are required")
+	case c.MaxRunningPerTenant < 0:
+		return errors.New("jobs: MaxRunningPerTenant must not be negative")
+	case c.MaxRunningPerTenant > 0 && c.FairnessDB == nil:
+		return errors.New("jobs: MaxRunningPerTenant needs FairnessDB")
 	case c.RenewEvery >= c.LeaseTTL:
 		return fmt.Errorf("jobs: lease renewal period %s must be shorter than the lease TTL %s", c.RenewEvery, c.LeaseTTL)
 	}
@@ -154,10 +165,28 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 	m, log := w.cfg.Metrics, w.cfg.Logger.With("job_id", job.ID, "batch_id", job.Args.BatchID, "attempt", job.Attempt)
 	observeQueueWait(m, job.JobRow)
 	holder := w.holderID(job)
-	a, held, err := w.renewer.Acquire(ctx, job.Args.BatchID, holder)
+	var (
+		a    lease.Acquisition
+		held *lease.Holding
+		over *deferral
+		err  error
+	)
+	if w.cfg.MaxRunningPerTenant > 0 {
+		a, held, over, err = w.acquireFair(ctx, job.Args.BatchID, job.ID, holder)
+	} else {
+		a, held, err = w.renewer.Acquire(ctx, job.Args.BatchID, holder)
+	}
 	if err != nil {
 		m.Deliveries.WithLabelValues("retry").Inc()
 		return err
+	}
+	if over != nil {
+		m.Deliveries.WithLabelValues("snoozed_tenant_cap").Inc()
+		m.TenantCapDeferrals.Inc()
+		log.Info("tenant at its cap of running batches while another tenant waits: snoozing",
+			"tenant_id", over.tenant, "running", over.running, "cap", w.cfg.MaxRunningPerTenant,
+			"demoted_jobs", over.demoted, "snooze", minSnoozeDefault)
+		return river.JobSnooze(minSnoozeDefault)
 	}
 	switch a.Outcome {
 	case lease.NotFound:

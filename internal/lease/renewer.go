@@ -146,6 +146,21 @@ func (r *Renewer) Acquire(ctx context.Context, batchID int64, holderID string) (
 	return a, r.hold(ctx, a.Lease, sent), nil
 }
 
+// AcquireOn is Acquire run on db, typically a transaction the caller
+// commits after it (see package jobs: the per-tenant cap decides and
+// acquires in one transaction). The term is held, and renewed through the
+// Renewer's own store, from the moment the acquisition statement answers;
+// a caller whose transaction then fails to commit must Close the Holding
+// (the acquisition never happened, and renewals of it find nothing).
+func (r *Renewer) AcquireOn(ctx context.Context, db DB, batchID int64, holderID string) (Acquisition, *Holding, error) {
+	sent := r.cfg.Clock()
+	a, err := NewStore(db).Acquire(ctx, batchID, holderID, r.cfg.TTL)
+	if err != nil || a.Outcome != Acquired {
+		return a, nil, err
+	}
+	return a, r.hold(ctx, a.Lease, sent), nil
+}
+
 // Holding is one term held through a Renewer by one delivery.
 type Holding struct {
 	r      *Renewer

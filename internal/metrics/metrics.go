@@ -26,7 +26,7 @@ var (
 	ResumeOutcomes      = []string{"resumed", "conflict", "not_resumable", "not_found", "enqueue_failed"}
 	AcquireOutcomes     = []string{"acquired", "taken_over", "contended", "terminal", "not_found"}
 	RenewalOutcomes     = []string{"renewed", "lost", "error", "busy"}
-	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "failed", "retry", "lease_lost", "cancelled", "parked"}
+	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "snoozed_tenant_cap", "failed", "retry", "lease_lost", "cancelled", "parked"}
 	BatchOutcomes       = []string{"succeeded", "failed"}
 	Phases              = []string{"load", "publish"}
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
@@ -36,6 +36,11 @@ var (
 	// CancelRequestOutcomes are the outcomes of POST /v1/batches/{id}/cancel.
 	CancelRequestOutcomes = []string{"cancelled", "not_cancellable", "not_found", "invalid", "unauthorized", "forbidden", "not_served", "unavailable", "client_closed"}
 )
+
+// DoorRoutes are enqueue serve's routes (ServeMux patterns) whose request
+// series are initialised: their duration, their success code and the 5xx
+// codes the door-errors alert watches.
+var DoorRoutes = map[string]string{"POST /v1/imports": "202", "POST /v1/events/s3": "200", "POST /v1/batches/{id}/cancel": "200"}
 
 // SNSConfirmationOutcomes label ingest_sns_subscription_confirmations_total.
 var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "invalid", "topic_not_accepted"}
@@ -90,6 +95,10 @@ type Metrics struct {
 	// its duration by route.
 	DoorRequests *prometheus.CounterVec
 	DoorDuration *prometheus.HistogramVec
+
+	// Fairness between tenants (worker run --max-running-per-tenant).
+	TenantCapDeferrals prometheus.Counter
+	TenantBatches      *prometheus.GaugeVec
 
 	// The SQS consumer (enqueue sqs).
 	SQSMessagesReceived prometheus.Counter
@@ -228,6 +237,7 @@ func build() (*Metrics, []prometheus.Collector) {
 	f(m.SNSConfirmations)
 	m.newSQS(f)
 	m.newReconcile(f)
+	m.newFairness(f)
 
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,
@@ -264,6 +274,12 @@ func build() (*Metrics, []prometheus.Collector) {
 	}
 	for _, o := range CancelRequestOutcomes {
 		m.HTTPRequests.WithLabelValues("cancel", o)
+	}
+	for route, ok := range DoorRoutes {
+		m.DoorDuration.WithLabelValues(route)
+		for _, code := range []string{ok, "500", "503"} {
+			m.DoorRequests.WithLabelValues(route, code)
+		}
 	}
 	return m, all
 }
