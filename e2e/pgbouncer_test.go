@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/pgbouncertest"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+// pooled is the environment of a binary reaching PostgreSQL through a
+// pooler in transaction mode.
+var pooled = []string{"DATABASE_POOLER=transaction"}
+
+// runEnqueueEnv is runEnqueue with environment beyond DATABASE_URL.
+func runEnqueueEnv(t *testing.T, dbURL string, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "enqueue"), args...)
+	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL, "LOG_LEVEL=warn"), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exitErr *exec.ExitError
+	if err != nil && !errors.As(err, &exitErr) {
+		t.Fatalf("running enqueue: %v", err)
+	}
+	if testing.Verbose() && stderr.Len() > 0 {
+		t.Logf("enqueue %s stderr: %s", strings.Join(args, " "), stderr.String())
+	}
+	return stdout.String(), cmd.ProcessState.ExitCode()
+}
+
+// TestPgBouncerWithoutThePoolerSettingFails shows what the setting is for,
+// and that the harness's PgBouncer really hands one server connection to
+// successive clients: with pgx's default statement cache, the second
+// process to import through a PgBouncer of one server connection finds the
+// first one's prepared statement there.
+func TestPgBouncerWithoutThePoolerSettingFails(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 1})
+	bURL := b.URL(t, dbURL)
+
+	failed := 0
+	var outs []string
+	for range 3 {
+		out, code := runEnqueueEnv(t, bURL, nil, importArgs("tenant-a", writeFolder(t, sample))...)
+		if code != 0 {
+			failed++
+			outs = append(outs, out)
+		}
+	}
+	require.NotZero(t, failed, "without --database-pooler transaction, imports through PgBouncer in transaction mode fail")
+	require.Contains(t, strings.Join(outs, "\n"), `prepared statement \"stmtcache_`)
+
+	for range 3 {
+		out, code := runEnqueueEnv(t, bURL, pooled, importArgs("tenant-b", writeFolder(t, sample))...)
+		require.Equal(t, 0, code, out)
+	}
+}
+
+// TestEveryBinaryThroughPgBouncer runs the happy path with every process
+// connected through PgBouncer in transaction mode (--database-pooler
+// transaction) and a server pool smaller than the clients, so their
+// transactions keep changing server connections: two workers, enqueue
+// import, import --from-file, enqueue serve, status, list, cancel and
+// retry. worker migrate refuses the setting.
+func TestEveryBinaryThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL) // direct, for the test's own reads
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 6})
+	bURL := b.URL(t, dbURL)
+
+	out, code := runWorkerCommand(t, bURL, "migrate", "--database-pooler", "transaction")
+	require.Equal(t, 2, code, "worker migrate refuses a pooler in transaction mode: %s", out)
+	require.Contains(t, out, "needs a direct connection")
+
+	workers := []*workerProc{
+		startWorkerEnv(t, bURL, pooled, append([]string{"--concurrency", "4"}, fastLease...)...),
+		startWorkerEnv(t, bURL, pooled, append([]string{"--concurrency", "4"}, fastLease...)...),
+	}
+	_, base := startServe(t, bURL, append([]string{"ENQUEUE_AUTH_TOKEN=tok"}, pooled...), "--dev-allow-local-folders")
+
+	var ids []int64
+	for range 4 {
+		out, code := runEnqueueEnv(t, bURL, pooled, importArgs("tenant-a", writeFolder(t, sample))...)
+		require.Equal(t, 0, code, out)
+		ids = append(ids, int64(outcome(t, out)["batch_id"].(float64)))
+	}
+	var list []string
+	for range 4 {
+		list = append(list, writeFolder(t, sample))
+	}
+	file := filepath.Join(t.TempDir(), "folders.txt")
+	require.NoError(t, os.WriteFile(file, []byte(strings.Join(list, "\n")+"\n"), 0o644))
+	out, code = runEnqueueEnv(t, bURL, pooled, "import", "--tenant-id", "tenant-b", "--tenant-database", "tenant_db", "--company-id", "company-1", "--from-file", file)
+	require.Equal(t, 0, code, out)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var o map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &o))
+		require.Equal(t, "enqueued", o["outcome"], line)
+		ids = append(ids, int64(o["batch_id"].(float64)))
+	}
+	for range 2 {
+		status, o := postJSON(t, base+"/v1/imports", "tok", map[string]any{
+			"tenant_id": "tenant-c", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
+		require.Equal(t, 202, status, "%v", o)
+		ids = append(ids, int64(o["batch_id"].(float64)))
+	}
+	for _, id := range ids {
+		bt := waitStatus(t, pool, id, batch.StatusSucceeded, 60*time.Second)
+		total, distinct := recordCopies(t, pool, bt.Scope())
+		require.Equal(t, sampleRecords, total)
+		require.Equal(t, sampleRecords, distinct)
+	}
+
+	out, code = runEnqueueEnv(t, bURL, pooled, "status", "--batch-id", fmt.Sprint(ids[0]), "--json")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "Succeeded", outcome(t, out)["status"], out)
+	out, code = runEnqueueEnv(t, bURL, pooled, "list", "--status", "Succeeded", "--json")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, len(ids), strings.Count(out, `"status":"Succeeded"`), out)
+
+	// Cancel a batch mid-load, then retry it: both through PgBouncer.
+	release := blockLoads(t, pool)
+	id := enqueueBatchEnv(t, bURL, pooled, "tenant-d", writeFolder(t, sample))
+	waitLoadBlocked(t, pool, id, "w")
+	out, code = runEnqueueEnv(t, bURL, pooled, "cancel", "--batch-id", fmt.Sprint(id), "--tenant-id", "tenant-d", "--reason", "through the pooler")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "cancelled", outcome(t, out)["outcome"])
+	release()
+	waitStatus(t, pool, id, batch.StatusFailed, 30*time.Second)
+	out, code = runEnqueueEnv(t, bURL, pooled, "retry", "--batch-id", fmt.Sprint(id), "--tenant-id", "tenant-d")
+	require.Equal(t, 0, code, out)
+	retried := int64(outcome(t, out)["batch_id"].(float64))
+	waitStatus(t, pool, retried, batch.StatusSucceeded, 60*time.Second)
+
+	for _, w := range workers {
+		logs := w.logs.String()
+		require.NotContains(t, logs, "prepared statement", "worker %s", w.name)
+		require.NotContains(t, logs, `"level":"ERROR"`, "worker %s", w.name)
+	}
+}
+
+// enqueueBatchEnv is enqueueBatch with environment beyond DATABASE_URL.
+func enqueueBatchEnv(t *testing.T, dbURL string, env []string, tenant, folderURL string) int64 {
+	t.Helper()
+	out, code := runEnqueueEnv(t, dbURL, env, importArgs(tenant, folderURL)...)
+	require.Equal(t, 0, code, out)
+	o := outcome(t, out)
+	require.Equal(t, "enqueued", o["outcome"])
+	return int64(o["batch_id"].(float64))
+}
