@@ -46,7 +46,7 @@ type runCmd struct {
 	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
 	MaxColumns           int           `name:"max-columns" env:"MAX_COLUMNS" default:"4096" help:"Most columns of a CSV record; a folder with more fails failed_pre_commit."`
 	MaxRecordExpansion   int           `name:"max-record-expansion" env:"MAX_RECORD_EXPANSION" default:"32" help:"Most times its CSV bytes a CSV record, and a CSV object's records together, may become as JSON, plus 4 KiB (every record repeats the header's column names); a folder with more fails failed_pre_commit. Between 2 and 1024."`
-	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Most connections this process holds to PostgreSQL (or the pooler in front of it), busy or idle: one for lease renewals, the PostgreSQL warehouse's loads (--max-conns − 4, at most --concurrency; none with Redshift) and the rest (3, or --max-conns − 1 with Redshift) for River, lease acquisitions and checks, pipeline writes, the sweeper and gauges. Default --concurrency / 2 + 4 (rounded down); at least 4."`
+	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Most connections this process holds to PostgreSQL (or the pooler in front of it), busy or idle: one for lease renewals, one for River's LISTEN (none with --database-pooler transaction), the PostgreSQL warehouse's loads (--max-conns − 4, at most --concurrency, at least 1; none with Redshift: a load holds its connection for its whole transaction, so this bounds the loads in the database at once) and the rest shared by River, lease acquisitions and checks, pipeline writes, the sweeper and gauges. Default --concurrency / 2 + 4 (rounded down); at least 4."`
 	PathPattern          string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company; a batch whose tenant, database or company differs from what its folder's path names is parked unread. Use the same pattern as enqueue serve."`
 	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
 	DevLocal             bool          `name:"dev-allow-local-folders" help:"Also read file:// and mem:// folders. Development only: a file:// batch loads a directory of this host into the warehouse. Without it such batches are parked unread."`
@@ -55,41 +55,49 @@ type runCmd struct {
 	warehousecli.Flags
 }
 
-// minMaxConns is the smallest --max-conns: the renewal connection, two for
-// River and the deliveries' short statements, one for a load.
+// minMaxConns is the smallest --max-conns, and what the default keeps
+// beside the loads: the renewal connection, River's LISTEN connection (or,
+// polling, one more shared connection) and two shared connections.
 const minMaxConns = 4
 
-// connBudget is how a worker's connections to PostgreSQL are split.
+// connBudget is how a worker's connections to PostgreSQL are split. Every
+// pool is bounded, so the worker never holds more than Total.
 type connBudget struct {
 	// Renewals is the lease renewer's own connection.
 	Renewals int32
+	// Listener is River's LISTEN connection: 1, or 0 when River polls
+	// (--database-pooler transaction). River takes it out of the shared
+	// pool for good (it hijacks it), so the shared pool is sized without it.
+	Listener int32
 	// Loads is the PostgreSQL warehouse's pool: each load holds one
 	// connection for its whole transaction (the COPY streams the folder),
 	// so at most Loads batches load at once. 0 with Redshift, whose loads
 	// hold no connection.
 	Loads int32
-	// Main is everything else: River (fetches, completions, leader
-	// election, maintenance, and its LISTEN connection unless
-	// --database-pooler transaction), lease acquisitions, checks and
-	// releases, pipeline writes, the sweeper and the gauges. Each holds a
-	// connection only for a statement or a short transaction.
-	Main int32
+	// Shared is everything else: River (fetches, completions, leader
+	// election, maintenance), lease acquisitions, checks and releases,
+	// pipeline writes, the sweeper and the gauges. Each holds a connection
+	// only for a statement or a short transaction.
+	Shared int32
 }
 
 // Total is the most connections the worker holds.
-func (b connBudget) Total() int32 { return b.Renewals + b.Loads + b.Main }
+func (b connBudget) Total() int32 { return b.Renewals + b.Listener + b.Loads + b.Shared }
 
 // budget splits --max-conns (default concurrency/2 + 4) between the pools.
-func (r *runCmd) budget() connBudget {
+func (r *runCmd) budget(pollOnly bool) connBudget {
 	total := r.MaxConns
 	if total == 0 {
 		total = r.Concurrency/2 + minMaxConns
 	}
-	b := connBudget{Renewals: 1}
+	b := connBudget{Renewals: 1, Listener: 1}
+	if pollOnly {
+		b.Listener = 0
+	}
 	if !r.IsRedshift() {
 		b.Loads = int32(max(min(total-minMaxConns, r.Concurrency), 1))
 	}
-	b.Main = int32(total) - b.Renewals - b.Loads
+	b.Shared = int32(total) - b.Renewals - b.Listener - b.Loads
 	return b
 }
 
@@ -160,8 +168,10 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 			}
 		}
 	}
-	conns := r.budget()
-	pool, err := g.Connect(ctx, 10*time.Second, sized(conns.Main, r.Name))
+	conns := r.budget(g.DatabasePooler.RiverPollOnly())
+	// River's LISTEN connection comes out of this pool and never goes
+	// back; the pool then opens another, up to its size.
+	pool, err := g.Connect(ctx, 10*time.Second, sized(conns.Shared, r.Name))
 	if err != nil {
 		return err
 	}
