@@ -21,13 +21,17 @@ import (
 
 	"github.com/fleet/ingest/internal/chaos"
 	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/pgbouncertest"
 	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/s3test"
 	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
 )
 
-var chaosFull = flag.Bool("chaos.full", false, "run the full chaos suite (make chaos) instead of the reduced one")
+var (
+	chaosFull     = flag.Bool("chaos.full", false, "run the full chaos suite (make chaos) instead of the reduced one")
+	chaosScenario = flag.String("chaos.scenario", "", "run only the scenario of this name")
+)
 
 // chaosConfig sizes one scenario.
 type chaosConfig struct {
@@ -48,6 +52,10 @@ type chaosConfig struct {
 	// database, the default) or "redshift": the workers load through the
 	// Redshift Data API double, staging in an in-process S3 server.
 	warehouse string
+	// pgbouncer puts PgBouncer in transaction mode between the cluster
+	// and every worker and enqueue process (--database-pooler
+	// transaction); the workers' fault proxies sit in front of it.
+	pgbouncer bool
 }
 
 const chaosTTL = 3 * time.Second
@@ -62,7 +70,7 @@ func chaosScenarios() []chaosConfig {
 			name: "reduced", workers: 3, tenants: 4, folders: 5, badFolders: 1, minRows: 40_000, maxRows: 120_000,
 			duplicates: 3, faultEvery: time.Second, faults: all, restartDatabaseAfter: 9 * time.Second,
 			duration: 20 * time.Second, deadline: 3 * time.Minute,
-		}, redshiftScenario}
+		}, redshiftScenario, pgbouncerScenario}
 	}
 	return []chaosConfig{
 		{name: "processes", workers: 3, tenants: 6, folders: 8, badFolders: 2, minRows: 40_000, maxRows: 200_000,
@@ -74,8 +82,19 @@ func chaosScenarios() []chaosConfig {
 		{name: "everything", workers: 4, tenants: 8, folders: 8, badFolders: 3, minRows: 40_000, maxRows: 200_000,
 			duplicates: 4, faultEvery: 500 * time.Millisecond, faults: all, restartDatabaseAfter: 25 * time.Second,
 			duration: 75 * time.Second, deadline: 6 * time.Minute},
-		redshiftScenario,
+		redshiftScenario, pgbouncerScenario,
 	}
+}
+
+// pgbouncerScenario is the reduced scenario with every process connected
+// through PgBouncer in transaction mode: the workers' proxies (stalls,
+// cuts) in front of PgBouncer, pg_terminate_backend on the server
+// connections PgBouncer last lent a worker, and the cluster restarted
+// behind PgBouncer.
+var pgbouncerScenario = chaosConfig{
+	name: "reduced-pgbouncer", pgbouncer: true, workers: 3, tenants: 3, folders: 4, badFolders: 1, minRows: 20_000, maxRows: 60_000,
+	duplicates: 3, faultEvery: time.Second, faults: []string{"kill", "stop", "terminate", "stall", "cut"}, restartDatabaseAfter: 9 * time.Second,
+	duration: 20 * time.Second, deadline: 3 * time.Minute,
 }
 
 // redshiftScenario is the reduced scenario with Redshift as the warehouse:
@@ -148,6 +167,10 @@ func TestChaos(t *testing.T) {
 
 	totalFaults, totalBatches, totalViolations := 0, 0, 0
 	scenarios := chaosScenarios()
+	if *chaosScenario != "" {
+		scenarios = slices.DeleteFunc(scenarios, func(c chaosConfig) bool { return c.name != *chaosScenario })
+		require.NotEmpty(t, scenarios, "no scenario %q", *chaosScenario)
+	}
 	for i, cfg := range scenarios {
 		faults, batches, violations := runScenario(t, cluster, dir, i, cfg)
 		totalFaults += faults
@@ -275,15 +298,22 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 	}
 	rng.Shuffle(len(folders), func(i, j int) { folders[i], folders[j] = folders[j], folders[i] })
 
+	// The processes reach the cluster directly, or through PgBouncer.
+	server, enqueueURL, poolerEnv := fmt.Sprintf("127.0.0.1:%d", cluster.Port), dbURL, []string(nil)
+	if cfg.pgbouncer {
+		b := pgbouncertest.Start(t, pgbouncertest.Options{ServerURL: cluster.URL("postgres"), PoolSize: 12})
+		server, enqueueURL, poolerEnv = fmt.Sprintf("127.0.0.1:%d", b.Port), b.URL(t, dbURL), pooled
+	}
+
 	// Workers behind their own proxies, restarted when they die.
 	workers := make([]*supervisedWorker, cfg.workers)
 	for i := range workers {
-		proxy, err := chaos.NewProxy(fmt.Sprintf("127.0.0.1:%d", cluster.Port))
+		proxy, err := chaos.NewProxy(server)
 		require.NoError(t, err)
 		defer proxy.Close()
 		name := fmt.Sprintf("chaos%d-w%d", n, i)
 		workers[i] = &supervisedWorker{
-			t: t, name: name, proxy: proxy, logs: &testproc.SyncBuffer{}, exited: make(chan struct{}), env: whEnv, flags: whFlags,
+			t: t, name: name, proxy: proxy, logs: &testproc.SyncBuffer{}, exited: make(chan struct{}), env: append(slices.Clone(whEnv), poolerEnv...), flags: whFlags,
 			url: fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&application_name=%s", proxy.Addr(), db, name),
 		}
 		go workers[i].run()
@@ -325,7 +355,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 					// Like a storage notification, an enqueue that met an
 					// unavailable database (exit 1) is delivered again.
 					for attempt := range 30 {
-						_, code := runEnqueue(t, dbURL, importArgs(f.tenant, f.url)...)
+						_, code := runEnqueueEnv(t, enqueueURL, poolerEnv, importArgs(f.tenant, f.url)...)
 						if code == 0 || code == 3 {
 							return
 						}
@@ -408,7 +438,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		if f.bad {
 			continue // a new notification of a failed folder rightly starts a new batch
 		}
-		out, code := runEnqueue(t, dbURL, importArgs(f.tenant, f.url)...)
+		out, code := runEnqueueEnv(t, enqueueURL, poolerEnv, importArgs(f.tenant, f.url)...)
 		require.Equal(t, 0, code, out)
 		require.Equal(t, "already_succeeded", outcome(t, out)["outcome"])
 	}
