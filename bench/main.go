@@ -144,6 +144,7 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only,
 		{"staging", benchStaging},
 		{"worker idle cost", benchIdle},
 		{"end to end", benchEndToEnd},
+		{"fairness", benchFairness},
 		{"takeover latency", func(e *env) error { return benchTakeover(e, trials) }},
 	} {
 		if only != "" && !strings.Contains(s.name, only) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -22,14 +23,17 @@ import (
 // parked, and whose tenant is itself under the cap. A tenant alone (or with
 // every other tenant at its cap too) uses every worker.
 //
-// A delivery over the cap is snoozed (River gives the attempt back) and the
-// tenant's other available jobs move to River's lowest priority, so the next
-// fetches take the waiting tenants' jobs first instead of snoozing their way
-// through the capped tenant's backlog. Demoted jobs still run in their order
-// whenever no job of a higher priority is available; a job inserted later
-// has the default priority again. Nothing of the lease protocol changes: an
-// admitted delivery still has to acquire the lease, and a duplicate still
-// finds it held.
+// A delivery over the cap is snoozed (River gives the attempt back), and
+// the tenant's available jobs that River would fetch before the first
+// waiting job of the other tenant are moved just behind it (same priority,
+// scheduled_at a microsecond after it: still due, so still fetched when
+// nothing else is). River fetches in (priority, scheduled_at, id) order, so
+// the next fetches take the waiting tenant's jobs instead of snoozing their
+// way through the capped tenant's backlog; once nothing of the capped
+// tenant is ahead of the waiting job, the move updates no row. The same
+// holds the other way round when the tenants change places. Nothing of the
+// lease protocol changes: an admitted delivery still has to acquire the
+// lease, and a duplicate still finds it held.
 
 // fairnessLockClass is the first key of the tenants' advisory locks
 // (pg_advisory_xact_lock(int, int)); the second is hashtext(tenant_id).
@@ -37,16 +41,15 @@ import (
 // their acquisitions.
 const fairnessLockClass = 0x66_6c_74 // "flt"
 
-// demotedPriority is River's lowest job priority.
-const demotedPriority = 4
-
 var fairnessLockSQL = `
 	SELECT pg_advisory_xact_lock(` + strconv.Itoa(fairnessLockClass) + `, hashtext(tenant_id)) FROM ingestion_batches WHERE id = $1`
 
 // fairnessCheckSQL: $1 batch, $2 cap, $3 queue, $4 kind. It returns the
-// batch's tenant, how many other batches of it hold a live lease, and
-// whether the delivery must wait. No row: the batch does not exist (the
-// acquisition says so).
+// batch's tenant, how many other batches of it hold a live lease, and,
+// when that reaches the cap, the first job in River's fetch order of
+// another tenant under the cap whose batch waits (NULLs: none, the
+// delivery may go on). No row: the batch does not exist (the acquisition
+// says so).
 const fairnessCheckSQL = `
 	WITH me AS (
 		SELECT tenant_id FROM ingestion_batches WHERE id = $1
@@ -55,41 +58,47 @@ const fairnessCheckSQL = `
 		WHERE r.tenant_id = me.tenant_id AND r.status = 'Running' AND r.id <> $1
 		  AND r.execution_lease_id IS NOT NULL AND r.execution_lease_expires_at > now()
 	)
-	SELECT me.tenant_id, mine.n,
-	       mine.n >= $2 AND EXISTS (
-	           SELECT 1
-	           FROM river_job j
-	           JOIN ingestion_batches w ON w.id = (j.args->>'batch_id')::bigint
-	           WHERE j.state = 'available' AND j.queue = $3 AND j.kind = $4 AND j.scheduled_at <= now()
-	             AND w.tenant_id <> me.tenant_id AND w.status = 'Running' AND w.parked_at IS NULL
-	             AND (w.execution_lease_id IS NULL OR w.execution_lease_expires_at <= now())
-	             AND (SELECT count(*) FROM ingestion_batches o
-	                  WHERE o.tenant_id = w.tenant_id AND o.status = 'Running'
-	                    AND o.execution_lease_id IS NOT NULL AND o.execution_lease_expires_at > now()) < $2)
-	FROM me, mine`
+	SELECT me.tenant_id, mine.n, w.tenant_id, w.priority, w.scheduled_at, w.id
+	FROM me CROSS JOIN mine
+	LEFT JOIN LATERAL (
+		SELECT b.tenant_id, j.priority, j.scheduled_at, j.id
+		FROM river_job j
+		JOIN ingestion_batches b ON b.id = (j.args->>'batch_id')::bigint
+		WHERE mine.n >= $2
+		  AND j.state = 'available' AND j.queue = $3 AND j.kind = $4 AND j.scheduled_at <= now()
+		  AND b.tenant_id <> me.tenant_id AND b.status = 'Running' AND b.parked_at IS NULL
+		  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= now())
+		  AND (SELECT count(*) FROM ingestion_batches o
+		       WHERE o.tenant_id = b.tenant_id AND o.status = 'Running'
+		         AND o.execution_lease_id IS NOT NULL AND o.execution_lease_expires_at > now()) < $2
+		ORDER BY j.priority, j.scheduled_at, j.id
+		LIMIT 1
+	) w ON true`
 
-// fairnessDemoteSQL moves the capped tenant's available jobs, and the job
-// being snoozed ($5), to the lowest priority. $1 tenant, $2 queue, $3 kind,
-// $4 priority.
-const fairnessDemoteSQL = `
-	UPDATE river_job j SET priority = $4
+// fairnessMoveSQL moves the capped tenant's ($1) available jobs that River
+// would fetch before the waiting job ($2 priority, $3 scheduled_at, $4 id)
+// just behind it. $5 queue, $6 kind.
+const fairnessMoveSQL = `
+	UPDATE river_job j
+	SET priority = $2, scheduled_at = $3::timestamptz + interval '1 microsecond'
 	FROM ingestion_batches b
-	WHERE b.id = (j.args->>'batch_id')::bigint AND b.tenant_id = $1 AND b.status = 'Running'
-	  AND j.queue = $2 AND j.kind = $3 AND j.priority < $4
-	  AND (j.state = 'available' OR j.id = $5)`
+	WHERE j.state = 'available' AND j.queue = $5 AND j.kind = $6
+	  AND (j.priority, j.scheduled_at, j.id) < ($2::smallint, $3::timestamptz, $4::bigint)
+	  AND b.id = (j.args->>'batch_id')::bigint AND b.tenant_id = $1`
 
 // deferral describes a delivery the tenant cap sent back.
 type deferral struct {
 	tenant  string
 	running int64
-	demoted int64
+	waiting string // the tenant whose job it waits for
+	moved   int64  // jobs of tenant moved behind that job
 }
 
 // acquireFair decides the tenant cap and acquires the lease in one
-// transaction on db. A nil deferral with a zero Acquisition never happens:
-// either the delivery was deferred (and the transaction committed only the
-// demotion) or the acquisition's outcome is returned as Acquire's would be.
-func (w *IngestWorker) acquireFair(ctx context.Context, batchID, jobID int64, holder string) (lease.Acquisition, *lease.Holding, *deferral, error) {
+// transaction: either the delivery is deferred (and the transaction
+// commits only the move of the tenant's queued jobs) or the acquisition's
+// outcome is returned as Renewer.Acquire's would be.
+func (w *IngestWorker) acquireFair(ctx context.Context, batchID int64, holder string) (lease.Acquisition, *lease.Holding, *deferral, error) {
 	db := w.cfg.FairnessDB
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -108,10 +117,13 @@ func (w *IngestWorker) acquireFair(ctx context.Context, batchID, jobID int64, ho
 		return lease.Acquisition{}, nil, nil, fmt.Errorf("tenant cap: locking the tenant: %w", err)
 	}
 	var (
-		d    deferral
-		wait bool
+		d       deferral
+		wTenant *string
+		wPrio   *int16
+		wAt     *time.Time
+		wJob    *int64
 	)
-	err = res.QueryRow().Scan(&d.tenant, &d.running, &wait)
+	err = res.QueryRow().Scan(&d.tenant, &d.running, &wTenant, &wPrio, &wAt, &wJob)
 	if cerr := res.Close(); err == nil {
 		err = cerr
 	}
@@ -120,15 +132,15 @@ func (w *IngestWorker) acquireFair(ctx context.Context, batchID, jobID int64, ho
 		// No such batch: the acquisition reports NotFound.
 	case err != nil:
 		return lease.Acquisition{}, nil, nil, fmt.Errorf("tenant cap: %w", err)
-	case wait:
-		tag, err := tx.Exec(ctx, fairnessDemoteSQL, d.tenant, Queue, IngestArgs{}.Kind(), demotedPriority, jobID)
+	case wJob != nil:
+		tag, err := tx.Exec(ctx, fairnessMoveSQL, d.tenant, *wPrio, *wAt, *wJob, Queue, IngestArgs{}.Kind())
 		if err != nil {
-			return lease.Acquisition{}, nil, nil, fmt.Errorf("tenant cap: demoting the tenant's jobs: %w", err)
+			return lease.Acquisition{}, nil, nil, fmt.Errorf("tenant cap: moving the tenant's jobs behind the waiting one: %w", err)
 		}
 		if err := tx.Commit(ctx); err != nil {
 			return lease.Acquisition{}, nil, nil, fmt.Errorf("tenant cap: %w", err)
 		}
-		d.demoted = tag.RowsAffected()
+		d.waiting, d.moved = *wTenant, tag.RowsAffected()
 		return lease.Acquisition{}, nil, &d, nil
 	}
 

@@ -38,6 +38,23 @@ func cappedFixture(t *testing.T, n int) *fixture {
 	return f
 }
 
+// fetchOrder is the tenants of the available jobs in River's fetch order.
+func fetchOrder(t *testing.T, f *fixture) []string {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), `
+		SELECT b.tenant_id FROM river_job j JOIN ingestion_batches b ON b.id = (j.args->>'batch_id')::bigint
+		WHERE j.state = 'available' AND j.scheduled_at <= now() ORDER BY j.priority, j.scheduled_at, j.id`)
+	require.NoError(t, err)
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
 func jobPriorities(t *testing.T, f *fixture, tenant string) []int {
 	t.Helper()
 	rows, err := f.pool.Query(context.Background(), `
@@ -80,9 +97,17 @@ func TestTenantCapSnoozesOnlyWhileAnotherTenantWaits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusRunning, got.Status)
 	require.Nil(t, got.LeaseID, "a deferred delivery takes no lease")
-	require.Equal(t, []int{demotedPriority, demotedPriority, demotedPriority}, jobPriorities(t, f, "tenant-a"), "A's queued jobs demoted")
+	require.Equal(t, []string{"tenant-b", "tenant-a", "tenant-a", "tenant-a"}, fetchOrder(t, f),
+		"A's queued jobs moved behind B's, still available")
 	require.Equal(t, []int{1}, jobPriorities(t, f, "tenant-b"), "B's job keeps its priority")
-	require.Equal(t, float64(1), counterValue(t, f.metrics, "ingest_tenant_cap_deferrals_total", ""))
+	schedule := func() (s string) {
+		require.NoError(t, f.pool.QueryRow(ctx, `SELECT string_agg(id || '@' || scheduled_at || '/' || priority, ',' ORDER BY id) FROM river_job`).Scan(&s))
+		return s
+	}
+	before := schedule()
+	require.Equal(t, river.EventKindJobSnoozed, f.work(t, a3).EventKind, "still over the cap")
+	require.Equal(t, before, schedule(), "nothing of A is ahead of B any more: no job moves")
+	require.Equal(t, float64(2), counterValue(t, f.metrics, "ingest_tenant_cap_deferrals_total", ""))
 
 	// B's batch runs now: nothing of another tenant waits.
 	_, err = leases.Acquire(ctx, b1, "elsewhere-b", time.Minute)
@@ -122,12 +147,12 @@ func TestTenantCapHoldsAcrossConcurrentAcquisitions(t *testing.T) {
 		acquired, deferred int
 	)
 	start := make(chan struct{})
-	for i, id := range ids {
+	for _, id := range ids {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			a, held, over, err := f.worker.acquireFair(ctx, id, int64(-1-i), "racer-"+time.Now().Format("150405.000000000"))
+			a, held, over, err := f.worker.acquireFair(ctx, id, "racer-"+time.Now().Format("150405.000000000"))
 			require.NoError(t, err)
 			mu.Lock()
 			defer mu.Unlock()

@@ -172,7 +172,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		err  error
 	)
 	if w.cfg.MaxRunningPerTenant > 0 {
-		a, held, over, err = w.acquireFair(ctx, job.Args.BatchID, job.ID, holder)
+		a, held, over, err = w.acquireFair(ctx, job.Args.BatchID, holder)
 	} else {
 		a, held, err = w.renewer.Acquire(ctx, job.Args.BatchID, holder)
 	}
@@ -185,7 +185,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		m.TenantCapDeferrals.Inc()
 		log.Info("tenant at its cap of running batches while another tenant waits: snoozing",
 			"tenant_id", over.tenant, "running", over.running, "cap", w.cfg.MaxRunningPerTenant,
-			"demoted_jobs", over.demoted, "snooze", minSnoozeDefault)
+			"waiting_tenant_id", over.waiting, "jobs_moved_behind", over.moved, "snooze", minSnoozeDefault)
 		return river.JobSnooze(minSnoozeDefault)
 	}
 	switch a.Outcome {
@@ -255,6 +255,16 @@ func observeQueueWait(m *metrics.Metrics, job *rivertype.JobRow) {
 	m.QueueWait.Observe(max(job.AttemptedAt.Sub(job.CreatedAt), 0).Seconds())
 }
 
+// countResume counts, in ingest_resumes_total, a batch an operator resumed
+// (enqueue resume put it back to Running) that this delivery finished: the
+// resumed publication ran here. The resume request itself is a one-shot
+// command that exits before any scrape; its outcome is its JSON line.
+func countResume(m *metrics.Metrics, b batch.Batch, outcome string) {
+	if d, err := batch.ParseDetails(b.Details); err == nil && d.Resumes > 0 {
+		m.Resumes.WithLabelValues(outcome).Inc()
+	}
+}
+
 // finish maps a pipeline result onto River: completed, snoozed, cancelled
 // or retried.
 func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], res pipeline.Result, log *slog.Logger) error {
@@ -265,11 +275,13 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 	case pipeline.Succeeded:
 		m.Deliveries.WithLabelValues("worked").Inc()
 		m.BatchDuration.WithLabelValues("succeeded").Observe(age)
+		countResume(m, res.Batch, "succeeded")
 		log.Info("batch succeeded")
 		return nil
 	case pipeline.Failed:
 		m.Deliveries.WithLabelValues("worked").Inc()
 		m.BatchDuration.WithLabelValues("failed").Observe(age)
+		countResume(m, res.Batch, "failed")
 		log.Warn("batch failed", "phase", res.Phase, "error", res.Err)
 		return nil
 	case pipeline.SkippedTerminal:
