@@ -56,6 +56,14 @@ and the pod name.
       name: {{ $root.Values.warehouse.existingSecret }}
       key: {{ $root.Values.warehouse.key }}
 {{- end }}
+{{- $pooler := $root.Values.database.pooler | default "none" }}
+{{- if not (has $pooler (list "none" "transaction")) }}
+{{- fail (printf "database.pooler must be none or transaction, not %q" $pooler) }}
+{{- end }}
+{{- if and (eq $pooler "transaction") (not .direct) }}
+- name: DATABASE_POOLER
+  value: transaction
+{{- end }}
 - name: POD_NAME
   valueFrom:
     fieldRef:
