@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -195,7 +196,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 				s.Metrics.SweepRedeliveries.WithLabelValues("redelivered").Inc()
 			}
 		}
-		return nil
+		return s.finalizeSuperseded(ctx, tx)
 	})
 	if err == nil && swept && s.Metrics != nil {
 		s.Metrics.Sweeps.Inc()
@@ -211,4 +212,54 @@ func (s *Sweeper) logger() *slog.Logger {
 		return slog.Default()
 	}
 	return s.Logger
+}
+
+// supersededSQL finalizes the "running" River jobs whose delivery lost the
+// batch to a takeover: the job's own lease term (its holder id names the
+// job and attempt) is in the batch's term trail, closed without a release
+// (another delivery took it over after it expired), and the batch's
+// current lease is not the job's. Such a job's process died or was paused
+// past its lease; it can write nothing (every write is fenced), and River
+// would show it running until its rescuer, an hour later by default. It
+// becomes "cancelled", with an error saying why; should its process wake,
+// River's completion of it changes nothing (River finalizes only running
+// jobs). $1 the job kind.
+const supersededSQL = `
+	UPDATE river_job j
+	SET state = 'cancelled', finalized_at = now(),
+	    errors = array_append(j.errors, jsonb_build_object(
+	        'at', now(), 'attempt', j.attempt, 'trace', '',
+	        'error', 'superseded: this delivery''s lease on batch ' || b.id || ' expired and was taken over by another delivery' ||
+	                 CASE WHEN b.status = 'Running' THEN '' ELSE ', which ended the batch ' || b.status END))
+	FROM ingestion_batches b
+	WHERE j.kind = $1 AND j.state = 'running'
+	  AND b.id = (j.args->>'batch_id')::bigint
+	  AND strpos(COALESCE(b.execution_lease_id, ''), '/job-' || j.id || '/attempt-' || j.attempt || '/') = 0
+	  AND EXISTS (
+	        SELECT 1 FROM jsonb_array_elements(b.execution_lease_terms) t
+	        WHERE strpos(t->>'leaseId', '/job-' || j.id || '/attempt-' || j.attempt || '/') > 0
+	          AND COALESCE((t->>'closed')::boolean, false) AND NOT (t ? 'releasedAt'))
+	RETURNING j.id, b.id, b.status`
+
+// finalizeSuperseded applies supersededSQL in the sweep's transaction.
+func (s *Sweeper) finalizeSuperseded(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, supersededSQL, IngestArgs{}.Kind())
+	if err != nil {
+		return fmt.Errorf("finalizing superseded jobs: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			jobID, batchID int64
+			status         string
+		)
+		if err := rows.Scan(&jobID, &batchID, &status); err != nil {
+			return err
+		}
+		s.logger().Info("finalized the River job of a delivery whose lease was taken over", "job_id", jobID, "batch_id", batchID, "batch_status", status)
+		if s.Metrics != nil {
+			s.Metrics.SupersededJobs.Inc()
+		}
+	}
+	return rows.Err()
 }

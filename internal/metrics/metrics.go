@@ -23,7 +23,8 @@ import (
 // Label values, initialised at start.
 var (
 	ReservationOutcomes = []string{"reserved", "conflict", "enqueue_failed"}
-	ResumeOutcomes      = []string{"resumed", "conflict", "not_resumable", "not_found", "enqueue_failed"}
+	// ResumeOutcomes are how the resumed batches a worker finished ended.
+	ResumeOutcomes      = []string{"succeeded", "failed"}
 	AcquireOutcomes     = []string{"acquired", "taken_over", "contended", "terminal", "not_found"}
 	RenewalOutcomes     = []string{"renewed", "lost", "error", "busy"}
 	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "snoozed_tenant_cap", "failed", "retry", "lease_lost", "cancelled", "parked"}
@@ -96,6 +97,10 @@ type Metrics struct {
 	DoorRequests *prometheus.CounterVec
 	DoorDuration *prometheus.HistogramVec
 
+	// SupersededJobs counts River jobs the sweeper finalized because their
+	// delivery's lease was taken over.
+	SupersededJobs prometheus.Counter
+
 	// Fairness between tenants (worker run --max-running-per-tenant).
 	TenantCapDeferrals prometheus.Counter
 	TenantBatches      *prometheus.GaugeVec
@@ -156,7 +161,7 @@ func build() (*Metrics, []prometheus.Collector) {
 		Name: "ingest_reservations_total", Help: "Batch reservations by source type and outcome (reserved, conflict, enqueue_failed).",
 	}, []string{"source_type", "outcome"})
 	m.Resumes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_resumes_total", Help: "Resume requests by outcome.",
+		Name: "ingest_resumes_total", Help: "Batches an operator resumed (enqueue resume) that this worker finished, by outcome (succeeded: published; failed).",
 	}, []string{"outcome"})
 	m.LeaseAcquisitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_lease_acquisitions_total", Help: "Execution lease acquisition attempts by outcome (acquired, taken_over, contended, terminal, not_found).",
@@ -238,6 +243,11 @@ func build() (*Metrics, []prometheus.Collector) {
 	m.newSQS(f)
 	m.newReconcile(f)
 	m.newFairness(f)
+	m.SupersededJobs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_superseded_jobs_finalized_total",
+		Help: "River jobs left running by a delivery whose lease was taken over (a killed or paused worker), finalized as cancelled by the sweeper.",
+	})
+	f(m.SupersededJobs)
 
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,
