@@ -14,7 +14,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/fleet/ingest/internal/buildinfo.version=$(VERSION)
 
-.PHONY: redshift-live all build test local-aws-sqs test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
+.PHONY: redshift-live all build test local-aws-sqs promtool test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
 
 all: lint test
 
@@ -29,8 +29,16 @@ demo:
 LOCAL_AWS_SQS_DIR ?= $(HOME)/.cache/fleet-ingest/local-aws-sqs
 export LOCAL_AWS_SQS_DIR
 
-test: local-aws-sqs
+# The alert rules are tested with promtool test rules (deploy/promtool_test.go),
+# which fails without it under make test: Debian's prometheus package installs it.
+PROMTOOL ?= promtool
+export PROMTOOL
+
+test: local-aws-sqs promtool
 	$(GO) test -race -count=1 -timeout 30m ./...
+
+promtool:
+	@command -v "$(PROMTOOL)" >/dev/null || { echo "make test: $(PROMTOOL) not found: apt-get install -y prometheus (it installs /usr/bin/promtool), or set PROMTOOL"; exit 1; }
 
 local-aws-sqs:
 	@test -f "$(LOCAL_AWS_SQS_DIR)/node_modules/local-aws-sqs/package.json" || \

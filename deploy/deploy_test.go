@@ -23,10 +23,12 @@ import (
 // histograms the _bucket, _sum and _count series are included.
 func exported(t *testing.T) map[string]map[string]bool {
 	t.Helper()
-	families, err := metrics.New().Registry.Gather()
+	worker, err := metrics.New().Registry.Gather()
+	require.NoError(t, err)
+	serve, err := metrics.NewServe().Registry.Gather()
 	require.NoError(t, err)
 	out := map[string]map[string]bool{}
-	for _, f := range families {
+	for _, f := range append(worker, serve...) {
 		labels := map[string]bool{}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
@@ -139,7 +141,8 @@ func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 	}
 	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing",
 		"FleetIngestNoLiveWorker", "FleetIngestFailedBatchRateHigh", "FleetIngestParkedBatch",
-		"FleetIngestSQSMessagesFailing", "FleetIngestSQSReceiveFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing"} {
+		"FleetIngestSQSMessagesFailing", "FleetIngestSQSReceiveFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing",
+		"FleetIngestDoorDown", "FleetIngestDoorErrors"} {
 		require.True(t, alerts[want], "missing alert %s", want)
 	}
 
@@ -182,6 +185,8 @@ func TestDashboardQueriesReferenceExportedMetrics(t *testing.T) {
 		"ingest_lease_acquisitions_total", "ingest_lease_renewals_total", "ingest_stale_writes_rejected_total",
 		"ingest_reservations_total", "ingest_queue_jobs", "ingest_batch_duration_seconds_bucket",
 		"ingest_takeover_delay_seconds_bucket", "ingest_stuck_batches", "ingest_parked_batches", "ingest_records_loaded_total",
+		"ingest_http_requests_total", "ingest_http_request_duration_seconds_bucket", "ingest_http_request_outcomes_total",
+		"ingest_queue_wait_seconds_bucket",
 	} {
 		require.True(t, used[m], "no panel shows %s", m)
 	}

@@ -111,7 +111,7 @@ func TestMetricsMoveAsDocumented(t *testing.T) {
 	// Every documented series exists, zeros included.
 	body := httpGet(t, "http://"+other.addr+"/metrics")
 	for _, series := range []string{
-		`ingest_resumes_total{outcome="not_resumable"}`, `ingest_lease_acquisitions_total{outcome="not_found"}`,
+		`ingest_resumes_total{outcome="failed"}`, `ingest_lease_acquisitions_total{outcome="not_found"}`,
 		`ingest_lease_renewals_total{outcome="error"}`, `ingest_deliveries_total{outcome="skipped_terminal"}`,
 		`ingest_stale_writes_rejected_total`, `ingest_oldest_running_batch_age_seconds`, `ingest_queue_jobs{state="available"}`,
 		`ingest_batch_duration_seconds_bucket{outcome="failed",le="+Inf"}`, `go_goroutines`, `process_resident_memory_bytes`,

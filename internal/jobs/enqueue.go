@@ -380,9 +380,6 @@ func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error
 	if err != nil && !errors.Is(err, errRollback) {
 		return Result{}, err
 	}
-	if e.Metrics != nil {
-		e.Metrics.Resumes.WithLabelValues(res.Outcome).Inc()
-	}
 	e.logger().Info("resume", "outcome", res.Outcome, "reason", res.Reason, "batch_id", req.BatchID, "job_id", res.JobID,
 		"running_batch_id", res.RunningBatchID, "tenant_id", req.TenantID)
 	return res, nil

@@ -90,9 +90,14 @@ func TestRetryOfAnOlderBatchRefusedWhileANewerOneIsResumable(t *testing.T) {
 	resumed, err := f.enqueuer.Resume(ctx, ResumeRequest{BatchID: b, TenantID: "tenant-a"})
 	require.NoError(t, err)
 	require.Equal(t, OutcomeResumed, resumed.Outcome, "%+v", resumed)
+	require.Equal(t, 0.0, counterValue(t, f.metrics, "ingest_resumes_total", "succeeded"), "a resume request is not the resume")
 	f.work(t, b)
 	s, _ := phase(b)
 	require.Equal(t, batch.StatusSucceeded, s)
+	// The worker that published the resumed batch counts it; the failed
+	// batches before it were never resumed.
+	require.Equal(t, 1.0, counterValue(t, f.metrics, "ingest_resumes_total", "succeeded"))
+	require.Equal(t, 0.0, counterValue(t, f.metrics, "ingest_resumes_total", "failed"))
 
 	// A newer batch succeeded: a retry of the older failure is not a
 	// re-import, even when a re-import after the success failed.
