@@ -1,6 +1,9 @@
 package jobs
 
 import (
+	"strconv"
+	"strings"
+
 	"github.com/riverqueue/river"
 )
 
@@ -34,4 +37,43 @@ func (IngestArgs) Kind() string { return "fleet_ingest" }
 // InsertOpts implements river.JobArgsWithInsertOpts.
 func (IngestArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{Queue: Queue, MaxAttempts: MaxAttempts}
+}
+
+// maxTagLen is River's longest tag.
+const maxTagLen = 255
+
+// Tags are the River tags of a batch's jobs, so that the River UI lists
+// and filters them by tenant and by batch: "tenant_<tenant id>" and
+// "batch_<id>". River accepts letters, digits, "_" and "-" in a tag
+// (starting and ending with a letter, digit or "_"); any other character
+// of a tenant id becomes "-", so two tenant ids that differ only there
+// share a tag (the UI filter then lists both; the batch is the authority).
+func Tags(tenantID string, batchID int64) []string {
+	return []string{tag("tenant_", tenantID), "batch_" + strconv.FormatInt(batchID, 10)}
+}
+
+func tag(prefix, v string) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	for _, r := range v {
+		if b.Len() >= maxTagLen-1 {
+			break
+		}
+		if r == '_' || r == '-' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('-')
+		}
+	}
+	out := b.String()
+	if strings.HasSuffix(out, "-") {
+		out += "_"
+	}
+	return out
+}
+
+// insertOpts are the per-job insert options of a batch's job: its tags.
+// Queue and attempts come from IngestArgs.InsertOpts.
+func insertOpts(tenantID string, batchID int64) *river.InsertOpts {
+	return &river.InsertOpts{Tags: Tags(tenantID, batchID)}
 }

@@ -252,7 +252,7 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 			case batch.Reserved:
 				results[i] = Result{Outcome: OutcomeEnqueued, BatchID: rr.BatchID, SourceScope: scope}
 				reservedRs, reservedIdx = append(reservedRs, rs[k]), append(reservedIdx, i)
-				params = append(params, river.InsertManyParams{Args: IngestArgs{BatchID: rr.BatchID}})
+				params = append(params, river.InsertManyParams{Args: IngestArgs{BatchID: rr.BatchID}, InsertOpts: insertOpts(rs[k].TenantID, rr.BatchID)})
 			}
 		}
 		if len(params) == 0 {
@@ -368,7 +368,7 @@ func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error
 		case batch.ResumeNotFound:
 			res.BatchID, res.SourceScope = 0, ""
 		case batch.Resumed:
-			job, err := e.River.InsertTx(ctx, tx, IngestArgs{BatchID: req.BatchID}, nil)
+			job, err := e.River.InsertTx(ctx, tx, IngestArgs{BatchID: req.BatchID}, insertOpts(req.TenantID, req.BatchID))
 			if err != nil {
 				res = Result{Outcome: OutcomeEnqueueFailed, BatchID: req.BatchID, SourceScope: scope, Error: err.Error()}
 				return errRollback // the resume goes with it: the batch stays resumable

@@ -76,7 +76,7 @@ type Sweeper struct {
 // (an acquisition, a renewal, a fenced write) are skipped: they are not
 // abandoned, and the next sweep looks again.
 const sweepSQL = `
-	SELECT b.id, b.execution_lease_generation, COALESCE(b.execution_lease_id, ''),
+	SELECT b.id, b.tenant_id, b.execution_lease_generation, COALESCE(b.execution_lease_id, ''),
 	       now() - COALESCE(b.execution_lease_expires_at, b.updated_at),
 	       ARRAY(SELECT j.id FROM river_job j
 	             WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id) AND j.state = 'running'
@@ -145,7 +145,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		}
 		type candidate struct {
 			id, generation int64
-			holder         string
+			tenant, holder string
 			overdue        time.Duration
 			dead           []int64
 			live           bool
@@ -153,7 +153,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		var found []candidate
 		for rows.Next() {
 			var c candidate
-			if err := rows.Scan(&c.id, &c.generation, &c.holder, &c.overdue, &c.dead, &c.live); err != nil {
+			if err := rows.Scan(&c.id, &c.tenant, &c.generation, &c.holder, &c.overdue, &c.dead, &c.live); err != nil {
 				return err
 			}
 			found = append(found, c)
@@ -181,7 +181,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 				}
 				continue
 			}
-			res, err := s.River.InsertTx(ctx, tx, IngestArgs{BatchID: c.id, RedeliveryOf: c.generation}, nil)
+			res, err := s.River.InsertTx(ctx, tx, IngestArgs{BatchID: c.id, RedeliveryOf: c.generation}, insertOpts(c.tenant, c.id))
 			if err != nil {
 				return err
 			}

@@ -58,7 +58,7 @@ type WorkerConfig struct {
 	HolderPrefix string
 	// Clock reads the local clock for lease deadlines. Defaults to
 	// time.Now; tests skew it.
-	Clock   func() time.Time
+	Clock func() time.Time
 	// MaxRunningPerTenant caps the batches of one tenant that hold a lease
 	// across the fleet while another tenant's work waits (see fairness.go);
 	// 0 means no cap. It needs FairnessDB.
