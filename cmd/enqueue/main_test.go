@@ -281,4 +281,12 @@ func TestStatusWatchFollowsProgressUntilTerminal(t *testing.T) {
 	require.GreaterOrEqual(t, len(lines), 3, "one line per change (not a terminal)")
 	require.Contains(t, lines[len(lines)-1], "Failed cancelled")
 	require.Contains(t, lines[len(lines)-1], `last error: "cancelled by ops"`)
+	sawRate := false
+	for _, l := range lines {
+		if strings.Contains(l, "Running loading: 3/4 objects, 250 records") {
+			sawRate = true
+			require.Regexp(t, `3/4 objects, 250 records, \d+ rec/s, ETA \d`, l, "the rate and ETA since the watch began")
+		}
+	}
+	require.True(t, sawRate, "%q", lines)
 }

@@ -15,6 +15,9 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/term"
+
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/folder"
@@ -73,6 +76,18 @@ type batchView struct {
 	AgeSeconds             float64    `json:"age_seconds"`
 	LastError              string     `json:"last_error,omitempty"`
 	DetailsError           string     `json:"details_error,omitempty"`
+	// RetryOf is the batch this one retries (enqueue retry); RetriedBy the
+	// batches that retry this one.
+	RetryOf   int64   `json:"retry_of,omitempty"`
+	RetriedBy []int64 `json:"retried_by,omitempty"`
+	// RiverJobs are the batch's River jobs still in river_job (River
+	// deletes finalized jobs after its retention: a day for completed
+	// ones), oldest first: the ids the River UI shows and operators act on.
+	RiverJobs []jobs.JobRef `json:"river_jobs,omitempty"`
+	// RecordsPerSecond and ETASeconds are status --watch's estimate, from
+	// the load's progress since the watch began.
+	RecordsPerSecond *float64 `json:"records_per_second,omitempty"`
+	ETASeconds       *float64 `json:"eta_seconds,omitempty"`
 }
 
 func seconds(d time.Duration) *float64 {
@@ -116,7 +131,7 @@ func view(b batch.Batch, now time.Time) batchView {
 		if err != nil {
 			v.DetailsError = err.Error()
 		} else {
-			v.Phase, v.RedshiftCommitted, v.RecordCount = string(d.Phase), d.RedshiftCommitted, d.RecordCount
+			v.Phase, v.RedshiftCommitted, v.RecordCount, v.RetryOf = string(d.Phase), d.RedshiftCommitted, d.RecordCount, d.RetryOf
 			if d.LastError != nil {
 				v.LastError = d.LastError.Message
 			}
@@ -126,6 +141,27 @@ func view(b batch.Batch, now time.Time) batchView {
 		}
 	}
 	return v
+}
+
+// addLinks fills in the River jobs of views' batches and the batches that
+// retry them.
+func addLinks(ctx context.Context, pool *pgxpool.Pool, views []batchView) error {
+	ids := make([]int64, len(views))
+	for i, v := range views {
+		ids[i] = v.BatchID
+	}
+	riverJobs, err := jobs.JobsOfBatches(ctx, pool, ids)
+	if err != nil {
+		return fmt.Errorf("river jobs of the batches: %w", err)
+	}
+	retries, err := batch.NewStore(pool).RetriedBy(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("retries of the batches: %w", err)
+	}
+	for i := range views {
+		views[i].RiverJobs, views[i].RetriedBy = riverJobs[views[i].BatchID], retries[views[i].BatchID]
+	}
+	return nil
 }
 
 func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
@@ -160,7 +196,11 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		if err != nil {
 			return batchView{}, err
 		}
-		return view(b, now), nil
+		views := []batchView{view(b, now)}
+		if err := addLinks(ctx, pool, views); err != nil {
+			return batchView{}, err
+		}
+		return views[0], nil
 	}
 	v, err := look()
 	if errors.Is(err, batch.ErrNotFound) {
@@ -182,12 +222,16 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 }
 
 // watch redraws one progress line until the batch is terminal (or the
-// command is interrupted). On a terminal the line is redrawn in place;
-// otherwise, and with --json, a line is printed whenever it changes.
+// command is interrupted). On a terminal the line is redrawn in place, cut
+// to the terminal's width so it never wraps (a wrapped line would leave its
+// first half behind at each redraw); otherwise, and with --json, a line is
+// printed whenever it changes.
 func (s *statusCmd) watch(e *cli.Env, v batchView, look func() (batchView, error)) error {
-	tty := isTerminal(e.Stdout)
+	width, tty := terminalWidth(e.Stdout)
 	last := ""
+	var rate rateMeter
 	show := func(v batchView) {
+		rate.estimate(&v)
 		line := progressLine(v)
 		if s.JSON {
 			b, _ := json.Marshal(v)
@@ -195,7 +239,7 @@ func (s *statusCmd) watch(e *cli.Env, v batchView, look func() (batchView, error
 		}
 		switch {
 		case tty && !s.JSON:
-			fmt.Fprintf(e.Stdout, "\r\033[K%s", line)
+			fmt.Fprint(e.Stdout, redraw(line, width))
 		case line != last:
 			fmt.Fprintln(e.Stdout, line)
 		}
@@ -230,6 +274,50 @@ func (s *statusCmd) watch(e *cli.Env, v batchView, look func() (batchView, error
 	}
 }
 
+// redraw returns what rewrites the current terminal line with line: back
+// to its start, the line cut to width-1 columns (writing the last column
+// leaves some terminals waiting to wrap), and the rest of the old line
+// cleared.
+func redraw(line string, width int) string {
+	if width > 1 && utf8.RuneCountInString(line) > width-1 {
+		r := []rune(line)
+		line = string(r[:width-2]) + "…"
+	}
+	return "\r\033[K" + line
+}
+
+// rateMeter estimates a load's rate and time to finish from the progress
+// status --watch has seen: the first progress of the current load and the
+// latest, by the times the worker recorded them.
+type rateMeter struct {
+	first *batch.Progress
+}
+
+// estimate sets v's RecordsPerSecond and ETASeconds when the load has
+// moved since the first progress seen. A load that starts over (fewer
+// objects done than before, as after a redelivery) starts a new estimate.
+func (m *rateMeter) estimate(v *batchView) {
+	if v.ObjectsDone == nil || v.ProgressAt == nil || v.Status != string(batch.StatusRunning) {
+		return
+	}
+	cur := batch.Progress{ObjectsDone: *v.ObjectsDone, ObjectsTotal: *v.ObjectsTotal, RecordsDone: *v.RecordsDone, At: *v.ProgressAt}
+	if m.first == nil || cur.ObjectsDone < m.first.ObjectsDone || cur.RecordsDone < m.first.RecordsDone || cur.At.Before(m.first.At) {
+		m.first = &cur
+		return
+	}
+	elapsed := cur.At.Sub(m.first.At).Seconds()
+	if elapsed <= 0 {
+		return
+	}
+	records := float64(cur.RecordsDone-m.first.RecordsDone) / elapsed
+	v.RecordsPerSecond = &records
+	objects := float64(cur.ObjectsDone-m.first.ObjectsDone) / elapsed
+	if objects > 0 && cur.ObjectsTotal >= cur.ObjectsDone {
+		eta := float64(cur.ObjectsTotal-cur.ObjectsDone) / objects
+		v.ETASeconds = &eta
+	}
+}
+
 // progressLine is the one line status --watch redraws.
 func progressLine(v batchView) string {
 	var b strings.Builder
@@ -239,6 +327,12 @@ func progressLine(v batchView) string {
 	}
 	if v.ObjectsDone != nil {
 		fmt.Fprintf(&b, ": %d/%d objects, %d records", *v.ObjectsDone, *v.ObjectsTotal, *v.RecordsDone)
+	}
+	if v.RecordsPerSecond != nil {
+		fmt.Fprintf(&b, ", %.0f rec/s", *v.RecordsPerSecond)
+	}
+	if v.ETASeconds != nil {
+		fmt.Fprintf(&b, ", ETA %s", (time.Duration(*v.ETASeconds * float64(time.Second))).Round(time.Second))
 	}
 	if v.RecordCount > 0 {
 		fmt.Fprintf(&b, ", %d records committed", v.RecordCount)
@@ -256,7 +350,23 @@ func progressLine(v batchView) string {
 		fmt.Fprintf(&b, ", last error: %q", oneLine(v.LastError, 120))
 	}
 	fmt.Fprintf(&b, ", age %s", (time.Duration(v.AgeSeconds * float64(time.Second))).Round(time.Second))
+	if n := len(v.RiverJobs); n > 0 {
+		fmt.Fprintf(&b, ", river job %d (%s)", v.RiverJobs[n-1].JobID, v.RiverJobs[n-1].State)
+	}
 	return b.String()
+}
+
+// terminalWidth reports whether w is a terminal and, if so, its width in
+// columns (80 when it cannot be read).
+func terminalWidth(w io.Writer) (int, bool) {
+	if !isTerminal(w) {
+		return 0, false
+	}
+	width, _, err := term.GetSize(int(w.(*os.File).Fd()))
+	if err != nil || width <= 0 {
+		width = 80
+	}
+	return width, true
 }
 
 func isTerminal(w io.Writer) bool {
@@ -294,6 +404,9 @@ func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	for _, b := range batches {
 		views = append(views, view(b, now))
 	}
+	if err := addLinks(ctx, pool, views); err != nil {
+		return err
+	}
 	if l.JSON {
 		for _, v := range views {
 			printJSON(e.Stdout, v)
@@ -310,19 +423,50 @@ func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 // terminal.
 func printTable(w io.Writer, views []batchView) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "BATCH\tTENANT\tSTATUS\tPHASE\tCOMMITTED\tPROGRESS\tLEASE HOLDER\tRENEWED\tLEASE EXPIRES IN\tGEN\tAGE\tSCOPE\tLAST ERROR")
+	fmt.Fprintln(tw, "BATCH\tTENANT\tSTATUS\tPHASE\tCOMMITTED\tPROGRESS\tLEASE HOLDER\tRENEWED\tLEASE EXPIRES IN\tGEN\tAGE\tRIVER JOBS\tRETRY\tSCOPE\tLAST ERROR")
 	for _, v := range views {
 		note := v.LastError + v.DetailsError
 		if v.Parked {
 			note = "parked: " + v.ParkedReason
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n",
 			v.BatchID, cell(v.TenantID), cell(v.Status), cell(v.Phase), v.RedshiftCommitted, progressCell(v), cell(v.LeaseHolder),
 			ago(v.LeaseRenewedSecondsAgo), secondsCell(v.LeaseExpiresInSeconds),
-			v.LeaseGeneration, (time.Duration(v.AgeSeconds * float64(time.Second))).Round(time.Second), cell(v.SourceScope),
-			oneLine(note, 60))
+			v.LeaseGeneration, (time.Duration(v.AgeSeconds * float64(time.Second))).Round(time.Second),
+			jobsCell(v.RiverJobs), retryCell(v), cell(v.SourceScope), oneLine(note, 60))
 	}
 	tw.Flush()
+}
+
+// jobsCell lists River jobs as id:state, oldest first.
+func jobsCell(refs []jobs.JobRef) string {
+	if len(refs) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(refs))
+	for i, j := range refs {
+		parts[i] = fmt.Sprintf("%d:%s", j.JobID, j.State)
+	}
+	return cell(strings.Join(parts, ","))
+}
+
+// retryCell says which batch this one retries and which retry it.
+func retryCell(v batchView) string {
+	var parts []string
+	if v.RetryOf != 0 {
+		parts = append(parts, fmt.Sprintf("of %d", v.RetryOf))
+	}
+	if len(v.RetriedBy) > 0 {
+		ids := make([]string, len(v.RetriedBy))
+		for i, id := range v.RetriedBy {
+			ids[i] = strconv.FormatInt(id, 10)
+		}
+		parts = append(parts, "by "+strings.Join(ids, ","))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, "; ")
 }
 
 func progressCell(v batchView) string {
