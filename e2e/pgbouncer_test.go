@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
@@ -162,4 +164,53 @@ func enqueueBatchEnv(t *testing.T, dbURL string, env []string, tenant, folderURL
 	o := outcome(t, out)
 	require.Equal(t, "enqueued", o["outcome"])
 	return int64(o["batch_id"].(float64))
+}
+
+// TestManyWorkersThroughFewServerConnections: ten worker processes at
+// --concurrency 2 (each holding up to 5 client connections: 50 in all) and
+// the enqueue process share PgBouncer's fourteen server connections, and
+// every folder succeeds. With the PostgreSQL warehouse each load holds a
+// server connection for its whole transaction while its lease check needs
+// another, so the server pool must exceed the fleet's concurrent loads (10
+// here: one per worker); Redshift loads hold none. The server's
+// connections to the test database are counted every 20 ms by an
+// observer, the only other session.
+func TestManyWorkersThroughFewServerConnections(t *testing.T) {
+	t.Parallel()
+	const workers, folders, serverPool = 10, 100, 14
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: serverPool})
+	bURL := b.URL(t, dbURL)
+	for range workers {
+		startWorkerEnv(t, bURL, pooled, "--concurrency", "2", "--poll-interval", "200ms")
+	}
+	observer, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { observer.Close(context.Background()) })
+	peak := 0
+	sample := func() (succeeded int) {
+		var conns int
+		require.NoError(t, observer.QueryRow(ctx, `
+			SELECT count(*), (SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded')
+			FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&conns, &succeeded))
+		peak = max(peak, conns)
+		return succeeded
+	}
+
+	var list []string
+	for range folders {
+		list = append(list, writeFolder(t, map[string]string{"_SUCCESS": "", "a.csv": "k,v\n1,2\n"}))
+	}
+	file := filepath.Join(t.TempDir(), "folders.txt")
+	require.NoError(t, os.WriteFile(file, []byte(strings.Join(list, "\n")+"\n"), 0o644))
+	start := time.Now()
+	out, code := runEnqueueEnv(t, bURL, pooled, "import", "--tenant-id", "tenant-a", "--tenant-database", "tenant_db", "--company-id", "company-1", "--from-file", file)
+	require.Equal(t, 0, code, out)
+	require.Eventually(t, func() bool { return sample() == folders }, 2*time.Minute, 20*time.Millisecond, "every folder succeeds")
+	elapsed := time.Since(start)
+	t.Logf("%d workers through PgBouncer (%d server connections): %d folders in %s (%.0f/s), peak %d server connections",
+		workers, serverPool, folders, elapsed.Round(time.Millisecond), float64(folders)/elapsed.Seconds(), peak)
+	require.LessOrEqual(t, peak, serverPool)
 }
