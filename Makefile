@@ -34,8 +34,12 @@ export LOCAL_AWS_SQS_DIR
 PROMTOOL ?= promtool
 export PROMTOOL
 
+# After the tests (passed or not), the template databases they cloned are
+# dropped unless another test run still uses them (internal/pgtest,
+# DropTemplates); it fails if templates remain although none does.
 test: local-aws-sqs promtool
-	$(GO) test -race -count=1 -timeout 30m ./...
+	@status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
+		$(GO) run ./internal/pgtest/droptemplates || status=1; exit $$status
 
 promtool:
 	@command -v "$(PROMTOOL)" >/dev/null || { echo "make test: $(PROMTOOL) not found: apt-get install -y prometheus (it installs /usr/bin/promtool), or set PROMTOOL"; exit 1; }

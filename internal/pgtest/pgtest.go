@@ -9,7 +9,8 @@
 //
 // Databases are cloned from a template migrated once per migration set
 // (pgtestdb), so a fresh database costs tens of milliseconds. A passing test's
-// database is dropped; a failing test's is kept and its URL logged.
+// database is dropped; a failing test's is kept and its URL logged. The
+// templates are dropped after make test (DropTemplates; see templates.go).
 package pgtest
 
 import (
@@ -149,7 +150,11 @@ func (empty) Migrate(context.Context, *sql.DB, pgtestdb.Config) error { return n
 
 func newDatabase(t testing.TB, m pgtestdb.Migrator) string {
 	t.Helper()
-	cfg, err := pgconn.ParseConfig(ServerURL(t))
+	server := ServerURL(t)
+	if err := useTemplates(server); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgconn.ParseConfig(server)
 	if err != nil {
 		t.Fatalf("parsing %s: %v", EnvURL, err)
 	}
