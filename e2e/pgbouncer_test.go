@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +21,8 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/pgbouncertest"
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/sqstest"
 )
 
 // pooled is the environment of a binary reaching PostgreSQL through a
@@ -213,4 +217,55 @@ func TestManyWorkersThroughFewServerConnections(t *testing.T) {
 	t.Logf("%d workers through PgBouncer (%d server connections): %d folders in %s (%.0f/s), peak %d server connections",
 		workers, serverPool, folders, elapsed.Round(time.Millisecond), float64(folders)/elapsed.Seconds(), peak)
 	require.LessOrEqual(t, peak, serverPool)
+}
+
+// TestSQSAndReconcileThroughPgBouncer: enqueue sqs and enqueue reconcile
+// work through PgBouncer in transaction mode with --database-pooler
+// transaction: the consumer imports the folders its messages complete,
+// reconcile finds the folders no message named, and a second reconcile
+// finds none.
+func TestSQSAndReconcileThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 4})
+	bURL := b.URL(t, dbURL)
+	srv := sqstest.Start(t)
+	queue := srv.CreateQueue(t, "uploads", map[string]string{"VisibilityTimeout": "30"})
+	s3 := s3test.Start(t)
+	s3.CreateBucket(t, sqsBucket)
+
+	var markers, bodies []string
+	for i := range 30 {
+		key := sqsMarker([]string{"acme", "globex"}[i%2], i)
+		markers = append(markers, key)
+		if i%3 != 0 { // a third of the notifications are lost
+			bodies = append(bodies, sqstest.S3Event(sqsBucket, key))
+		}
+	}
+	s3.PutMany(t, sqsBucket, markers, nil)
+	consumer := startProcess(t, "sqs", "enqueue",
+		[]string{"sqs", "--queue-url", queue, "--bucket", sqsBucket, "--wait-time", "1s", "--admin-listen", "127.0.0.1:0", "--backoff-max", "2s"},
+		append(append([]string{"DATABASE_URL=" + bURL}, srv.Env()...), pooled...), `"msg":"consuming upload notifications"`)
+	srv.Send(t, queue, bodies...)
+	waitDrained(t, srv, queue, 60*time.Second)
+	batches, _ := batchCounts(t, pool)
+	require.Equal(t, 20, batches)
+	require.Zero(t, consumer.metric(`ingest_sqs_messages_left_total{reason="database_unavailable"}`))
+
+	args := []string{"--bucket", sqsBucket, "--prefix", "tenants/"}
+	env := append(slices.Clone(s3.Env()), pooled...)
+	found, summary, code := runReconcile(t, bURL, env, args...)
+	require.Equal(t, 0, code, "%v", summary)
+	require.Len(t, found["enqueued"], 10)
+	require.Len(t, found["running"], 20)
+	found, _, code = runReconcile(t, bURL, env, args...)
+	require.Equal(t, 0, code)
+	require.Empty(t, found["enqueued"])
+	batches, scopes := batchCounts(t, pool)
+	require.Equal(t, 30, batches)
+	require.Equal(t, 30, scopes)
+
+	consumer.signal(syscall.SIGTERM)
+	require.Equal(t, 0, consumer.wait(15*time.Second))
 }
