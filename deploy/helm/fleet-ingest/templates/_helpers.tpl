@@ -178,3 +178,17 @@ S3 bucket name (an empty list is a configuration error, not "any bucket").
 {{- end -}}
 {{- toJson $buckets -}}
 {{- end -}}
+
+{{/*
+Pod annotations for a Prometheus that discovers pods by the conventional
+prometheus.io annotations (metrics.scrapeAnnotations), instead of the
+ServiceMonitor. Takes (dict "root" . "port" <the metrics port>).
+*/}}
+{{- define "fleet-ingest.scrapeAnnotations" -}}
+{{- if .root.Values.metrics.scrapeAnnotations }}
+annotations:
+  prometheus.io/scrape: "true"
+  prometheus.io/port: {{ .port | quote }}
+  prometheus.io/path: /metrics
+{{- end }}
+{{- end -}}
