@@ -199,6 +199,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 			if ui, err = riverUI(e.Ctx, enq.River, e.Logger); err != nil {
 				return fmt.Errorf("river UI: %w", err)
 			}
+			ui = &uiActions{ui: ui, enq: enq, pool: pool, log: e.Logger}
 		}
 		mux := http.NewServeMux()
 		mux.Handle(riverUIPrefix+"/", srv.OperatorOnly("the River UI", ui))

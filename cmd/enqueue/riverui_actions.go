@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/uploads"
+)
+
+// uiActions puts the River UI's job actions on ingest jobs through the
+// batch protocol, so that the UI and the batch never disagree:
+//
+//   - Cancel on a job of a Running batch cancels the batch, as enqueue
+//     cancel does (fenced: lease revoked, Failed with phase cancelled, every
+//     job of the batch cancelled), recorded as by "riverui:<user>@<address>"
+//     (the user is the HTTP Basic user name the browser sent with the
+//     operator token) with the reason "cancelled in the River UI".
+//   - Retry on a job whose batch is not Running is refused: re-running the
+//     job would not run the batch (it would find it terminal and complete,
+//     a green job for a batch that did not run). The answer names the
+//     command that does: enqueue retry.
+//   - Delete of a job of a Running batch is refused: the batch would wait
+//     for the orphan sweeper; cancel it instead.
+//
+// Everything else (other jobs, other actions, queues) is the UI's own. An
+// action on ingest jobs is logged once with who and what: a cancel by
+// Enqueuer.Cancel, the rest here.
+type uiActions struct {
+	ui   http.Handler
+	enq  *jobs.Enqueuer
+	pool *pgxpool.Pool
+	log  *slog.Logger
+}
+
+// uiActionBodyLimit bounds the body of a UI action (up to 1,000 job ids).
+const uiActionBodyLimit = 64 << 10
+
+// uiJob is a job named by a UI action, with its batch when it is an
+// ingest job.
+type uiJob struct {
+	id          int64
+	ingest      bool
+	batchID     int64
+	tenant      string
+	batchStatus string
+}
+
+func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	action := ""
+	if r.Method == http.MethodPost {
+		switch r.URL.Path {
+		case riverUIPrefix + "/api/jobs/cancel":
+			action = "cancel"
+		case riverUIPrefix + "/api/jobs/retry":
+			action = "retry"
+		case riverUIPrefix + "/api/jobs/delete":
+			action = "delete"
+		}
+	}
+	if action == "" {
+		a.ui.ServeHTTP(w, r)
+		return
+	}
+	who := uiOperator(r)
+	body, err := io.ReadAll(io.LimitReader(r.Body, uiActionBodyLimit+1))
+	if err != nil || len(body) > uiActionBodyLimit {
+		uiError(w, http.StatusBadRequest, "request body unreadable or over 64 KiB")
+		return
+	}
+	var req struct {
+		IDs []json.RawMessage `json:"ids"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil || len(req.IDs) == 0 {
+		uiError(w, http.StatusBadRequest, `body must be {"ids": [job ids]}`)
+		return
+	}
+	ids := make([]int64, 0, len(req.IDs))
+	for _, raw := range req.IDs {
+		id, err := strconv.ParseInt(strings.Trim(string(raw), `"`), 10, 64)
+		if err != nil || id <= 0 {
+			uiError(w, http.StatusBadRequest, "job ids must be positive integers")
+			return
+		}
+		ids = append(ids, id)
+	}
+	found, err := a.lookup(r, ids)
+	if err != nil {
+		a.log.Error("River UI action: reading the jobs failed", "action", action, "by", who, "error", err)
+		uiError(w, http.StatusServiceUnavailable, "database unavailable, retry later")
+		return
+	}
+
+	var rest []int64 // forwarded to the UI's own endpoint
+	for _, id := range ids {
+		j, ok := found[id]
+		if !ok || !j.ingest {
+			rest = append(rest, id)
+			continue
+		}
+		running := j.batchStatus == string(batch.StatusRunning)
+		switch action {
+		case "cancel":
+			if !running {
+				rest = append(rest, id)
+				continue
+			}
+			res, err := a.enq.Cancel(r.Context(), jobs.CancelRequest{
+				BatchID: j.batchID, TenantID: j.tenant, By: who,
+				Reason: fmt.Sprintf("cancelled in the River UI (job %d)", id),
+			})
+			if err != nil {
+				a.log.Error("River UI cancel failed", "by", who, "job_id", id, "batch_id", j.batchID, "error", err)
+				uiError(w, http.StatusServiceUnavailable, fmt.Sprintf("cancelling batch %d of job %d failed: database unavailable, retry later", j.batchID, id))
+				return
+			}
+			if res.Outcome != jobs.OutcomeCancelled {
+				rest = append(rest, id) // terminal meanwhile: the job is River's
+			}
+		case "retry":
+			if !running {
+				a.log.Warn("operator action refused", "via", "riverui", "action", "retry", "by", who, "job_id", id,
+					"batch_id", j.batchID, "tenant_id", j.tenant, "batch_status", j.batchStatus)
+				uiError(w, http.StatusBadRequest, fmt.Sprintf(
+					"Job %d belongs to batch %d, which is %s: retrying the job would not run the batch. "+
+						"Retry the batch with: enqueue retry --batch-id %d --tenant-id %q", id, j.batchID, j.batchStatus, j.batchID, j.tenant))
+				return
+			}
+			rest = append(rest, id)
+		case "delete":
+			if running {
+				a.log.Warn("operator action refused", "via", "riverui", "action", "delete", "by", who, "job_id", id,
+					"batch_id", j.batchID, "tenant_id", j.tenant)
+				uiError(w, http.StatusBadRequest, fmt.Sprintf(
+					"Job %d is a delivery of batch %d, which is Running: deleting it would leave the batch to the orphan sweeper. "+
+						"Cancel the batch instead (Cancel, or enqueue cancel --batch-id %d --tenant-id %q).", id, j.batchID, j.batchID, j.tenant))
+				return
+			}
+			rest = append(rest, id)
+		}
+	}
+	if len(rest) == 0 {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		_, _ = w.Write([]byte(`{"status":"ok"}`))
+		return
+	}
+	a.log.Warn("operator action", "via", "riverui", "action", action, "by", who, "job_ids", rest)
+	fwd, _ := json.Marshal(map[string][]string{"ids": int64Strings(rest)})
+	r2 := r.Clone(r.Context())
+	r2.Body, r2.ContentLength = io.NopCloser(bytes.NewReader(fwd)), int64(len(fwd))
+	a.ui.ServeHTTP(w, r2)
+}
+
+func (a *uiActions) lookup(r *http.Request, ids []int64) (map[int64]uiJob, error) {
+	found := map[int64]uiJob{}
+	rows, err := a.pool.Query(r.Context(), `
+		SELECT j.id, b.id IS NOT NULL, COALESCE(b.id, 0), COALESCE(b.tenant_id, ''), COALESCE(b.status, '')
+		FROM river_job j
+		LEFT JOIN ingestion_batches b ON j.kind = $2 AND b.id = (j.args->>'batch_id')::bigint
+		WHERE j.id = ANY($1)`, ids, jobs.IngestArgs{}.Kind())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var j uiJob
+		if err := rows.Scan(&j.id, &j.ingest, &j.batchID, &j.tenant, &j.batchStatus); err != nil {
+			return nil, err
+		}
+		found[j.id] = j
+	}
+	return found, rows.Err()
+}
+
+// uiOperator is who asks, as recorded with the action: the HTTP Basic
+// user name (the browser's login to the UI), else the X-Fleet-Operator
+// header, and the client's address.
+func uiOperator(r *http.Request) string {
+	user, _, _ := r.BasicAuth()
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	return "riverui:" + cmp.Or(user, r.Header.Get(uploads.OperatorHeader), "unnamed") + "@" + cmp.Or(host, r.RemoteAddr)
+}
+
+// uiError answers in the River UI's own error shape, which it shows.
+func uiError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"message": msg})
+}
+
+func int64Strings(ids []int64) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = strconv.FormatInt(id, 10)
+	}
+	return out
+}

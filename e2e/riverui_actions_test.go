@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+// TestRiverUIActionsGoThroughTheBatch drives the River UI of a real
+// enqueue serve in headless Chromium, logged in as operator "ops" (HTTP
+// Basic, the operator token as password), while a real worker holds the
+// batch's job running (its load blocked):
+//   - the UI's Cancel button on that running job cancels the batch: Failed
+//     with phase cancelled, cancelled by "riverui:ops@…", and the batch is
+//     not re-delivered within 2 × --orphan-after (where the River-only
+//     cancel used to leave it Running for the sweeper to run again);
+//   - Retry of that job is refused with the UI's own error shape, naming
+//     enqueue retry: the job does not turn green for a batch that did not
+//     run;
+//   - the UI lists jobs by tenant tag.
+func TestRiverUIActionsGoThroughTheBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	const orphanAfter = 2 * time.Second
+	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
+	w := startWorker(t, dbURL, append([]string{"--orphan-after", orphanAfter.String()}, fastLease...)...)
+	release := blockLoads(t, pool)
+	defer release()
+
+	enqueue := func(tenant string) (jobID, batchID int64) {
+		status, out := postJSON(t, base+"/v1/imports", "ui-token",
+			map[string]any{"tenant_id": tenant, "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
+		require.Equal(t, http.StatusAccepted, status, "%v", out)
+		return int64(out["job_id"].(float64)), int64(out["batch_id"].(float64))
+	}
+	jobID, batchID := enqueue("tenant-ui")
+	waitLoadBlocked(t, pool, batchID, w.name+"/")
+	otherJob, otherBatch := enqueue("tenant-other")
+	jobState := func(id int64) string {
+		var state string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, id).Scan(&state))
+		return state
+	}
+	require.Equal(t, "running", jobState(jobID))
+
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	defer cancelAlloc()
+	bctx, cancel := chromedp.NewContext(allocCtx)
+	defer cancel()
+	bctx, cancelTimeout := context.WithTimeout(bctx, 120*time.Second)
+	defer cancelTimeout()
+	login := chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+		if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
+			return err
+		}
+		_, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{
+			"Authorization": "Basic " + basicAuth("ops", "ui-operator-token")}})
+		return err
+	})
+
+	// Cancel, with the UI's own button, on the running job's page.
+	err := chromedp.Do(bctx, login,
+		chromedp.Navigate(fmt.Sprintf("%s/riverui/jobs/%d", base, jobID)),
+		void(chromedp.Poll[bool](`[...document.querySelectorAll("button")].some(b => b.textContent.trim() === "Cancel" && !b.disabled)`,
+			chromedp.WithPollingTimeout(60*time.Second))),
+		void(chromedp.Evaluate[bool](`(() => { [...document.querySelectorAll("button")].find(b => b.textContent.trim() === "Cancel").click(); return true })()`)),
+	)
+	require.NoError(t, err)
+	b := waitStatus(t, pool, batchID, batch.StatusFailed, 30*time.Second)
+	_, d := getBatch(t, pool, batchID)
+	require.Equal(t, batch.PhaseCancelled, d.Phase)
+	require.NotNil(t, b.CancelledBy)
+	require.Regexp(t, `^riverui:ops@`, *b.CancelledBy, "the UI's operator is recorded")
+	require.Contains(t, serve.logs.String(), `"msg":"cancel"`, "the action is logged with who")
+	release()
+
+	// Retry of the cancelled batch's job, as the UI's Retry button sends
+	// it: refused, in the UI's error shape, pointing to enqueue retry.
+	var retry map[string]any
+	err = chromedp.Do(bctx,
+		chromedp.Navigate(fmt.Sprintf("%s/riverui/jobs/%d", base, jobID)),
+		void(chromedp.Poll[bool](`document.readyState === "complete"`, chromedp.WithPollingTimeout(30*time.Second))),
+		chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+			v, err := chromedp.Evaluate[map[string]any](fmt.Sprintf(`fetch("/riverui/api/jobs/retry", {method: "POST", headers: {"Content-Type": "application/json"},
+				body: JSON.stringify({ids: ["%d"]})}).then(async r => ({status: r.status, body: await r.json()}))`, jobID), chromedp.EvalAwaitPromise)(ctx, tgt)
+			retry = v
+			return err
+		}),
+	)
+	require.NoError(t, err)
+	require.Equal(t, float64(http.StatusBadRequest), retry["status"], "%v", retry)
+	require.Contains(t, retry["body"].(map[string]any)["message"], "enqueue retry --batch-id")
+
+	// The UI lists jobs by tenant tag (its filter "tags:", kept in the
+	// page's URL as a JSON array).
+	_, thirdBatch := enqueue("tenant-third")
+	other, third := fmt.Sprintf(`{"batch_id":%d}`, otherBatch), fmt.Sprintf(`{"batch_id":%d}`, thirdBatch)
+	var all, listed string
+	// waitText polls the page's text until ok says so, keeping the last
+	// text seen in out.
+	waitText := func(out *string, ok func(string) bool) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				v, err := chromedp.Evaluate[string](`document.body.innerText`)(ctx, tgt)
+				if err != nil {
+					return err
+				}
+				*out = v
+				if ok(v) {
+					return nil
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("page text not as expected in 60 s")
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		})
+	}
+	err = chromedp.Do(bctx,
+		chromedp.Navigate(base+"/riverui/jobs?state=completed"),
+		waitText(&all, func(s string) bool { return strings.Contains(s, other) && strings.Contains(s, third) }),
+		chromedp.Navigate(base+"/riverui/jobs?state=completed&tags=tenant_tenant-other"),
+		waitText(&listed, func(s string) bool { return strings.Contains(s, other) && !strings.Contains(s, third) }),
+	)
+	require.NoError(t, err, "unfiltered:\n%s\nfiltered:\n%s", all, listed)
+	var tagged []int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM river_job WHERE tags @> '{tenant_tenant-other}'`).Scan(&tagged))
+	require.Equal(t, []int64{otherJob}, tagged)
+
+	// Not re-delivered within 2 × --orphan-after, and not run.
+	time.Sleep(2*orphanAfter + 2*time.Second)
+	b, _ = getBatch(t, pool, batchID)
+	require.Equal(t, batch.StatusFailed, b.Status, "the cancelled batch stays cancelled")
+	var jobs int
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT count(*) FROM river_job WHERE (args->>'batch_id')::bigint = $1 AND state NOT IN ('cancelled')`, batchID).Scan(&jobs))
+	require.Zero(t, jobs, "no job of the cancelled batch is queued, running or completed")
+	total, _ := recordCopies(t, pool, b.Scope())
+	require.Zero(t, total, "nothing of the cancelled batch reached the warehouse")
+}
+
+// basicAuth is the value of an HTTP Basic Authorization header.
+func basicAuth(user, password string) string {
+	return base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
+}
