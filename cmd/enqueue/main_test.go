@@ -186,6 +186,15 @@ func TestStatusAndList(t *testing.T) {
 	require.Equal(t, cli.ExitInvalidInput, code)
 	_, code = runCLI(t, dbURL, "list", "--limit", "0")
 	require.Equal(t, cli.ExitInvalidInput, code)
+
+	// Per tenant: tenant-a holds two leases (loading, publishing) and one
+	// batch waits (reserved); tenant-b's only Running batch lost its lease.
+	out, code = runCLI(t, dbURL, "list", "--tenants", "--json")
+	require.Equal(t, cli.ExitOK, code, out)
+	require.Equal(t, `{"tenant_id":"tenant-a","running":2,"waiting":1}`+"\n"+`{"tenant_id":"tenant-b","running":0,"waiting":1}`+"\n", out)
+	out, code = runCLI(t, dbURL, "list", "--tenants", "--tenant-id", "tenant-b")
+	require.Equal(t, cli.ExitOK, code, out)
+	require.Regexp(t, `\ATENANT\s+RUNNING\s+WAITING\ntenant-b\s+0\s+1\n\z`, out)
 }
 
 // hostile is what an S3 key or an error message may carry: OSC 0 (retitle

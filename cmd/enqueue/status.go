@@ -15,6 +15,7 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/term"
 
@@ -39,6 +40,50 @@ type listCmd struct {
 	Parked   bool   `name:"parked" help:"Only parked batches (Running, but this build cannot work on them)."`
 	Limit    int    `name:"limit" default:"50" help:"At most this many batches."`
 	JSON     bool   `name:"json" help:"Print JSON lines instead of a table."`
+	Tenants  bool   `name:"tenants" help:"Per tenant instead of per batch: Running batches holding a lease (running) and waiting for one (waiting; not parked), as worker --max-running-per-tenant counts them. With --tenant-id, that tenant only."`
+}
+
+// tenantView is a line of list --tenants.
+type tenantView struct {
+	TenantID string `json:"tenant_id"`
+	Running  int64  `json:"running"`
+	Waiting  int64  `json:"waiting"`
+}
+
+// listTenants prints list --tenants: every tenant with a Running scoped
+// batch, busiest first.
+func (l *listCmd) listTenants(ctx context.Context, pool *pgxpool.Pool, e *cli.Env) error {
+	rows, err := pool.Query(ctx, `
+		SELECT tenant_id,
+		       count(*) FILTER (WHERE execution_lease_id IS NOT NULL AND execution_lease_expires_at > now()),
+		       count(*) FILTER (WHERE parked_at IS NULL AND (execution_lease_id IS NULL OR execution_lease_expires_at <= now()))
+		FROM ingestion_batches
+		WHERE status = 'Running' AND source_scope IS NOT NULL AND ($1 = '' OR tenant_id = $1)
+		GROUP BY tenant_id
+		ORDER BY 2 DESC, 3 DESC, 1
+		LIMIT $2`, l.TenantID, l.Limit)
+	if err != nil {
+		return err
+	}
+	views, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tenantView, error) {
+		var v tenantView
+		return v, r.Scan(&v.TenantID, &v.Running, &v.Waiting)
+	})
+	if err != nil {
+		return err
+	}
+	if l.JSON {
+		for _, v := range views {
+			printJSON(e.Stdout, v)
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tRUNNING\tWAITING")
+	for _, v := range views {
+		fmt.Fprintf(tw, "%s\t%d\t%d\n", cell(v.TenantID), v.Running, v.Waiting)
+	}
+	return tw.Flush()
 }
 
 // batchView is what status and list show of a batch. Durations are numbers
@@ -394,6 +439,9 @@ func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	defer pool.Close()
 	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
+	if l.Tenants {
+		return l.listTenants(ctx, pool, e)
+	}
 	batches, now, err := batch.NewStore(pool).List(ctx, batch.ListFilter{
 		Status: batch.Status(l.Status), TenantID: l.TenantID, Stuck: l.Stuck, Parked: l.Parked, Limit: l.Limit,
 	})

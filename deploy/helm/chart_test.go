@@ -154,6 +154,8 @@ func TestChartDefaults(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, time.Duration(*pod.TerminationGracePeriodSeconds)*time.Second, graceDur,
 		"terminationGracePeriodSeconds must outlast the worker's shutdown grace")
+	_, capped := argValue(c.Args, "--max-running-per-tenant")
+	require.False(t, capped, "no tenant cap by default")
 	ttl, _ := argValue(c.Args, "--lease-ttl")
 	renew, _ := argValue(c.Args, "--lease-renew-every")
 	ttlDur, _ := time.ParseDuration(ttl)
@@ -219,7 +221,7 @@ func TestChartNonDefaults(t *testing.T) {
 		"worker": map[string]any{
 			"replicas": 5, "autoscaling": map[string]any{"enabled": false}, "shutdownGraceSeconds": 60,
 			"leaseTTLSeconds": 45, "leaseRenewEverySeconds": 15, "concurrency": 8, "leaseSafetyMarginMilliseconds": 4500,
-			"podDisruptionBudget": map[string]any{"enabled": false},
+			"podDisruptionBudget": map[string]any{"enabled": false}, "maxRunningPerTenant": 3,
 		},
 		"warehouse": map[string]any{"existingSecret": "redshift"},
 		"enqueue":   map[string]any{"enabled": false},
@@ -240,6 +242,8 @@ func TestChartNonDefaults(t *testing.T) {
 	require.Equal(t, "8", v)
 	v, _ = argValue(c.Args, "--lease-safety-margin")
 	require.Equal(t, "4500ms", v)
+	v, _ = argValue(c.Args, "--max-running-per-tenant")
+	require.Equal(t, "3", v, "worker.maxRunningPerTenant")
 	name, key := envSecret(c, "WAREHOUSE_URL")
 	require.Equal(t, "redshift", name)
 	require.Equal(t, "url", key)
