@@ -80,8 +80,8 @@ func TestPgBouncerWithoutThePoolerSettingFails(t *testing.T) {
 // connected through PgBouncer in transaction mode (--database-pooler
 // transaction) and a server pool smaller than the clients, so their
 // transactions keep changing server connections: two workers, enqueue
-// import, import --from-file, enqueue serve, status, list, cancel and
-// retry. worker migrate refuses the setting.
+// import, import --from-file, enqueue serve, status, list, cancel, retry
+// and resume. worker migrate refuses the setting.
 func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
@@ -158,6 +158,24 @@ func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 		require.NotContains(t, logs, "prepared statement", "worker %s", w.name)
 		require.NotContains(t, logs, `"level":"ERROR"`, "worker %s", w.name)
 	}
+
+	// A batch whose publication failed is resumed through PgBouncer (the
+	// slice's stamp is read on the operational database) and succeeds.
+	_, err := pool.Exec(context.Background(), `
+		CREATE FUNCTION curated.fail_publication() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN RAISE EXCEPTION 'outbox down (injected)'; END $$;
+		CREATE TRIGGER fail_publication BEFORE INSERT ON curated.fleet_publications
+		FOR EACH ROW EXECUTE FUNCTION curated.fail_publication();`)
+	require.NoError(t, err)
+	f := writeFolder(t, sample)
+	id = enqueueBatchEnv(t, bURL, pooled, "tenant-e", f)
+	waitStatus(t, pool, id, batch.StatusFailed, 30*time.Second)
+	_, err = pool.Exec(context.Background(), `DROP TRIGGER fail_publication ON curated.fleet_publications`)
+	require.NoError(t, err)
+	out, code = runEnqueueEnv(t, bURL, pooled, "resume", "--batch-id", fmt.Sprint(id), "--tenant-id", "tenant-e", "--folder", f)
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "resumed", outcome(t, out)["outcome"])
+	waitStatus(t, pool, id, batch.StatusSucceeded, 30*time.Second)
 }
 
 // enqueueBatchEnv is enqueueBatch with environment beyond DATABASE_URL.
