@@ -160,3 +160,37 @@ func TestFencingHoldsAcrossServerConnectionsOfAPooler(t *testing.T) {
 	_, err = batch.NewStore(successor).WriteDetails(ctx, next.Lease.Fence(), d)
 	require.NoError(t, err)
 }
+
+// TestRenewalsRunOnTheirOwnConnection: a store WithRenewals renews (Renew,
+// RenewMany) on the given connection and does everything else on its own:
+// here the renewal connection is closed, so renewals fail while an
+// acquisition, a check and a release succeed; on an open one they renew.
+func TestRenewalsRunOnTheirOwnConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	closed := pgtest.Pool(t, dbURL)
+	closed.Close()
+	leases := lease.NewStore(pool).WithRenewals(closed)
+
+	b := reserve(t, pool, "tenant-a", "s3://bucket/renewals")
+	a, err := leases.Acquire(ctx, b.ID, "delivery-1", 30*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, lease.Acquired, a.Outcome)
+	_, err = leases.RenewMany(ctx, []lease.Lease{a.Lease}, 30*time.Second)
+	require.Error(t, err, "RenewMany runs on the renewal connection")
+	_, _, err = leases.Renew(ctx, a.Lease, 30*time.Second)
+	require.Error(t, err, "Renew runs on the renewal connection")
+	_, held, _, err := leases.Check(ctx, a.Lease, time.Second)
+	require.NoError(t, err)
+	require.True(t, held)
+
+	renewed, err := lease.NewStore(pool).WithRenewals(pgtest.Pool(t, dbURL)).RenewMany(ctx, []lease.Lease{a.Lease}, 30*time.Second)
+	require.NoError(t, err)
+	require.Len(t, renewed, 1)
+	require.True(t, renewed[0].Held)
+	released, err := leases.Release(ctx, renewed[0].Lease)
+	require.NoError(t, err)
+	require.True(t, released)
+}
