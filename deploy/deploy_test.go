@@ -23,7 +23,11 @@ import (
 // histograms the _bucket, _sum and _count series are included.
 func exported(t *testing.T) map[string]map[string]bool {
 	t.Helper()
-	worker, err := metrics.New().Registry.Gather()
+	m := metrics.New()
+	// Series per tenant exist only once a tenant has batches: give the
+	// gauge one so it is gathered with its labels.
+	m.TenantBatches.WithLabelValues("tenant-a", metrics.TenantBatchStates[0]).Set(0)
+	worker, err := m.Registry.Gather()
 	require.NoError(t, err)
 	serve, err := metrics.NewServe().Registry.Gather()
 	require.NoError(t, err)
