@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,8 +82,8 @@ func TestPgBouncerWithoutThePoolerSettingFails(t *testing.T) {
 // connected through PgBouncer in transaction mode (--database-pooler
 // transaction) and a server pool smaller than the clients, so their
 // transactions keep changing server connections: two workers, enqueue
-// import, import --from-file, enqueue serve, status, list, cancel, retry
-// and resume. worker migrate refuses the setting.
+// import, import --from-file, enqueue serve (with the River UI's API),
+// status, list, cancel, retry and resume. worker migrate refuses the setting.
 func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
@@ -97,7 +99,7 @@ func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 		startWorkerEnv(t, bURL, pooled, append([]string{"--concurrency", "4"}, fastLease...)...),
 		startWorkerEnv(t, bURL, pooled, append([]string{"--concurrency", "4"}, fastLease...)...),
 	}
-	_, base := startServe(t, bURL, append([]string{"ENQUEUE_AUTH_TOKEN=tok"}, pooled...), "--dev-allow-local-folders")
+	_, base := startServe(t, bURL, append([]string{"ENQUEUE_AUTH_TOKEN=tok", "ENQUEUE_OPERATOR_TOKEN=op-token"}, pooled...), "--dev-allow-local-folders")
 
 	var ids []int64
 	for range 4 {
@@ -139,6 +141,18 @@ func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Equal(t, len(ids), strings.Count(out, `"status":"Succeeded"`), out)
 
+	// The River UI's API reads the jobs through PgBouncer.
+	req, err := http.NewRequest(http.MethodGet, base+"/riverui/api/jobs?state=completed&limit=100", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer op-token")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	require.Equal(t, len(ids), strings.Count(string(body), `"kind":"fleet_ingest"`), string(body))
+
 	// Cancel a batch mid-load, then retry it: both through PgBouncer.
 	release := blockLoads(t, pool)
 	id := enqueueBatchEnv(t, bURL, pooled, "tenant-d", writeFolder(t, sample))
@@ -161,7 +175,7 @@ func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 
 	// A batch whose publication failed is resumed through PgBouncer (the
 	// slice's stamp is read on the operational database) and succeeds.
-	_, err := pool.Exec(context.Background(), `
+	_, err = pool.Exec(context.Background(), `
 		CREATE FUNCTION curated.fail_publication() RETURNS trigger LANGUAGE plpgsql AS
 		$$ BEGIN RAISE EXCEPTION 'outbox down (injected)'; END $$;
 		CREATE TRIGGER fail_publication BEFORE INSERT ON curated.fleet_publications
