@@ -61,6 +61,15 @@ func TestWorkerConnectionFootprint(t *testing.T) {
 		return conns, succeeded
 	}
 
+	// The enqueue process has exited; wait until its sessions are gone.
+	require.Eventually(t, func() bool {
+		var others int
+		require.NoError(t, observer.QueryRow(ctx, `
+			SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&others))
+		return others == 0
+	}, 30*time.Second, 20*time.Millisecond, "the enqueue process's sessions end")
+
 	start := time.Now()
 	w := startWorker(t, dbURL, "--concurrency", fmt.Sprint(concurrency), "--poll-interval", "200ms")
 	var done int

@@ -4,7 +4,9 @@
 // Both go through the enqueue command line's code path (jobs.Enqueuer) and
 // answer with the same JSON outcomes; the folders one notification completes
 // are imported as one burst (Enqueuer.ImportMany: one transaction), each
-// record keeping its own answer.
+// record keeping its own answer. With Config.GroupLinger, concurrent
+// requests share a burst too (group commit, jobs.Grouper), each request
+// keeping its own answer.
 //
 // Trust boundary. The bearer token is shared by every caller, so it proves
 // only that a caller may ask for imports, not which tenant it speaks for:
@@ -132,8 +134,19 @@ type Config struct {
 	RateBurst int
 	// RequestTimeout bounds the database work of one request. Defaults to 30 s.
 	RequestTimeout time.Duration
-	Metrics        *metrics.Metrics
-	Logger         *slog.Logger
+	// GroupLinger turns on group commit (jobs.Grouper): imports of
+	// concurrent requests share one transaction, and a request waits at
+	// most this long for others (and only while another group's
+	// transaction is in flight). Each request keeps its own answer. Zero
+	// (the default here; enqueue serve defaults to
+	// jobs.GroupLingerDefault) gives every request a transaction of its
+	// own.
+	GroupLinger time.Duration
+	// GroupMax bounds the folders of one group. Defaults to
+	// jobs.GroupMaxDefault.
+	GroupMax int
+	Metrics  *metrics.Metrics
+	Logger   *slog.Logger
 }
 
 // Server serves the upload notification API.
@@ -143,6 +156,9 @@ type Server struct {
 	replay *ReplayStore
 	sns    *snsVerifier
 	door   *doorLimiter
+	// imports runs the imports: through group commit when GroupLinger is
+	// set, else one transaction per request.
+	imports *jobs.Grouper
 }
 
 // ConfigError is a Config that Validate refuses; Setting names the field.
@@ -175,6 +191,10 @@ func (c Config) Validate() error {
 		return refuse("RateLimit", "must be a non-negative number (0 turns the limit off)")
 	case c.RateBurst < 0:
 		return refuse("RateBurst", "must not be negative")
+	case c.GroupLinger < 0:
+		return refuse("GroupLinger", "must not be negative (0 turns group commit off)")
+	case c.GroupMax < 0 || c.GroupMax > jobs.MaxBurst:
+		return refuse("GroupMax", fmt.Sprintf("must be between 1 and %d", jobs.MaxBurst))
 	}
 	if err := c.Mapping.Validate(); err != nil {
 		return refuse("Mapping", err.Error())
@@ -224,6 +244,10 @@ func New(cfg Config) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, door: newDoorLimiter(cfg.RateLimit, cfg.RateBurst)}
+	s.imports = jobs.NewGrouper(cfg.Enqueuer, jobs.GroupConfig{
+		Linger: cfg.GroupLinger, Max: cfg.GroupMax, Timeout: cfg.RequestTimeout,
+		Metrics: metrics.NewImportGroups(cfg.Metrics.Registry),
+	})
 	if cfg.Pool != nil {
 		s.replay = NewReplayStore(cfg.Pool)
 	}
@@ -365,7 +389,7 @@ func (s *Server) importOne(ctx context.Context, req jobs.ImportRequest) (int, st
 	client := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
-	res, err := s.cfg.Enqueuer.Import(ctx, req)
+	res, err := s.imports.Import(ctx, req)
 	var in *jobs.InputError
 	switch {
 	case errors.As(err, &in):
@@ -417,7 +441,7 @@ func (s *Server) importMany(ctx context.Context, reqs []jobs.ImportRequest) []an
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	answers := make([]answer, len(reqs))
-	results, err := s.cfg.Enqueuer.ImportMany(ctx, reqs)
+	results, err := s.imports.ImportMany(ctx, reqs)
 	switch {
 	case err != nil && client.Err() != nil:
 		// The client went away: not a database outage (see importOne).
