@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,13 +26,19 @@ import (
 
 // sqsMessages is how many notifications (one folder each) the SQS
 // scenario puts on the queue before the consumers start.
-const sqsMessages = 3000
+const sqsMessages = 10_000
+
+// sqsReceivers is the --receivers of each consumer (its default).
+const sqsReceivers = 8
 
 // benchSQS: folders per second imported by "enqueue sqs" processes from a
-// queue of S3 notifications (10 messages per receive, their folders in one
+// queue of S3 notifications (10 messages per receive, --receivers long
+// polls per process, the receives that arrive together imported in one
 // transaction), 1 and 4 consumers, against pgbench's single-enqueue
-// transaction rate with as many clients. The queue is local-aws-sqs (Node),
-// whose own speed is part of the figure.
+// transaction rate with as many clients. The queue is local-aws-sqs
+// (Node), whose own speed is part of the figure; the "SQS server alone"
+// row measures that ceiling: receive and delete as fast as the server
+// answers, no database.
 func benchSQS(e *env) error {
 	srv, err := sqstest.New()
 	if err != nil {
@@ -42,20 +50,25 @@ func benchSQS(e *env) error {
 	}
 	defer srv.Close()
 	client := srv.Client()
+	newQueue := func(name string) (string, error) {
+		q, err := client.CreateQueue(e.ctx, &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: map[string]string{"VisibilityTimeout": "60"}})
+		if err != nil {
+			return "", err
+		}
+		queue := aws.ToString(q.QueueUrl)
+		return queue, fillQueue(e.ctx, client, queue, sqsMessages)
+	}
+	var pgbench4 float64
 	for _, consumers := range []int{1, 4} {
 		if err := e.reset(); err != nil {
 			return err
 		}
-		q, err := client.CreateQueue(e.ctx, &sqs.CreateQueueInput{QueueName: aws.String(fmt.Sprintf("bench-%d", consumers)),
-			Attributes: map[string]string{"VisibilityTimeout": "60"}})
+		queue, err := newQueue(fmt.Sprintf("bench-%d", consumers))
 		if err != nil {
 			return err
 		}
-		queue := aws.ToString(q.QueueUrl)
-		if err := fillQueue(e.ctx, client, queue, sqsMessages); err != nil {
-			return err
-		}
 		start := time.Now()
+		cpu := startCPU(e, srv)
 		var procs []*exec.Cmd
 		stop := func() {
 			for _, p := range procs {
@@ -72,7 +85,7 @@ func benchSQS(e *env) error {
 				return err
 			}
 			cmd := exec.Command(e.enqueueBin, "sqs", "--queue-url", queue, "--bucket", "bench-bucket", "--wait-time", "1s",
-				"--admin-listen", "127.0.0.1:0", "--max-conns", "2", "--log-level", "warn")
+				"--receivers", fmt.Sprint(sqsReceivers), "--admin-listen", "127.0.0.1:0", "--max-conns", "2", "--log-level", "warn")
 			cmd.Env = append(append(os.Environ(), "DATABASE_URL="+e.dbURL), srv.Env()...)
 			cmd.Stdout, cmd.Stderr = logs, logs
 			if err := cmd.Start(); err != nil {
@@ -84,10 +97,23 @@ func benchSQS(e *env) error {
 		n, err := e.waitBatches(sqsMessages, 5*time.Minute)
 		elapsed := time.Since(start)
 		stop()
+		used := cpu.stop(procs)
 		if err != nil {
 			return fmt.Errorf("%d consumers imported %d of %d folders: %w", consumers, n, sqsMessages, err)
 		}
-		ours := float64(sqsMessages) / elapsed.Seconds()
+		// The rate once the first transaction began: the folders of the
+		// later transactions over the time from the first transaction's
+		// start to the last one's (the database clock), so the processes'
+		// start does not count.
+		var after int
+		var span float64
+		if err := e.pool.QueryRow(e.ctx, `
+			WITH b AS (SELECT created_at FROM ingestion_batches WHERE `+current+`)
+			SELECT count(*) FILTER (WHERE created_at > (SELECT min(created_at) FROM b)),
+			       EXTRACT(EPOCH FROM max(created_at) - min(created_at))::float8 FROM b`).Scan(&after, &span); err != nil {
+			return err
+		}
+		ours := float64(after) / span
 		if err := e.reset(); err != nil {
 			return err
 		}
@@ -95,12 +121,125 @@ func benchSQS(e *env) error {
 		if err != nil {
 			return err
 		}
-		e.add(fmt.Sprintf("SQS consumer, 10 messages per receive, %d consumer(s)", consumers), ours, ptr(base), "folders/s", 0, false,
-			fmt.Sprintf("%d S3 notifications (one folder each) on a local-aws-sqs queue, consumed by %d enqueue sqs process(es) from their start until every folder had a batch (%s, process start included); "+
-				"each receive's folders in one ImportMany transaction, then DeleteMessageBatch; baseline: pgbench single-enqueue transactions with %d client(s), same run; local-aws-sqs answers a receive on its next 10 ms poll tick, so one consumer waits at least 10 ms per 10 messages",
-				sqsMessages, consumers, elapsed.Round(time.Millisecond), consumers))
+		if consumers == 4 {
+			pgbench4 = base
+		}
+		target := 0.0
+		if consumers == 4 {
+			target = 2.0
+		}
+		e.add(fmt.Sprintf("SQS consumer, 10 messages per receive, %d consumer(s)", consumers), ours, ptr(base), "folders/s", target, false,
+			fmt.Sprintf("%d S3 notifications (one folder each) on a local-aws-sqs queue, consumed by %d enqueue sqs process(es), %d long polls each (--receivers); "+
+				"the receives that arrive together (--linger 10ms, up to 100 folders) in one ImportMany transaction, then concurrent DeleteMessageBatch calls; "+
+				"rate from the first transaction's start to the last one's (%.2fs, database clock; %s from the processes' start: %.0f folders/s); "+
+				"CPU per folder: %.0f µs enqueue sqs, %.0f µs local-aws-sqs, %.0f µs PostgreSQL (%.2f of the machine's %d CPUs busy with these three); "+
+				"baseline: pgbench single-enqueue transactions with %d client(s), same run; local-aws-sqs answers a receive on a 10 ms poll tick",
+				sqsMessages, consumers, sqsReceivers, span, elapsed.Round(time.Millisecond), float64(sqsMessages)/elapsed.Seconds(),
+				1e6*used.consumers/sqsMessages, 1e6*used.server/sqsMessages, 1e6*used.postgres/sqsMessages,
+				(used.consumers+used.server+used.postgres)/elapsed.Seconds(), runtime.NumCPU(), consumers))
 	}
+
+	// The server alone: as many receivers as the 4 consumers have, each
+	// receiving ten and deleting them, no database.
+	queue, err := newQueue("bench-server-alone")
+	if err != nil {
+		return err
+	}
+	serverCPU := procCPUSeconds(srv.Pid())
+	receives, elapsed, err := drainQueue(e.ctx, client, queue, 4*sqsReceivers)
+	if err != nil {
+		return err
+	}
+	serverCPU = procCPUSeconds(srv.Pid()) - serverCPU
+	e.add(fmt.Sprintf("SQS server alone (receive and delete, no database), %d receivers", 4*sqsReceivers), float64(sqsMessages)/elapsed.Seconds(), ptr(pgbench4), "messages/s", 0, false,
+		fmt.Sprintf("the ceiling of the SQS rows: %d messages received (%d receives, %.0f/s) and deleted (DeleteMessageBatch) by %d goroutines of the harness through the SDK, as fast as local-aws-sqs answers, in %s; "+
+			"local-aws-sqs used %.0f µs CPU per message (%.2f CPUs); baseline: pgbench single-enqueue transactions with 4 clients (the SQS 4-consumer row's)",
+			sqsMessages, receives, float64(receives)/elapsed.Seconds(), 4*sqsReceivers, elapsed.Round(time.Millisecond),
+			1e6*serverCPU/sqsMessages, serverCPU/elapsed.Seconds()))
 	return nil
+}
+
+// cpuUse is the CPU time of the SQS scenario's parts over a run.
+type cpuUse struct{ consumers, server, postgres float64 }
+
+type cpuStart struct {
+	e      *env
+	pid    int
+	server float64
+	pg     float64
+}
+
+func startCPU(e *env, srv *sqstest.Server) cpuStart {
+	return cpuStart{e: e, pid: srv.Pid(), server: procCPUSeconds(srv.Pid()), pg: serverCPUSeconds(filepath.Join(e.cluster.Dir, "data"))}
+}
+
+// stop returns the CPU time used since start: the exited consumer
+// processes' (their rusage), the SQS server's and PostgreSQL's.
+func (c cpuStart) stop(procs []*exec.Cmd) cpuUse {
+	u := cpuUse{server: procCPUSeconds(c.pid) - c.server, postgres: serverCPUSeconds(filepath.Join(c.e.cluster.Dir, "data")) - c.pg}
+	for _, p := range procs {
+		if p.ProcessState != nil {
+			u.consumers += (p.ProcessState.UserTime() + p.ProcessState.SystemTime()).Seconds()
+		}
+	}
+	return u
+}
+
+// procCPUSeconds is a live process's CPU time (user + system).
+func procCPUSeconds(pid int) float64 {
+	f, ok := procStat(pid)
+	if !ok {
+		return 0
+	}
+	return float64(f.utime+f.stime) / clockTicks
+}
+
+// drainQueue receives (ten at a time) and deletes every message of queue
+// with receivers goroutines, and returns the receives made and the time.
+func drainQueue(ctx context.Context, client *sqs.Client, queue string, receivers int) (int, time.Duration, error) {
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		receives int
+		left     = sqsMessages
+		firstErr error
+		end      time.Time
+	)
+	start := time.Now()
+	for range receivers {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				done := left <= 0 || firstErr != nil
+				mu.Unlock()
+				if done {
+					return
+				}
+				out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(queue), MaxNumberOfMessages: 10, WaitTimeSeconds: 1})
+				if err == nil && len(out.Messages) > 0 {
+					entries := make([]types.DeleteMessageBatchRequestEntry, len(out.Messages))
+					for i, m := range out.Messages {
+						entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(fmt.Sprint(i)), ReceiptHandle: m.ReceiptHandle}
+					}
+					_, err = client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(queue), Entries: entries})
+				}
+				mu.Lock()
+				receives++
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if err == nil {
+					left -= len(out.Messages)
+					if left <= 0 && end.IsZero() {
+						end = time.Now()
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return receives, end.Sub(start), firstErr
 }
 
 // fillQueue sends n notifications of distinct folders, ten per request,
@@ -139,7 +278,9 @@ func fillQueue(ctx context.Context, client *sqs.Client, queue string, n int) err
 // waitBatches waits until the scenario's batches number n.
 func (e *env) waitBatches(n int, timeout time.Duration) (int, error) {
 	var got int
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	// Every 100 ms: the count is a scan, and its CPU is PostgreSQL's in the
+	// scenario's figures.
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE `+current).Scan(&got); err != nil {
 			return got, err
 		}
@@ -206,8 +347,11 @@ func benchReconcile(e *env) error {
 		}
 		objectsPerSecond := float64(sum.ObjectsListed) / sum.DurationSeconds
 		e.add(fmt.Sprintf("reconcile over 10,000 folders, %s", run.label), float64(reconcileFolders)/sum.DurationSeconds, ptr(listOnly*float64(reconcileFolders)/float64(listed)), "folders/s", 0, false,
-			fmt.Sprintf("enqueue reconcile process, bursts of 500 folders (one look-up, one ImportMany); %d objects listed in %.2fs (%.0f objects/s); baseline: the same ListObjectsV2 pages through the SDK from the harness, %.0f objects/s, no database; S3 is gofakes3 in the harness",
-				sum.ObjectsListed, sum.DurationSeconds, objectsPerSecond, listOnly))
+			fmt.Sprintf("enqueue reconcile process, bursts of 500 folders (one look-up, one ImportMany); %d objects listed in %.2fs (%.0f objects/s); baseline: the same ListObjectsV2 pages through the SDK from the harness, %.0f objects/s, no database; S3 is gofakes3 in the harness; peak resident memory of the process %.1f MiB",
+				sum.ObjectsListed, sum.DurationSeconds, objectsPerSecond, listOnly, sum.peakMiB))
+		e.addTarget(fmt.Sprintf("reconcile over 10,000 folders, %s: peak memory", run.label), sum.peakMiB, "MiB", "<= 64 MiB", sum.peakMiB <= 64,
+			fmt.Sprintf("the enqueue reconcile process's peak resident set (ru_maxrss of the exited process, as VmHWM), %d objects listed a page at a time, bursts of 500 folders",
+				sum.ObjectsListed))
 	}
 	return nil
 }
@@ -217,6 +361,8 @@ type reconcileSummary struct {
 	ObjectsListed   int            `json:"objects_listed"`
 	Outcomes        map[string]int `json:"outcomes"`
 	DurationSeconds float64        `json:"duration_seconds"`
+	// peakMiB is the process's peak resident memory (not in the line).
+	peakMiB float64
 }
 
 func (e *env) runReconcile(store *s3test.Server, bucket string) (reconcileSummary, error) {
@@ -226,6 +372,12 @@ func (e *env) runReconcile(store *s3test.Server, bucket string) (reconcileSummar
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return reconcileSummary{}, fmt.Errorf("enqueue reconcile: %v: %s", err, stderr.String())
+	}
+	// Linux reports ru_maxrss in KiB: the high-water mark of the process's
+	// resident set, VmHWM at its exit.
+	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok || ru.Maxrss <= 0 {
+		return reconcileSummary{}, fmt.Errorf("enqueue reconcile: no peak memory in %T", cmd.ProcessState.SysUsage())
 	}
 	sc := bufio.NewScanner(&stdout)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -237,6 +389,7 @@ func (e *env) runReconcile(store *s3test.Server, bucket string) (reconcileSummar
 		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
 			return reconcileSummary{}, err
 		}
+		line.Summary.peakMiB = float64(ru.Maxrss) / 1024
 		return line.Summary, nil
 	}
 	return reconcileSummary{}, fmt.Errorf("enqueue reconcile printed no summary: %s", stderr.String())

@@ -28,7 +28,7 @@ type sqsCmd struct {
 	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Import folders only of these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). A message of another bucket is left for the dead-letter queue."`
 	WaitTime          time.Duration `name:"wait-time" env:"SQS_WAIT_TIME" default:"20s" help:"Long poll of each receive (WaitTimeSeconds), 0s to 20s."`
 	MaxMessages       int           `name:"max-messages" env:"SQS_MAX_MESSAGES" default:"10" help:"Messages per receive, 1 to 10."`
-	Receivers         int           `name:"receivers" env:"SQS_RECEIVERS" default:"4" help:"Long polls in flight at once, 1 to 64."`
+	Receivers         int           `name:"receivers" env:"SQS_RECEIVERS" default:"8" help:"Long polls in flight at once, 1 to 64 (one returns at most 10 messages; about --max-burst/10 fill a transaction)."`
 	MaxBurst          int           `name:"max-burst" env:"SQS_MAX_BURST" default:"100" help:"Folders imported in one transaction at most: the receives that arrive together (see --linger) are imported together, up to this many folders."`
 	Linger            time.Duration `name:"linger" env:"SQS_LINGER" default:"10ms" help:"How long a transaction waits for more receives to join it after the first arrived, 0s to 1s."`
 	VisibilityTimeout time.Duration `name:"visibility-timeout" env:"SQS_VISIBILITY_TIMEOUT" default:"0s" help:"Visibility timeout of the messages received (whole seconds); 0s keeps the queue's. It must exceed --timeout: a message comes back only after it."`

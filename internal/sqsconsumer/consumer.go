@@ -28,7 +28,7 @@ const (
 	BackoffMinDefault    = time.Second
 	BackoffMaxDefault    = 30 * time.Second
 	MarkerDefault        = "_SUCCESS"
-	ReceiversDefault     = 4
+	ReceiversDefault     = 8
 	MaxBurstDefault      = 100
 	LingerDefault        = 10 * time.Millisecond
 )
@@ -93,7 +93,9 @@ type Config struct {
 	// MaxMessages per receive, 1 to 10. Defaults to MaxMessagesDefault.
 	MaxMessages int
 	// Receivers is how many long polls Run keeps in flight at once, 1 to
-	// 64. Defaults to ReceiversDefault.
+	// 64. A receive returns at most ten messages after a round trip of
+	// tens of milliseconds, so a burst of MaxBurst folders needs about
+	// MaxBurst/10 receives at once. Defaults to ReceiversDefault.
 	Receivers int
 	// MaxBurst is how many folders Run gathers from several receives
 	// into one transaction: it stops adding receives once the burst holds
@@ -215,7 +217,9 @@ func New(cfg Config) (*Consumer, error) {
 // commits. A failed receive pauses its receiver, and a failed burst all
 // of them, for a pause that doubles up to BackoffMax.
 func (c *Consumer) Run(ctx context.Context) error {
-	received := make(chan delivery)
+	// While a round commits, the receivers go on receiving until the next
+	// round's worth (MaxBurst messages) is in hand.
+	received := make(chan delivery, max(1, c.cfg.MaxBurst/c.cfg.MaxMessages))
 	var receivers sync.WaitGroup
 	for range c.cfg.Receivers {
 		receivers.Go(func() { c.receiveLoop(ctx, received) })

@@ -175,6 +175,9 @@ func (s *Server) Close() {
 	})
 }
 
+// Pid is the server's process id (the benchmark reads its CPU time).
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
 // Env returns the environment that points the AWS SDK's SQS clients at the
 // server: endpoint, static credentials, region, no instance metadata.
 func (s *Server) Env() []string {
