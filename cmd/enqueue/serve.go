@@ -44,6 +44,10 @@ type serveCmd struct {
 	SignedMaxBodyBytes int64   `name:"signed-max-body-bytes" env:"SIGNED_MAX_BODY_BYTES" default:"65536" help:"Largest body of a request without the import token (HMAC- or SNS-signed), read before its signature is checked; at most --max-body-bytes."`
 	RateLimit          float64 `name:"rate-limit" env:"RATE_LIMIT" default:"500" help:"Folders per second one credential (the import token, the HMAC secret, one SNS topic) may start (size it above the fleet's upload rate: 100,000 vehicles uploading every 5 minutes is 333/s); each authenticated request takes one per folder it would start, at least one. Over it: 429 with Retry-After (503 to SNS, which retries only 5xx). 0 turns the limit off."`
 	RateBurst          int     `name:"rate-burst" env:"RATE_BURST" default:"200" help:"Most folders one credential may start at once, and so in one request (more is refused 422)."`
+
+	// Group commit: concurrent requests share one import transaction.
+	GroupLinger time.Duration `name:"group-linger" env:"GROUP_LINGER" default:"2ms" help:"Group commit: imports of concurrent requests share one transaction, each request keeping its own answer. A request waits at most this long for others, and only while another group's transaction is in flight. 0 gives every request a transaction of its own."`
+	GroupMax    int           `name:"group-max" env:"GROUP_MAX" default:"100" help:"Most folders one group-commit transaction imports (1 to 1000); a request of more is imported alone."`
 }
 
 func readSecret(path string) (string, error) {
@@ -64,6 +68,7 @@ var settingFields = map[string]string{
 	"AuthToken": "auth_token_file", "OperatorToken": "operator_token_file", "Marker": "marker",
 	"RequestTimeout": "timeout", "Mapping": "path_pattern", "SNS": "sns_topic_arn",
 	"SignedMaxBodyBytes": "signed_max_body_bytes", "RateLimit": "rate_limit", "RateBurst": "rate_burst",
+	"GroupLinger": "group_linger", "GroupMax": "group_max",
 }
 
 // refuseSetting reports an invalid setting as the invalid_input outcome
@@ -146,6 +151,8 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		return uploads.Config{}, refuseSetting(e, "rate_limit", errors.New("--rate-limit must not be negative (0 turns the limit off)"))
 	case s.RateLimit > 0 && s.RateBurst < 1:
 		return uploads.Config{}, refuseSetting(e, "rate_burst", errors.New("--rate-burst must be at least 1"))
+	case s.GroupMax < 1:
+		return uploads.Config{}, refuseSetting(e, "group_max", errors.New("--group-max must be at least 1"))
 	case s.SignedMaxBodyBytes < 1:
 		return uploads.Config{}, refuseSetting(e, "signed_max_body_bytes", errors.New("--signed-max-body-bytes must be at least 1"))
 	case s.SNSAutoConfirm && sns == nil:
@@ -157,6 +164,7 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		Marker:            s.Marker, Mapping: uploads.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
 		MaxBodyBytes: s.MaxBodyBytes, RequestTimeout: c.Timeout, Logger: e.Logger,
 		SignedMaxBodyBytes: s.SignedMaxBodyBytes, RateLimit: s.RateLimit, RateBurst: s.RateBurst,
+		GroupLinger: s.GroupLinger, GroupMax: s.GroupMax,
 	}
 	if err := cfg.Validate(); err != nil {
 		var ce *uploads.ConfigError
@@ -222,7 +230,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
 	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", cfg.AuthToken != "", "operator", cfg.OperatorToken != "", "hmac", len(cfg.HMACSecret) > 0,
-		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "rate_limit", s.RateLimit, "rate_burst", s.RateBurst, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
+		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "rate_limit", s.RateLimit, "rate_burst", s.RateBurst, "group_linger", s.GroupLinger, "group_max", s.GroupMax, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
 
 	select {
 	case <-e.Ctx.Done():
