@@ -10,7 +10,9 @@ import (
 
 // fencedUpdate is the one statement every lease holder's state write goes
 // through. It writes only while the batch is Running and held by exactly the
-// fence's lease id and generation, unexpired by the database clock. Terminal
+// fence's lease id and generation, unexpired by the database clock
+// (clock_timestamp, not now(): the write may be the last statement of a
+// long warehouse transaction, see warehouse.WithRecord). Terminal
 // statuses stamp completed_at and release the lease in the same statement,
 // closing its term in the lease trail (LeaseTermsClosed).
 //
@@ -36,7 +38,7 @@ var fencedUpdate = `
 	  AND status = 'Running'
 	  AND execution_lease_id = $2
 	  AND execution_lease_generation = $3
-	  AND execution_lease_expires_at > now()
+	  AND execution_lease_expires_at > clock_timestamp()
 	RETURNING ` + columns
 
 // AuditAppend returns SQL for the audit array at expr (NULL or missing

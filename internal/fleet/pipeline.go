@@ -42,6 +42,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/metrics"
@@ -140,6 +142,7 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 	}
 	slice := warehouse.Slice{TenantID: b.TenantID, SourceScope: b.Scope(), BatchID: b.ID, Generation: run.Lease.Generation}
 
+	recorded := false // the load's own transaction recorded the commit and the publishing phase
 	if !d.RedshiftCommitted {
 		st, found, err := p.Warehouse.Stamp(ctx, slice.TenantID, slice.SourceScope)
 		if err != nil {
@@ -151,35 +154,52 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 		case found && st.BatchID > b.ID:
 			return pipeline.Fail(batch.PhaseSuperseded, fmt.Errorf("warehouse slice is stamped with newer batch %d", st.BatchID))
 		default:
-			if st, err = p.load(ctx, run, f, slice, logger); err != nil {
+			if st, recorded, err = p.load(ctx, run, f, slice, logger); err != nil {
 				return err
 			}
 		}
 		// The commit is recorded with the publishing phase below: one
-		// fenced write for both. A delivery that dies before it finds the
-		// slice stamped with this batch and continues from publication.
-		d = run.Details
-		d.Phase, d.RedshiftCommitted, d.RecordCount = batch.PhaseCommitted, true, st.RecordCount
-		d.WarehouseStatement = nil // the load's statement ended: the slice is stamped
-		committedAt := st.CommittedAt
-		d.CommittedAt = &committedAt
+		// fenced write for both, or none when the load's own transaction
+		// wrote it (the local warehouse, see load). A delivery that dies
+		// before it finds the slice stamped with this batch and continues
+		// from publication.
+		d = committedDetails(run.Details, st)
 	}
 
 	if d.Publication.Completed {
 		return nil
 	}
 	start := time.Now()
-	d.Phase, d.Publication.Started = batch.PhasePublishing, true
-	startedAt := start.UTC()
-	d.Publication.StartedAt = &startedAt
-	if err := run.Checkpoint(ctx, d); err != nil {
-		return err
+	if recorded {
+		d = run.Details
+	} else {
+		d = publishingDetails(d, start)
+		if err := run.Checkpoint(ctx, d); err != nil {
+			return err
+		}
 	}
 	window := p.PublicationWindow
 	if window <= 0 {
 		window = batch.DefaultPublicationWindow
 	}
-	st, err := p.Warehouse.Publish(warehouse.WithJournal(ctx, newJournal(run, nil)), slice, window, run.VerifyLease)
+	// A warehouse in the operational database records the batch Succeeded
+	// in the publication's own transaction (warehouse.WithRecord): the
+	// publication and the terminal write commit together or not at all.
+	var (
+		done      *batch.Batch
+		doneWith  batch.Details
+		pubCtx    = warehouse.WithJournal(ctx, newJournal(run, nil))
+		succeeded = func(ctx context.Context, tx pgx.Tx, st warehouse.Stamp) error {
+			fd := publishedDetails(run.Details, st)
+			b, err := run.SucceedTx(ctx, tx, fd)
+			if err != nil {
+				return err
+			}
+			done, doneWith = &b, fd
+			return nil
+		}
+	)
+	st, err := p.Warehouse.Publish(warehouse.WithRecord(pubCtx, succeeded), slice, window, run.VerifyLease)
 	switch {
 	case errors.Is(err, batch.ErrStaleLease):
 		return err
@@ -191,12 +211,37 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 		return classify(batch.PhaseFailedPublication, err)
 	}
 	p.observe("publish", start)
-	d = run.Details // the journal may have recorded and cleared a statement
-	d.Phase, d.Publication.Completed, d.Publication.CompletedAt = batch.PhasePublished, true, st.PublishedAt
-	d.WarehouseStatement = nil
-	run.Details = d
+	if done != nil {
+		run.AdoptSucceeded(*done, doneWith)
+	} else {
+		run.Details = publishedDetails(run.Details, st) // the journal may have recorded and cleared a statement
+	}
 	logger.Info("batch published", "record_count", st.RecordCount, "publish_seconds", time.Since(start).Seconds())
 	return nil
+}
+
+// committedDetails is d recording the warehouse commit st.
+func committedDetails(d batch.Details, st warehouse.Stamp) batch.Details {
+	d.Phase, d.RedshiftCommitted, d.RecordCount = batch.PhaseCommitted, true, st.RecordCount
+	d.WarehouseStatement = nil // the load's statement ended: the slice is stamped
+	committedAt := st.CommittedAt
+	d.CommittedAt = &committedAt
+	return d
+}
+
+// publishingDetails is d announcing the publication, started at start.
+func publishingDetails(d batch.Details, start time.Time) batch.Details {
+	d.Phase, d.Publication.Started = batch.PhasePublishing, true
+	startedAt := start.UTC()
+	d.Publication.StartedAt = &startedAt
+	return d
+}
+
+// publishedDetails is d recording the completed publication st.
+func publishedDetails(d batch.Details, st warehouse.Stamp) batch.Details {
+	d.Phase, d.Publication.Completed, d.Publication.CompletedAt = batch.PhasePublished, true, st.PublishedAt
+	d.WarehouseStatement = nil
+	return d
 }
 
 var _ pipeline.Settler = (*Pipeline)(nil)
@@ -237,39 +282,72 @@ func (p *Pipeline) Settle(ctx context.Context, b batch.Batch, d batch.Details) (
 }
 
 // load records the loading phase and loads the folder into the slice.
-func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder, slice warehouse.Slice, logger *slog.Logger) (warehouse.Stamp, error) {
+//
+// A warehouse in the operational database records the commit, with the
+// publishing phase, in the load's own transaction (warehouse.WithRecord):
+// recorded is then true and run.Details is what it wrote.
+func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder, slice warehouse.Slice, logger *slog.Logger) (_ warehouse.Stamp, recorded bool, _ error) {
 	d := run.Details
 	d.Phase = batch.PhaseLoading
 	if err := run.Checkpoint(ctx, d); err != nil {
-		return warehouse.Stamp{}, err
+		return warehouse.Stamp{}, false, err
 	}
 	src, err := p.Opener.Open(ctx, f)
 	if err != nil {
-		return warehouse.Stamp{}, classify(batch.PhaseFailedPreCommit, err)
+		return warehouse.Stamp{}, false, classify(batch.PhaseFailedPreCommit, err)
 	}
 	defer src.Close()
 	objects, err := src.Objects(ctx)
 	if err != nil {
-		return warehouse.Stamp{}, classify(batch.PhaseFailedPreCommit, err)
+		return warehouse.Stamp{}, false, classify(batch.PhaseFailedPreCommit, err)
 	}
 	start := time.Now()
 	logger.Info("loading folder", "folder", f.String(), "objects", len(objects))
-	var details sync.Mutex // the sampler and the journal both write run.Details
-	stop := p.sampleProgress(ctx, run, &details, src.Progress(), int64(len(objects)), logger)
-	st, err := p.Warehouse.Load(warehouse.WithJournal(ctx, newJournal(run, &details)), slice, src, objects, run.VerifyLease)
+	var (
+		details sync.Mutex // the sampler, the journal and the record all write run.Details
+		closed  bool       // set under details by the record: the sampler writes no more
+		wrote   *batch.Batch
+		wroteD  batch.Details
+	)
+	prog := src.Progress()
+	stop := p.sampleProgress(ctx, run, &details, &closed, prog, int64(len(objects)), logger)
+	record := func(ctx context.Context, tx pgx.Tx, st warehouse.Stamp) error {
+		details.Lock()
+		defer details.Unlock()
+		// No progress sample may land after this write commits (it would
+		// write the loading phase back): the sampler stops here, and a
+		// sample in flight finished before the lock was ours.
+		closed = true
+		d := run.Details
+		d.Progress = &batch.Progress{ObjectsDone: prog.Objects(), ObjectsTotal: int64(len(objects)), RecordsDone: prog.Records(), At: time.Now().UTC()}
+		d = publishingDetails(committedDetails(d, st), time.Now())
+		b, err := run.CheckpointTx(ctx, tx, d)
+		if err != nil {
+			return err
+		}
+		wrote, wroteD = &b, d
+		return nil
+	}
+	lctx := warehouse.WithRecord(warehouse.WithJournal(ctx, newJournal(run, &details)), record)
+	st, err := p.Warehouse.Load(lctx, slice, src, objects, run.VerifyLease)
 	final := stop()
 	switch {
 	case errors.Is(err, batch.ErrStaleLease):
-		return warehouse.Stamp{}, err
+		return warehouse.Stamp{}, false, err
 	case errors.Is(err, warehouse.ErrSliceSuperseded):
-		return warehouse.Stamp{}, pipeline.Fail(batch.PhaseSuperseded, err)
+		return warehouse.Stamp{}, false, pipeline.Fail(batch.PhaseSuperseded, err)
 	case err != nil:
-		return warehouse.Stamp{}, classify(batch.PhaseFailedPreCommit, err)
+		return warehouse.Stamp{}, false, classify(batch.PhaseFailedPreCommit, err)
 	}
 	p.observe("load", start)
-	run.Details.Progress = &final
+	if wrote != nil {
+		wroteD.Progress = &final
+		run.Adopt(*wrote, wroteD)
+	} else {
+		run.Details.Progress = &final
+	}
 	logger.Info("warehouse slice committed", "record_count", st.RecordCount, "load_seconds", time.Since(start).Seconds())
-	return st, nil
+	return st, wrote != nil, nil
 }
 
 // sampleProgress records the load's progress in the batch details every
@@ -277,7 +355,7 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 // stop ends the sampling (waiting for a write in flight) and returns the
 // final figures. A failed write is not the load's business: a lost lease
 // stops the load through its own lease checks; anything else is logged.
-func (p *Pipeline) sampleProgress(ctx context.Context, run *pipeline.Run, details *sync.Mutex, prog *folder.Progress, objects int64, logger *slog.Logger) (stop func() batch.Progress) {
+func (p *Pipeline) sampleProgress(ctx context.Context, run *pipeline.Run, details *sync.Mutex, closed *bool, prog *folder.Progress, objects int64, logger *slog.Logger) (stop func() batch.Progress) {
 	every := p.ProgressEvery
 	if every <= 0 {
 		every = ProgressEveryDefault
@@ -311,6 +389,10 @@ func (p *Pipeline) sampleProgress(ctx context.Context, run *pipeline.Run, detail
 			}
 			last = bp
 			details.Lock()
+			if *closed {
+				details.Unlock()
+				return
+			}
 			d := run.Details
 			d.Progress = &bp
 			err := run.Checkpoint(ctx, d)

@@ -39,6 +39,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/smithy-go"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fleet/ingest/internal/batch"
@@ -76,8 +77,9 @@ type Run struct {
 	Details batch.Details
 	Lease   lease.Lease
 
-	store  *batch.Store
-	verify func(context.Context) error
+	store     *batch.Store
+	verify    func(context.Context) error
+	succeeded bool // the pipeline's own transaction recorded Succeeded (AdoptSucceeded)
 }
 
 // Checkpoint durably records d as the batch's details, fenced on the lease.
@@ -89,6 +91,32 @@ func (r *Run) Checkpoint(ctx context.Context, d batch.Details) error {
 	}
 	r.Batch, r.Details = b, d
 	return nil
+}
+
+// CheckpointTx writes d as Checkpoint does, fenced on the lease, but inside
+// tx: the write commits or rolls back with tx (a warehouse transaction in
+// the operational database, see warehouse.WithRecord). Run is unchanged
+// until the caller, once tx committed, passes the returned batch to Adopt.
+func (r *Run) CheckpointTx(ctx context.Context, tx pgx.Tx, d batch.Details) (batch.Batch, error) {
+	return r.store.WithTx(tx).WriteDetails(ctx, r.Lease.Fence(), d)
+}
+
+// SucceedTx marks the batch Succeeded with details d (phase published),
+// releasing the lease, fenced on it, inside tx: the terminal write that
+// Execute would otherwise make after the pipeline returns, committed with
+// the publication itself. Once tx committed the caller passes the returned
+// batch to AdoptSucceeded, and Execute writes nothing more.
+func (r *Run) SucceedTx(ctx context.Context, tx pgx.Tx, d batch.Details) (batch.Batch, error) {
+	return r.store.WithTx(tx).MarkSucceeded(ctx, r.Lease.Fence(), d)
+}
+
+// Adopt records that a CheckpointTx write of d, returning b, committed.
+func (r *Run) Adopt(b batch.Batch, d batch.Details) { r.Batch, r.Details = b, d }
+
+// AdoptSucceeded records that a SucceedTx write of d, returning b,
+// committed: the batch is Succeeded and its lease released.
+func (r *Run) AdoptSucceeded(b batch.Batch, d batch.Details) {
+	r.Batch, r.Details, r.succeeded = b, d, true
 }
 
 // VerifyLease checks that the lease is still held (a read when the term was
@@ -207,6 +235,10 @@ func Execute(ctx context.Context, store *batch.Store, l lease.Lease, verify func
 	perr := p.Execute(ctx, run)
 	var failure *Failure
 	switch {
+	case perr == nil && run.succeeded:
+		// Recorded Succeeded in the publication's own transaction: the
+		// batch is terminal and its lease released, whatever ctx says now.
+		return Result{Outcome: Succeeded, Batch: run.Batch}, nil
 	case errors.Is(perr, batch.ErrStaleLease):
 		return Result{Outcome: LeaseLost, Batch: run.Batch, Err: perr}, nil
 	case ctx.Err() != nil:

@@ -57,10 +57,17 @@ const publishFenceSQL = `
 	RETURNING id`
 
 // fenceLoad is the last statement of a load's transaction when the fence
-// is on: see WithBatchFence.
-func (p *Postgres) fenceLoad(ctx context.Context, tx pgx.Tx, s Slice) error {
+// is on: see WithBatchFence. The caller's Record (WithRecord), when ctx
+// carries one, takes the fence's place: it is a fenced write of the batch
+// row (status Running, the lease's id and generation, unexpired by
+// clock_timestamp), so it locks and checks the row as the fence does and
+// records the commit in the same transaction.
+func (p *Postgres) fenceLoad(ctx context.Context, tx pgx.Tx, s Slice, st Stamp) error {
 	if !p.fence {
 		return nil
+	}
+	if rec := RecordFrom(ctx); rec != nil {
+		return rec(ctx, tx, st)
 	}
 	var held bool
 	err := tx.QueryRow(ctx, loadFenceSQL, s.BatchID, s.Generation).Scan(&held)
@@ -76,10 +83,16 @@ func (p *Postgres) fenceLoad(ctx context.Context, tx pgx.Tx, s Slice) error {
 }
 
 // fencePublish is the last statement of a publication's transaction when
-// the fence is on: see WithBatchFence.
+// the fence is on: see WithBatchFence. The caller's Record (WithRecord),
+// when ctx carries one, takes the fence's place, as in fenceLoad: the
+// pipeline records the batch Succeeded there, so a cancel that waited for
+// the row lock finds it Succeeded.
 func (p *Postgres) fencePublish(ctx context.Context, tx pgx.Tx, s Slice, st Stamp) error {
 	if !p.fence {
 		return nil
+	}
+	if rec := RecordFrom(ctx); rec != nil {
+		return rec(ctx, tx, st)
 	}
 	var id int64
 	err := tx.QueryRow(ctx, publishFenceSQL, s.BatchID, s.Generation, st.PublishedAt).Scan(&id)

@@ -109,7 +109,7 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 				return err
 			}
 		}
-		return p.fenceLoad(ctx, tx, s)
+		return p.fenceLoad(ctx, tx, s, st)
 	})
 	if err != nil {
 		return Stamp{}, err

@@ -29,6 +29,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/folder"
 )
@@ -160,4 +162,31 @@ type StatementWatcher interface {
 	// A statement whose submission was recorded without an id is never
 	// known to have ended.
 	StatementEnded(ctx context.Context, st Statement) (bool, error)
+}
+
+// Record is a write of the batch's own state that the caller wants
+// committed in the same transaction as a warehouse commit (a load or a
+// publication): see WithRecord. tx is the warehouse's transaction and st
+// the slice's stamp as that transaction leaves it. Record must be fenced on
+// the lease (it is the transaction's fence: an error, batch.ErrStaleLease
+// for a lost lease, rolls the warehouse commit back with it).
+type Record func(ctx context.Context, tx pgx.Tx, st Stamp) error
+
+type recordKey struct{}
+
+// WithRecord returns ctx carrying rec for the Load or Publish called with
+// it. A warehouse whose transactions reach the operational database (the
+// local warehouse with its batch fence, Postgres.WithBatchFence) runs rec
+// as the last statement of the transaction, in place of its own fence, so
+// the caller's record of the step commits or rolls back with the step
+// itself. A warehouse in a database of its own never calls it; the caller
+// tells the two apart by whether rec ran in a call that returned nil.
+func WithRecord(ctx context.Context, rec Record) context.Context {
+	return context.WithValue(ctx, recordKey{}, rec)
+}
+
+// RecordFrom returns the Record ctx carries, or nil.
+func RecordFrom(ctx context.Context) Record {
+	r, _ := ctx.Value(recordKey{}).(Record)
+	return r
 }
