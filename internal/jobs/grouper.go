@@ -148,7 +148,20 @@ func (g *Grouper) join(reqs []ImportRequest) (grp *group, offset int, leader boo
 		// end would bring others along.
 		g.sealLocked(grp)
 	}
+	g.observeWaitingLocked()
 	return grp, offset, leader
+}
+
+// observeWaitingLocked sets the gauge of gathered calls; g.mu is held.
+func (g *Grouper) observeWaitingLocked() {
+	if g.cfg.Metrics == nil {
+		return
+	}
+	waiting := 0
+	if g.open != nil {
+		waiting = g.open.calls
+	}
+	g.cfg.Metrics.Waiting.Set(float64(waiting))
 }
 
 // sealLocked stops grp gathering requests; g.mu is held.
@@ -159,6 +172,7 @@ func (g *Grouper) sealLocked(grp *group) {
 	g.open = nil
 	g.inFlight++
 	close(grp.sealed)
+	g.observeWaitingLocked()
 }
 
 // lead waits until grp is sealed (or seals it when its linger is over),

@@ -112,6 +112,7 @@ func TestGrouperConcurrentImportsShareOneTransaction(t *testing.T) {
 		answers[i] = goImportMany(g, importReq(fmt.Sprintf("s3://bucket/shared/%d", i)))
 	}
 	waitGathered(t, g, calls)
+	require.Equal(t, float64(calls), testutil.ToFloat64(m.Waiting))
 	release()
 
 	r := <-first
@@ -130,6 +131,7 @@ func TestGrouperConcurrentImportsShareOneTransaction(t *testing.T) {
 		ids = append(ids, r.res[0].BatchID)
 	}
 	require.Equal(t, 1, transactionsOf(t, f, ids), "the gathered calls shared one transaction")
+	require.Zero(t, testutil.ToFloat64(m.Waiting))
 	require.Equal(t, 2.0, testutil.ToFloat64(m.Commits), "the gate's group and the shared one")
 	count, sum := histogramCount(t, m.Size)
 	require.Equal(t, uint64(2), count)
@@ -317,4 +319,3 @@ func TestGrouperFullGroupGoesAtMax(t *testing.T) {
 	release()
 	require.NoError(t, (<-first).err)
 }
-

@@ -16,6 +16,9 @@ type ImportGroups struct {
 	// Fallbacks counts the groups whose transaction failed and whose
 	// requests were then imported one by one.
 	Fallbacks prometheus.Counter
+	// Waiting is the requests gathered for the next group, waiting for
+	// the transaction in flight to end or for the linger.
+	Waiting prometheus.Gauge
 }
 
 // ImportGroupSizeBuckets bound the group-size histogram: a group holds at
@@ -37,10 +40,14 @@ func NewImportGroups(reg prometheus.Registerer) *ImportGroups {
 		Fallbacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ingest_import_group_fallbacks_total", Help: "Groups whose shared transaction failed and whose imports were then tried one request at a time, so no folder fails another request.",
 		}),
+		Waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ingest_import_group_waiting", Help: "Import requests gathered for the next group-commit transaction (waiting for the one in flight to end, or for --group-linger).",
+		}),
 	}
 	g.Size = registerOrShare(reg, g.Size)
 	g.Commits = registerOrShare(reg, g.Commits)
 	g.Fallbacks = registerOrShare(reg, g.Fallbacks)
+	g.Waiting = registerOrShare(reg, g.Waiting)
 	return g
 }
 
