@@ -191,6 +191,10 @@ func TestDashboardQueriesReferenceExportedMetrics(t *testing.T) {
 		"ingest_takeover_delay_seconds_bucket", "ingest_stuck_batches", "ingest_parked_batches", "ingest_records_loaded_total",
 		"ingest_http_requests_total", "ingest_http_request_duration_seconds_bucket", "ingest_http_request_outcomes_total",
 		"ingest_queue_wait_seconds_bucket",
+		"ingest_sqs_messages_received_total", "ingest_sqs_messages_deleted_total", "ingest_sqs_messages_left_total",
+		"ingest_sqs_oldest_message_age_seconds", "ingest_sqs_receive_duration_seconds_bucket", "ingest_sqs_receive_errors_total",
+		"ingest_reconcile_folders_total", "ingest_reconcile_missed_total", "ingest_reconcile_scans_total",
+		"ingest_reconcile_scan_duration_seconds_bucket", "ingest_reconcile_objects_listed_total",
 	} {
 		require.True(t, used[m], "no panel shows %s", m)
 	}
