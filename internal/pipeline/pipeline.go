@@ -17,8 +17,10 @@
 //
 // Pipelines decide with IsTransient: connection-level failures (refused,
 // reset, timeouts, SQLSTATE class 08), serialization failures and deadlocks
-// (40001, 40P01), server shutdown or overload (57P01–57P03, 53300), storage
-// unavailability, AWS errors the AWS SDK itself would retry (throttling such
+// (40001, 40P01), server shutdown or overload (57P01–57P03, 53300), a
+// prepared statement missing or duplicated (26000, 42P05: pgx's statement
+// cache behind a transaction pooler without --database-pooler transaction),
+// storage unavailability, AWS errors the AWS SDK itself would retry (throttling such
 // as S3's 503 SlowDown or the Data API's ThrottlingException, 5xx answers,
 // request timeouts) or that report a busy Redshift Data API (too many active
 // statements or sessions, internal errors), and warehouse failures marked
@@ -306,6 +308,12 @@ func IsTransient(err error) bool {
 		}
 		switch pgErr.Code {
 		case "40001", "40P01", "57P01", "57P02", "57P03", "53300", "55P03":
+			return true
+		case "26000", "42P05":
+			// A prepared statement missing, or already there: this code
+			// names none, so it is pgx's statement cache meeting a pooler
+			// in transaction mode (--database-pooler transaction is
+			// missing). The deployment is wrong, not the batch.
 			return true
 		}
 		return false
