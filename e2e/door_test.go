@@ -288,7 +288,8 @@ func TestDoorRateLimit(t *testing.T) {
 func TestRiverUIRefusesFraming(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
-	_, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"})
+	serve, _ := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"})
+	base := "http://" + adminAddr(t, serve) // the River UI is on the admin listener
 	for name, auth := range map[string]string{"the UI": "Bearer ui-operator-token", "no credentials": "", "the import token": "Bearer ui-token"} {
 		req, err := http.NewRequest(http.MethodGet, base+"/riverui/", nil)
 		require.NoError(t, err)

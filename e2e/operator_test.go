@@ -177,7 +177,14 @@ func TestCancelRouteNeedsTheOperatorToken(t *testing.T) {
 		map[string]any{"tenant_id": "victim", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
 	require.Equal(t, http.StatusAccepted, status, "%v", out)
 	id := int64(out["batch_id"].(float64))
-	cancelURL := fmt.Sprintf("%s/v1/batches/%d/cancel", base, id)
+	admin := "http://" + adminAddr(t, serve)
+	cancelURL := fmt.Sprintf("%s/v1/batches/%d/cancel", admin, id)
+
+	// The public port does not serve it: the admin listener does.
+	status, out = postJSON(t, fmt.Sprintf("%s/v1/batches/%d/cancel", base, id), "op-s3cr3t", map[string]any{"tenant_id": "victim"})
+	require.Equal(t, http.StatusNotFound, status, "%v", out)
+	require.Equal(t, "not_served", out["outcome"])
+	require.Contains(t, out["error"], "--admin-listen")
 
 	for name, tc := range map[string]struct {
 		token  string
@@ -202,12 +209,13 @@ func TestCancelRouteNeedsTheOperatorToken(t *testing.T) {
 	require.NotContains(t, serve.logs.String(), "op-s3cr3t", "the operator token never appears in logs")
 
 	// Without an operator token: not served, whatever the token.
-	_, bare := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=import-tok"}, "--dev-allow-local-folders")
+	bareServe, bare := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=import-tok"}, "--dev-allow-local-folders")
+	bareAdmin := "http://" + adminAddr(t, bareServe)
 	status, out = postJSON(t, bare+"/v1/imports", "import-tok",
 		map[string]any{"tenant_id": "victim", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
 	require.Equal(t, http.StatusAccepted, status, "%v", out)
 	other := int64(out["batch_id"].(float64))
-	status, out = postJSON(t, fmt.Sprintf("%s/v1/batches/%d/cancel", bare, other), "import-tok", map[string]any{"tenant_id": "victim"})
+	status, out = postJSON(t, fmt.Sprintf("%s/v1/batches/%d/cancel", bareAdmin, other), "import-tok", map[string]any{"tenant_id": "victim"})
 	require.Equal(t, http.StatusNotFound, status, "%v", out)
 	require.Equal(t, "not_served", out["outcome"])
 	require.Contains(t, out["error"], "--operator-token-file")

@@ -35,13 +35,14 @@ func TestRiverUIActionsGoThroughTheBatch(t *testing.T) {
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
 	const orphanAfter = 2 * time.Second
-	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
+	serve, public := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
+	base := "http://" + adminAddr(t, serve) // the operator surfaces are on the admin listener
 	w := startWorker(t, dbURL, append([]string{"--orphan-after", orphanAfter.String()}, fastLease...)...)
 	release := blockLoads(t, pool)
 	defer release()
 
 	enqueue := func(tenant string) (jobID, batchID int64) {
-		status, out := postJSON(t, base+"/v1/imports", "ui-token",
+		status, out := postJSON(t, public+"/v1/imports", "ui-token",
 			map[string]any{"tenant_id": tenant, "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
 		require.Equal(t, http.StatusAccepted, status, "%v", out)
 		return int64(out["job_id"].(float64)), int64(out["batch_id"].(float64))
@@ -148,6 +149,27 @@ func TestRiverUIActionsGoThroughTheBatch(t *testing.T) {
 	var tagged []int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM river_job WHERE tags @> '{tenant_tenant-other}'`).Scan(&tagged))
 	require.Equal(t, []int64{otherJob}, tagged)
+
+	// The public port serves neither the UI nor pprof; the admin listener
+	// serves pprof to the operator only.
+	for _, path := range []string{"/riverui/", "/debug/pprof/"} {
+		req, err := http.NewRequest(http.MethodGet, public+path, nil)
+		require.NoError(t, err)
+		req.SetBasicAuth("ops", "ui-operator-token")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, "public %s", path)
+	}
+	for auth, want := range map[string]int{"ui-operator-token": http.StatusOK, "ui-token": http.StatusUnauthorized} {
+		req, err := http.NewRequest(http.MethodGet, base+"/debug/pprof/cmdline", nil)
+		require.NoError(t, err)
+		req.SetBasicAuth("ops", auth)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, want, resp.StatusCode, "admin pprof with %s", auth)
+	}
 
 	// Not re-delivered within 2 × --orphan-after, and not run.
 	time.Sleep(2*orphanAfter + 2*time.Second)

@@ -43,9 +43,10 @@ func TestRiverUIShowsTheJobsOfABatch(t *testing.T) {
 	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
-	_, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
+	serve, public := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
+	base := "http://" + adminAddr(t, serve) // the River UI is on the admin listener
 	enqueue := func() (jobID, batchID int64) {
-		status, out := postJSON(t, base+"/v1/imports", "ui-token",
+		status, out := postJSON(t, public+"/v1/imports", "ui-token",
 			map[string]any{"tenant_id": "tenant-ui", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
 		require.Equal(t, http.StatusAccepted, status, "%v", out)
 		return int64(out["job_id"].(float64)), int64(out["batch_id"].(float64))
@@ -155,7 +156,8 @@ func TestRiverUIShowsTheJobsOfABatch(t *testing.T) {
 func TestRiverUIIsNotServedWithoutAnOperatorToken(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
-	serve, base := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token"})
+	serve, _ := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token"})
+	base := "http://" + adminAddr(t, serve)
 	require.Contains(t, serve.logs.String(), "the River UI are not served")
 	for _, auth := range []string{"", "Bearer ui-token"} {
 		req, err := http.NewRequest(http.MethodGet, base+"/riverui/", nil)

@@ -353,9 +353,10 @@ func TestSecretsNeverLeak(t *testing.T) {
 	waitStatus(t, pool, int64(body["batch_id"].(float64)), batch.StatusSucceeded, 30*time.Second)
 	status, _ = postJSON(t, base+"/v1/imports", "wrong-"+token, map[string]any{"tenant_id": "t"})
 	require.Equal(t, 401, status)
-	status, _ = postJSON(t, base+"/v1/batches/1/cancel", token, map[string]any{"tenant_id": "t"})
+	admin := "http://" + adminAddr(t, serve)
+	status, _ = postJSON(t, admin+"/v1/batches/1/cancel", token, map[string]any{"tenant_id": "t"})
 	require.Equal(t, 403, status, "refused operator requests log no token")
-	status, _ = postJSON(t, base+"/v1/batches/1/cancel", operator+"-wrong", map[string]any{"tenant_id": "t"})
+	status, _ = postJSON(t, admin+"/v1/batches/1/cancel", operator+"-wrong", map[string]any{"tenant_id": "t"})
 	require.Equal(t, 401, status)
 
 	bad := strings.Replace(withPassword, u.Host, "127.0.0.1:1", 1) + "&connect_timeout=1"

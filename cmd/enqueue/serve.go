@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -20,7 +22,7 @@ import (
 
 type serveCmd struct {
 	Listen            string        `name:"listen" env:"LISTEN_ADDR" default:":8080" help:"Address to listen on."`
-	AdminListen       string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" default:":8081" help:"Address of the admin listener: /healthz, /readyz and /metrics for kubelet probes and Prometheus, on a port of their own so that no client of --listen can starve them (they are still served on --listen too). It refuses request bodies. Empty: no admin listener."`
+	AdminListen       string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" default:":8081" help:"Address of the admin listener, inside the cluster only: /healthz, /readyz and /metrics for kubelet probes and Prometheus (they refuse request bodies), and the operator surfaces, served nowhere else: POST /v1/batches/{id}/cancel, the River UI at /riverui/ and pprof at /debug/pprof/ (all with the operator token). A port of its own, so no client of --listen can starve it. Empty: no admin listener, and no cancel route, River UI or pprof."`
 	AuthTokenFile     string        `name:"auth-token-file" env:"ENQUEUE_AUTH_TOKEN_FILE" help:"File holding the import token: the bearer token import requests must carry."`
 	AuthToken         string        `name:"auth-token" env:"ENQUEUE_AUTH_TOKEN" hidden:"" help:"Import token (environment only; a flag value would show in ps)."`
 	OperatorTokenFile string        `name:"operator-token-file" env:"ENQUEUE_OPERATOR_TOKEN_FILE" help:"File holding the operator token, the only credential of POST /v1/batches/{id}/cancel and the River UI (which act on any tenant's work; the import token never opens them). Without it they are not served. It must differ from the import token."`
@@ -36,7 +38,7 @@ type serveCmd struct {
 	SNSAutoConfirm    bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
 	DevLocal          bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
 	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
-	NoRiverUI         bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI at /riverui/."`
+	NoRiverUI         bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI (at /riverui/ on the admin listener)."`
 	MaxConns          int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within --timeout. Size it for the concurrent requests expected, within the server's max_connections."`
 
 	// The door: how much an authenticated caller may ask for, and how
@@ -200,7 +202,20 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if cfg.OperatorToken == "" {
 		e.Logger.Info("no operator token (--operator-token-file): POST /v1/batches/{id}/cancel and the River UI are not served")
 	}
-	handler := srv.Handler()
+	// The public door: imports and event notifications, and, for
+	// compatibility, probes and /metrics. The operator surfaces (the cancel
+	// route, the River UI, pprof) are served on the admin listener only.
+	routes := srv.Handler()
+	public := http.NewServeMux()
+	for _, pattern := range []string{"POST /v1/imports", "POST /v1/events/s3", "GET /metrics", "GET /healthz", "GET /readyz"} {
+		public.Handle(pattern, routes)
+	}
+	public.HandleFunc("/v1/batches/{id}/cancel", adminOnly("POST /v1/batches/{id}/cancel"))
+	public.HandleFunc(riverUIPrefix+"/", adminOnly("the River UI"))
+	public.HandleFunc("/debug/pprof/", adminOnly("pprof"))
+	public.Handle("/", routes) // everything else: the mux's own 404 and 405
+	operator := http.NewServeMux()
+	operator.Handle("POST /v1/batches/{id}/cancel", routes)
 	if !s.NoRiverUI {
 		ui := http.NotFoundHandler() // not reached without an operator token: OperatorOnly answers
 		if cfg.OperatorToken != "" {
@@ -209,17 +224,18 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 			}
 			ui = &uiActions{ui: ui, enq: enq, pool: pool, log: e.Logger}
 		}
-		mux := http.NewServeMux()
-		mux.Handle(riverUIPrefix+"/", srv.OperatorOnly("the River UI", ui))
-		mux.Handle("/", handler)
-		handler = mux
+		operator.Handle(riverUIPrefix+"/", srv.OperatorOnly("the River UI", ui))
 	}
-	handler = httpserver.Observe(handler, observeDoor(cfg.Metrics, e))
+	operator.Handle("/debug/pprof/", srv.OperatorOnly("pprof", pprofHandler()))
+	if s.AdminListen == "" {
+		e.Logger.Warn("no --admin-listen: the cancel route, the River UI and pprof are not served")
+	}
+	handler := httpserver.Observe(public, observeDoor(cfg.Metrics, e))
 	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: handler, MaxConns: s.MaxHTTPConns, Logger: e.Logger})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
 	}
-	adminSrv, adminServed, err := s.startAdmin(srv, cfg.Metrics, e)
+	adminSrv, adminServed, err := s.startAdmin(srv, operator, cfg.Metrics, e)
 	if err != nil {
 		return err
 	}
@@ -269,20 +285,23 @@ func observeDoor(m *metrics.Metrics, e *cli.Env) httpserver.ObserveConfig {
 const adminMaxConns = 64
 
 // startAdmin serves /healthz, /readyz and /metrics on --admin-listen, a
-// listener that refuses request bodies, and logs its address. The channel
-// reports the error that stops it; both are nil without --admin-listen.
-func (s *serveCmd) startAdmin(srv *uploads.Server, m *metrics.Metrics, e *cli.Env) (*httpserver.Server, <-chan error, error) {
+// port of its own that the public Service does not expose, with the
+// operator surfaces of operator (the cancel route, the River UI, pprof),
+// and logs its address. Probes and scrapes take no body: one that carries
+// one is answered 413 and its connection closed. The channel reports the
+// error that stops it; both are nil without --admin-listen.
+func (s *serveCmd) startAdmin(srv *uploads.Server, operator *http.ServeMux, m *metrics.Metrics, e *cli.Env) (*httpserver.Server, <-chan error, error) {
 	if s.AdminListen == "" {
 		e.Logger.Warn("no --admin-listen: probes and scrapes share the public port, where slow clients can starve them")
 		return nil, nil, nil
 	}
 	routes := srv.Handler()
-	mux := http.NewServeMux()
+	mux := operator
 	for _, pattern := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
-		mux.Handle(pattern, routes)
+		mux.Handle(pattern, refuseBody(routes))
 	}
 	admin, err := httpserver.Listen(httpserver.Config{
-		Addr: s.AdminListen, Handler: httpserver.Observe(mux, observeDoor(m, e)), MaxConns: adminMaxConns, RefuseBodies: true, Logger: e.Logger,
+		Addr: s.AdminListen, Handler: httpserver.Observe(mux, observeDoor(m, e)), MaxConns: adminMaxConns, Logger: e.Logger,
 	})
 	if err != nil {
 		return nil, nil, cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--admin-listen: %w", err)}
@@ -295,4 +314,42 @@ func (s *serveCmd) startAdmin(srv *uploads.Server, m *metrics.Metrics, e *cli.En
 	}()
 	e.Logger.Info("admin listener started", "addr", admin.Addr().String(), "max_conns", adminMaxConns)
 	return admin, served, nil
+}
+
+// adminOnly answers, on the public listener, a route that is served on the
+// admin listener only: 404, saying where it is.
+func adminOnly(what string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_ = json.NewEncoder(w).Encode(map[string]string{
+			"outcome": "not_served",
+			"error":   what + " is served on the admin listener (--admin-listen), not on the public port",
+		})
+	}
+}
+
+// refuseBody answers a request with a body 413 and closes its connection
+// (probes and scrapes take none), so no client keeps an admin connection
+// busy by sending one slowly.
+func refuseBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			w.Header().Set("Connection", "close")
+			http.Error(w, "request bodies are refused here", http.StatusRequestEntityTooLarge)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// pprofHandler serves net/http/pprof's profiles under /debug/pprof/.
+func pprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }

@@ -231,6 +231,7 @@ func TestChartNetworkPolicies(t *testing.T) {
 		"enqueue": map[string]any{"sns": map[string]any{"topicArns": []any{"arn:aws:sns:us-east-1:123456789012:uploads"}}},
 		"networkPolicy": map[string]any{
 			"enqueueIngressFrom": []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.30.0.0/16"}}},
+			"enqueueAdminFrom":   []any{map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "ops"}}}},
 			"redshift":           map[string]any{"enabled": true, "cidrs": []any{"10.40.0.0/16"}},
 		},
 	})
@@ -243,6 +244,8 @@ func TestChartNetworkPolicies(t *testing.T) {
 	require.Equal(t, "10.30.0.0/16", in[0].peers[0].IPBlock.CIDR)
 	require.Equal(t, []string{"TCP/8081"}, in[1].ports)
 	require.Equal(t, "monitoring", in[1].peers[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
+	require.Len(t, in[1].peers, 2, "the admin port (cancel route, River UI, pprof): Prometheus and enqueueAdminFrom, never the public callers")
+	require.Equal(t, "ops", in[1].peers[1].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
 	worker = decode[networkingv1.NetworkPolicy](t, docs["NetworkPolicy/prod-fleet-ingest-worker"]).Spec
 	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "TCP/5439", "UDP/53"}, allPorts(rulesOf(worker.Egress)))
 	ec := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"]).Spec.Template.Spec.Containers[0]
