@@ -99,7 +99,7 @@ func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 		startWorkerEnv(t, bURL, pooled, append([]string{"--concurrency", "4"}, fastLease...)...),
 		startWorkerEnv(t, bURL, pooled, append([]string{"--concurrency", "4"}, fastLease...)...),
 	}
-	_, base := startServe(t, bURL, append([]string{"ENQUEUE_AUTH_TOKEN=tok", "ENQUEUE_OPERATOR_TOKEN=op-token"}, pooled...), "--dev-allow-local-folders")
+	serve, base := startServe(t, bURL, append([]string{"ENQUEUE_AUTH_TOKEN=tok", "ENQUEUE_OPERATOR_TOKEN=op-token"}, pooled...), "--dev-allow-local-folders")
 
 	var ids []int64
 	for range 4 {
@@ -141,8 +141,8 @@ func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Equal(t, len(ids), strings.Count(out, `"status":"Succeeded"`), out)
 
-	// The River UI's API reads the jobs through PgBouncer.
-	req, err := http.NewRequest(http.MethodGet, base+"/riverui/api/jobs?state=completed&limit=100", nil)
+	// The River UI's API (on the admin listener) reads the jobs through PgBouncer.
+	req, err := http.NewRequest(http.MethodGet, "http://"+adminAddr(t, serve)+"/riverui/api/jobs?state=completed&limit=100", nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer op-token")
 	resp, err := http.DefaultClient.Do(req)
