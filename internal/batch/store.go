@@ -29,6 +29,10 @@ type Store struct {
 // NewStore returns a store working on db.
 func NewStore(db DB) *Store { return &Store{db: db} }
 
+// Begin starts a transaction on the store's database, for operations of a
+// WithTx store that must commit together.
+func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(ctx) }
+
 // WithTx returns a store whose operations run inside tx, so they commit or
 // roll back with the caller's other work (for example a River job insert).
 func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx} }

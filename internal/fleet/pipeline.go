@@ -281,16 +281,33 @@ func (p *Pipeline) Settle(ctx context.Context, b batch.Batch, d batch.Details) (
 	return d, nil
 }
 
+var _ pipeline.Starter = (*Pipeline)(nil)
+
+// Start implements pipeline.Starter: a batch whose details record no
+// warehouse commit and no loading phase yet is recorded loading in the
+// acquisition's own transaction, so load need not write it (the phase is
+// durable, under this delivery's lease, before anything is read).
+func (p *Pipeline) Start(_ batch.Batch, d batch.Details) (batch.Details, bool) {
+	if d.RedshiftCommitted || d.Phase == batch.PhaseLoading {
+		return d, false
+	}
+	d.Phase = batch.PhaseLoading
+	return d, true
+}
+
 // load records the loading phase and loads the folder into the slice.
 //
 // A warehouse in the operational database records the commit, with the
 // publishing phase, in the load's own transaction (warehouse.WithRecord):
 // recorded is then true and run.Details is what it wrote.
 func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder, slice warehouse.Slice, logger *slog.Logger) (_ warehouse.Stamp, recorded bool, _ error) {
-	d := run.Details
-	d.Phase = batch.PhaseLoading
-	if err := run.Checkpoint(ctx, d); err != nil {
-		return warehouse.Stamp{}, false, err
+	if d := run.Details; d.Phase != batch.PhaseLoading {
+		// Not recorded at the acquisition (pipeline.Begin) nor by an
+		// earlier delivery: record it now, before the folder is read.
+		d.Phase = batch.PhaseLoading
+		if err := run.Checkpoint(ctx, d); err != nil {
+			return warehouse.Stamp{}, false, err
+		}
 	}
 	src, err := p.Opener.Open(ctx, f)
 	if err != nil {

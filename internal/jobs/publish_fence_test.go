@@ -108,8 +108,9 @@ func TestCancelBetweenPublishLeaseCheckAndCommitAbortsThePublication(t *testing.
 }
 
 // TestCancelAfterPublicationCommitIsRefused: the cancel arrives once the
-// publication committed but before the delivery recorded Succeeded. It is
-// refused (not_cancellable), the batch succeeds, and the folder stays
+// publication committed. The local warehouse records Succeeded in the
+// publication's own transaction (warehouse.WithRecord), so the cancel finds
+// the batch Succeeded: it is refused (not_cancellable) and the folder stays
 // published once. Before the fence the cancel answered cancelled for a
 // published batch, and a retry of it published the folder again.
 func TestCancelAfterPublicationCommitIsRefused(t *testing.T) {
@@ -125,7 +126,7 @@ func TestCancelAfterPublicationCommitIsRefused(t *testing.T) {
 	}
 	f.work(t, id)
 	require.Equal(t, OutcomeNotCancellable, cancel.Outcome, "%+v", cancel)
-	require.Equal(t, string(batch.StatusRunning), cancel.Status)
+	require.Equal(t, string(batch.StatusSucceeded), cancel.Status, "Succeeded committed with the publication")
 
 	b, err := batch.NewStore(f.pool).Get(ctx, id)
 	require.NoError(t, err)

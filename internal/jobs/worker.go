@@ -166,15 +166,16 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 	observeQueueWait(m, job.JobRow)
 	holder := w.holderID(job)
 	var (
-		a    lease.Acquisition
-		held *lease.Holding
-		over *deferral
-		err  error
+		a       lease.Acquisition
+		held    *lease.Holding
+		over    *deferral
+		started *batch.Batch
+		err     error
 	)
 	if w.cfg.MaxRunningPerTenant > 0 {
 		a, held, over, err = w.acquireFair(ctx, job.Args.BatchID, holder)
 	} else {
-		a, held, err = w.renewer.Acquire(ctx, job.Args.BatchID, holder)
+		a, held, started, err = w.acquireAndBegin(ctx, job.Args.BatchID, holder)
 	}
 	if err != nil {
 		m.Deliveries.WithLabelValues("retry").Inc()
@@ -220,7 +221,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 
 	log.Info("lease acquired: working on batch")
 	workCtx := held.Context()
-	res, err := pipeline.Execute(workCtx, w.cfg.Store, a.Lease, held.Verify, w.cfg.Pipelines)
+	res, err := pipeline.ExecuteFrom(workCtx, w.cfg.Store, a.Lease, held.Verify, w.cfg.Pipelines, started)
 	leaseLost := errors.Is(context.Cause(workCtx), ErrLeaseLost)
 	last := held.Close()
 
@@ -241,6 +242,44 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		res.Outcome = pipeline.LeaseLost
 	}
 	return w.finish(ctx, job, res, log)
+}
+
+// acquireAndBegin acquires the batch's lease and makes the pipeline's first
+// checkpoint (pipeline.Begin: the loading phase of a batch not yet loading)
+// in one transaction on the operational pool: one commit where there were
+// two. started is the batch as that transaction left it when Begin wrote,
+// nil otherwise. A transaction that fails to commit acquired nothing: its
+// Holding is closed and the error returned (the delivery is retried).
+func (w *IngestWorker) acquireAndBegin(ctx context.Context, batchID int64, holder string) (lease.Acquisition, *lease.Holding, *batch.Batch, error) {
+	tx, err := w.cfg.Store.Begin(ctx)
+	if err != nil {
+		return lease.Acquisition{}, nil, nil, fmt.Errorf("acquiring lease on batch %d: %w", batchID, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	a, held, err := w.renewer.AcquireOn(ctx, tx, batchID, holder)
+	if err != nil {
+		return a, nil, nil, err
+	}
+	var (
+		b       batch.Batch
+		started bool
+	)
+	if a.Outcome == lease.Acquired {
+		if b, started, err = pipeline.Begin(ctx, tx, w.cfg.Store, a.Lease, w.cfg.Pipelines); err != nil {
+			held.Close()
+			return lease.Acquisition{}, nil, nil, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if held != nil {
+			held.Close()
+		}
+		return lease.Acquisition{}, nil, nil, fmt.Errorf("acquiring lease on batch %d: committing: %w", batchID, err)
+	}
+	if !started {
+		return a, held, nil, nil
+	}
+	return a, held, &b, nil
 }
 
 // observeQueueWait records how long job waited in the queue before its

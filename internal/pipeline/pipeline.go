@@ -194,6 +194,58 @@ type Result struct {
 // maxErrorMessage bounds an error message recorded in details.
 const maxErrorMessage = 2000
 
+// Starter is implemented by a Pipeline whose first state write of a
+// delivery can be made in the lease acquisition's own transaction (Begin).
+type Starter interface {
+	// Start returns the details to record for the Running batch b, with
+	// details d, right as a delivery takes its lease, and true; or false
+	// when there is nothing to record at the start.
+	Start(b batch.Batch, d batch.Details) (batch.Details, bool)
+}
+
+// Begin runs inside tx, the transaction that has just acquired the lease l
+// (lease.Renewer.AcquireOn) and has not committed: it reads the batch and,
+// when Execute would go straight to the pipeline (the batch is Running and
+// not parked, its details parse and name a phase with work to do, a
+// pipeline serves its source type and admits it) and that pipeline is a
+// Starter with something to record, writes it, fenced on l, in tx. The
+// acquisition and the pipeline's first checkpoint then commit together: one
+// transaction, not two. Anything else is left to Execute (started is false
+// and tx holds only the acquisition). Once tx committed, the caller passes
+// the returned batch to ExecuteFrom when started.
+func Begin(ctx context.Context, tx pgx.Tx, store *batch.Store, l lease.Lease, registry Registry) (b batch.Batch, started bool, err error) {
+	s := store.WithTx(tx)
+	if b, err = s.Get(ctx, l.BatchID); err != nil {
+		return b, false, fmt.Errorf("loading batch %d: %w", l.BatchID, err)
+	}
+	if b.Terminal() || b.ParkedAt != nil {
+		return b, false, nil
+	}
+	d, err := batch.ParseDetails(b.Details)
+	if err != nil || d.Phase.NoWork() {
+		return b, false, nil
+	}
+	p, ok := registry[b.SourceType]
+	if !ok {
+		return b, false, nil
+	}
+	if a, ok := p.(Admitter); ok && a.Admit(b, d) != nil {
+		return b, false, nil
+	}
+	st, ok := p.(Starter)
+	if !ok {
+		return b, false, nil
+	}
+	sd, ok := st.Start(b, d)
+	if !ok {
+		return b, false, nil
+	}
+	if b, err = s.WriteDetails(ctx, l.Fence(), sd); err != nil {
+		return b, false, err
+	}
+	return b, true, nil
+}
+
 // Execute runs the pipeline for the batch held by l and records the outcome
 // with fenced writes: Succeeded after the pipeline completes, Failed with the
 // failure's phase on a handled failure. verify checks the lease is still
@@ -201,8 +253,20 @@ const maxErrorMessage = 2000
 // is cancelled or the lease is lost. The returned error is non-nil only when
 // recording the outcome itself failed.
 func Execute(ctx context.Context, store *batch.Store, l lease.Lease, verify func(context.Context) error, registry Registry) (Result, error) {
-	b, err := store.Get(ctx, l.BatchID)
-	if err != nil {
+	return ExecuteFrom(ctx, store, l, verify, registry, nil)
+}
+
+// ExecuteFrom is Execute for a batch already read under the lease: started,
+// when not nil, is the batch as Begin wrote it in the acquisition's
+// committed transaction, and is not read again.
+func ExecuteFrom(ctx context.Context, store *batch.Store, l lease.Lease, verify func(context.Context) error, registry Registry, started *batch.Batch) (Result, error) {
+	var (
+		b   batch.Batch
+		err error
+	)
+	if started != nil {
+		b = *started
+	} else if b, err = store.Get(ctx, l.BatchID); err != nil {
 		return Result{}, fmt.Errorf("loading batch %d: %w", l.BatchID, err)
 	}
 	if b.Terminal() {
