@@ -10,7 +10,11 @@
 //
 // A delivery that has just committed records the commit together with the
 // publishing phase, in one write (nothing happens between the two); a
-// resumed batch starts from committed.
+// resumed batch starts from committed. With the local warehouse in the
+// operational database (warehouse.WithRecord) fewer transactions commit:
+// the loading phase commits with the lease acquisition (Start), the
+// commit's record with the load itself and Succeeded with the publication
+// itself (docs/reliability.md, Write transactions per batch).
 //
 // Each step is idempotent, so a delivery may start over from whatever phase
 // a previous one recorded:
