@@ -85,6 +85,18 @@ func benchEnqueue(e *env) error {
 				percentile(lat, 50).Round(time.Microsecond), percentile(lat, 99).Round(time.Microsecond), base, ours/base,
 				1e6*cost.serverCPU, 1e6*rawCost.serverCPU, 1e6*cost.harnessCPU, 1e6*rawCost.harnessCPU))
 		e.charts = append(e.charts, chart{group: "enqueue", x: float64(clients), p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99)})
+		if clients < 8 {
+			continue
+		}
+		grouped, glat, gcost, err := e.inProcessEnqueueWith(clients, fmt.Sprintf("enqueue through group commit, %d clients", clients), true)
+		if err != nil {
+			return err
+		}
+		e.add(fmt.Sprintf("enqueue throughput through group commit, %d client(s)", clients), grouped, ptr(raw), "enqueues/s", 0.8, false,
+			fmt.Sprintf("Enqueuer.Import through jobs.Grouper (linger %s, groups of at most %d); p50 %s, p99 %s; baseline: the same two INSERTs per transaction through pgx from the harness, same run; "+
+				"per enqueue: %.3f commits, PostgreSQL CPU %.0f µs, harness CPU %.0f µs",
+				jobs.GroupLingerDefault, jobs.GroupMaxDefault, percentile(glat, 50).Round(time.Microsecond), percentile(glat, 99).Round(time.Microsecond),
+				gcost.commits, 1e6*gcost.serverCPU, 1e6*gcost.harnessCPU))
 	}
 	return nil
 }
@@ -92,6 +104,12 @@ func benchEnqueue(e *env) error {
 // inProcessEnqueue measures Enqueuer.Import from clients goroutines of this
 // process on an empty database: enqueues per second, latencies and costs.
 func (e *env) inProcessEnqueue(clients int, label string) (float64, []time.Duration, perOp, error) {
+	return e.inProcessEnqueueWith(clients, label, false)
+}
+
+// inProcessEnqueueWith is inProcessEnqueue, through group commit
+// (jobs.Grouper at its defaults) if grouped.
+func (e *env) inProcessEnqueueWith(clients int, label string, grouped bool) (float64, []time.Duration, perOp, error) {
 	if err := e.reset(); err != nil {
 		return 0, nil, perOp{}, err
 	}
@@ -99,10 +117,14 @@ func (e *env) inProcessEnqueue(clients int, label string) (float64, []time.Durat
 	if err != nil {
 		return 0, nil, perOp{}, err
 	}
+	importer := jobs.NewGrouper(enq, jobs.GroupConfig{})
+	if grouped {
+		importer = jobs.NewGrouper(enq, jobs.GroupConfig{Linger: jobs.GroupLingerDefault})
+	}
 	var lat []time.Duration
 	n, cost, err := e.measure(label, "enqueues", func() (n int, err error) {
 		n, lat, err = timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
-			res, err := enq.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+			res, err := importer.Import(ctx, jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
 				// Random names, like the baseline's, so neither piles onto one index page.
 				Folder: fmt.Sprintf("s3://bench-bucket/tenants/tenant-bench/tenant_db/company-1/%d-%d-%016x", c, i, rand.Uint64())})
 			if err == nil && res.Outcome != jobs.OutcomeEnqueued {
