@@ -145,6 +145,7 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only,
 		{"worker idle cost", benchIdle},
 		{"end to end", benchEndToEnd},
 		{"fairness", benchFairness},
+		{"worker pods", benchPods},
 		{"takeover latency", func(e *env) error { return benchTakeover(e, trials) }},
 	} {
 		if only != "" && !strings.Contains(s.name, only) {

@@ -114,41 +114,91 @@ func Start(t testing.TB, opts Options) *Bouncer {
 }
 
 func start(t testing.TB, bin string, server *pgconn.Config, opts Options) (*Bouncer, error) {
+	b, stop, err := launch(bin, server, opts)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("pgbouncer logs:\n%s", b.logs.String())
+		}
+	})
+	return b, nil
+}
+
+// Launch starts a PgBouncer as Start does, outside a test (the benchmark
+// harness): opts.ServerURL is required, and the caller stops it with the
+// returned function.
+func Launch(opts Options) (*Bouncer, func(), error) {
+	bin, err := Bin()
+	if err != nil {
+		return nil, nil, err
+	}
+	if opts.PoolSize == 0 {
+		opts.PoolSize = 20
+	}
+	if opts.MaxClientConn == 0 {
+		opts.MaxClientConn = 2000
+	}
+	server, err := pgconn.ParseConfig(opts.ServerURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pgbouncertest: parsing the server URL: %w", err)
+	}
+	return launch(bin, server, opts)
+}
+
+// URLFor returns databaseURL pointed at this PgBouncer (see URL).
+func (b *Bouncer) URLFor(databaseURL string) (string, error) {
+	u, err := url.Parse(databaseURL)
+	if err != nil {
+		return "", err
+	}
+	u.Host = b.addr()
+	return u.String(), nil
+}
+
+func launch(bin string, server *pgconn.Config, opts Options) (*Bouncer, func(), error) {
 	port, err := freePort()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	// Not t.TempDir: its directories are private to the test's user, and
-	// PgBouncer may run as another.
+	// Not a test's TempDir: its directories are private to the test's
+	// user, and PgBouncer may run as another.
 	dir, err := os.MkdirTemp("", "pgbouncertest-")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	cleanupDir := func() { os.RemoveAll(dir) }
 	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, err
+		cleanupDir()
+		return nil, nil, err
 	}
 	conf := filepath.Join(dir, "pgbouncer.ini")
 	if err := os.WriteFile(conf, []byte(config(server, port, opts)), 0o644); err != nil {
-		return nil, err
+		cleanupDir()
+		return nil, nil, err
 	}
 	cmd := exec.Command(bin, conf)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if os.Geteuid() == 0 {
 		cred, err := postgresUser()
 		if err != nil {
-			return nil, err
+			cleanupDir()
+			return nil, nil, err
 		}
 		cmd.SysProcAttr.Credential = cred
 	}
 	b := &Bouncer{Port: port, logs: &testproc.SyncBuffer{}}
 	cmd.Stdout, cmd.Stderr = b.logs, b.logs
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
+		cleanupDir()
+		return nil, nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	stop := func() {
+		defer cleanupDir()
 		select {
 		case <-done:
 			return
@@ -166,7 +216,8 @@ func start(t testing.TB, bin string, server *pgconn.Config, opts Options) (*Boun
 	for {
 		select {
 		case <-done:
-			return nil, fmt.Errorf("pgbouncer exited at start: %s", b.logs.String())
+			cleanupDir()
+			return nil, nil, fmt.Errorf("pgbouncer exited at start: %s", b.logs.String())
 		default:
 		}
 		c, err := net.DialTimeout("tcp", b.addr(), 200*time.Millisecond)
@@ -176,17 +227,11 @@ func start(t testing.TB, bin string, server *pgconn.Config, opts Options) (*Boun
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return nil, fmt.Errorf("pgbouncer did not listen on %s within 10s: %s", b.addr(), b.logs.String())
+			return nil, nil, fmt.Errorf("pgbouncer did not listen on %s within 10s: %s", b.addr(), b.logs.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Cleanup(func() {
-		stop()
-		if t.Failed() {
-			t.Logf("pgbouncer logs:\n%s", b.logs.String())
-		}
-	})
-	return b, nil
+	return b, stop, nil
 }
 
 // config is the pgbouncer.ini of a PgBouncer on port in front of server:
