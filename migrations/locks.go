@@ -251,6 +251,7 @@ func (c Config) withLockRetries(ctx context.Context, pool *pgxpool.Pool, what st
 	}
 	defer mp.Close()
 	backoff := c.LockBackoff
+	var earlier []Blocker // the blockers an earlier attempt named
 	for n := 1; ; n++ {
 		w := &watcher{}
 		wctx, stop := context.WithCancel(ctx)
@@ -271,6 +272,15 @@ func (c Config) withLockRetries(ctx context.Context, pool *pgxpool.Pool, what st
 			// more, in case the blocker is still there.
 			blockers, _ = queryBlockers(ctx, pool, tag)
 		}
+		if len(blockers) == 0 {
+			// On a busy machine the wait can end between polls; a session
+			// an earlier attempt named that is still there is the likely
+			// blocker, and still worth naming.
+			blockers = stillThere(ctx, pool, earlier)
+		}
+		if len(blockers) > 0 {
+			earlier = blockers
+		}
 		if n >= c.LockAttempts {
 			return &LockTimeoutError{Attempts: n, LockTimeout: c.LockTimeout, Blockers: blockers, Err: err}
 		}
@@ -287,4 +297,16 @@ func (c Config) withLockRetries(ctx context.Context, pool *pgxpool.Pool, what st
 		}
 		backoff = min(2*backoff, LockBackoffMax)
 	}
+}
+
+// stillThere returns those of bs whose sessions still exist.
+func stillThere(ctx context.Context, pool *pgxpool.Pool, bs []Blocker) []Blocker {
+	var out []Blocker
+	for _, b := range bs {
+		var alive bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, b.PID).Scan(&alive); err == nil && alive {
+			out = append(out, b)
+		}
+	}
+	return out
 }
