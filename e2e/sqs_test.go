@@ -138,6 +138,13 @@ func TestSQSConsumerKilledBetweenCommitAndDelete(t *testing.T) {
 	require.Equal(t, 10.0, b.metric(`ingest_reservations_total{outcome="conflict",source_type="FleetS3"}`))
 	require.Equal(t, 0.0, b.metric(`ingest_reservations_total{outcome="reserved",source_type="FleetS3"}`))
 	require.GreaterOrEqual(t, b.metric(`ingest_sqs_message_receive_count_sum`), 20.0, "every message was a redelivery")
+	// The consumer exports its own metrics, not the worker's gauges frozen
+	// at zero.
+	body := httpGet(t, "http://"+b.addr+"/metrics")
+	for _, workerOnly := range []string{"ingest_leases_held", "ingest_lease_acquisitions_total", "ingest_running_batches", "ingest_queue_jobs", "ingest_deliveries_total"} {
+		require.NotContains(t, body, workerOnly+"{", "enqueue sqs exports no %s", workerOnly)
+		require.NotContains(t, body, workerOnly+" ", "enqueue sqs exports no %s", workerOnly)
+	}
 }
 
 // TestSQSDatabaseUnreachableWhileMessagesArrive points a consumer at

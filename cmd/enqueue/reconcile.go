@@ -15,6 +15,7 @@ import (
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/httpserver"
+	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/reconcile"
 )
 
@@ -102,6 +103,7 @@ func (r *reconcileCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return err
 	}
 	defer pool.Close()
+	enq.Metrics = metrics.NewReconcile() // the scans' own metrics, not the worker's gauges frozen at zero
 	cfg.S3, cfg.Pool, cfg.Importer, cfg.Metrics = s3.NewFromConfig(awsCfg), pool, enq, enq.Metrics
 	if r.Every > 0 {
 		return r.periodic(e, cfg, pool)

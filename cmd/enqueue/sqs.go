@@ -118,6 +118,7 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return err
 	}
 	defer pool.Close()
+	enq.Metrics = metrics.NewSQS() // the consumer's own metrics, not the worker's gauges frozen at zero
 	cfg.Queue, cfg.Importer, cfg.Metrics = sqs.NewFromConfig(awsCfg), enq, enq.Metrics
 	consumer, err := sqsconsumer.New(cfg)
 	if err != nil {

@@ -120,10 +120,11 @@ type Metrics struct {
 	ReconcileObjectsListed prometheus.Counter
 	ReconcileScanDuration  prometheus.Histogram
 	ReconcileScans         *prometheus.CounterVec
+
+	sqs, reconcile []prometheus.Collector // the collectors of NewSQS and NewReconcile
 }
 
-// New creates the metrics of a worker (and of the one-shot and SQS and
-// reconcile commands) on a fresh registry, with the Go and process
+// New creates the metrics of a worker (and of the one-shot commands) on a fresh registry, with the Go and process
 // collectors, and initialises every known series.
 func New() *Metrics {
 	m, all := build()
@@ -146,6 +147,33 @@ func NewServe() *Metrics {
 		m.Registry.MustRegister(c)
 	}
 	return m
+}
+
+// NewSQS creates the metrics enqueue sqs exports: the consumer's (messages
+// received, deleted and left, receive durations and errors), the
+// reservations it makes, build info and the Go and process collectors. The
+// worker's lease, delivery, sweep and database-derived metrics are created
+// but not registered: frozen at zero here, they would hide the workers'.
+func NewSQS() *Metrics {
+	m, _ := build()
+	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations}, m.sqs...))
+	return m
+}
+
+// NewReconcile creates the metrics enqueue reconcile exports: the scans'
+// (folders by outcome, missed uploads, objects listed, scan durations), the
+// reservations it makes, build info and the Go and process collectors; not
+// the worker's.
+func NewReconcile() *Metrics {
+	m, _ := build()
+	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations}, m.reconcile...))
+	return m
+}
+
+func (m *Metrics) register(cs []prometheus.Collector) {
+	for _, c := range cs {
+		m.Registry.MustRegister(c)
+	}
 }
 
 // build creates every metric, initialises its known series, and returns
@@ -318,7 +346,8 @@ func (m *Metrics) newSQS(f func(prometheus.Collector)) {
 		Name: "ingest_sqs_message_receive_count", Help: "ApproximateReceiveCount of the messages received: above 1 is a redelivery.",
 		Buckets: []float64{1, 2, 3, 5, 10, 20},
 	})
-	for _, c := range []prometheus.Collector{m.SQSMessagesReceived, m.SQSReceiveErrors, m.SQSMessagesDeleted, m.SQSMessagesLeft, m.SQSReceiveDuration, m.SQSOldestMessageAge, m.SQSReceiveCount} {
+	m.sqs = []prometheus.Collector{m.SQSMessagesReceived, m.SQSReceiveErrors, m.SQSMessagesDeleted, m.SQSMessagesLeft, m.SQSReceiveDuration, m.SQSOldestMessageAge, m.SQSReceiveCount}
+	for _, c := range m.sqs {
 		f(c)
 	}
 	initLabels(m.SQSMessagesDeleted, SQSDeletedOutcomes)
@@ -342,7 +371,8 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 	m.ReconcileScans = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_reconcile_scans_total", Help: "Reconcile periods by outcome (scanned; skipped: another replica holds the lock or scanned this period; failed).",
 	}, []string{"outcome"})
-	for _, c := range []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileScanDuration, m.ReconcileScans} {
+	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileScanDuration, m.ReconcileScans}
+	for _, c := range m.reconcile {
 		f(c)
 	}
 	initLabels(m.ReconcileFolders, ReconcileOutcomes)
