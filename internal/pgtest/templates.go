@@ -25,6 +25,12 @@ const templatePattern = `^testdb_tpl_[0-9a-f]+$`
 var (
 	templatesUseOnce sync.Once
 	templatesUseErr  error
+	// templatesConn holds the shared lock. It must stay reachable: a
+	// connection only a finished function knew is garbage, and the
+	// runtime's finalizer of its socket closes it, ending the session and
+	// the lock with it, while the process still clones from the templates
+	// (TestNewDatabaseHoldsTheTemplatesLock failed in CI that way).
+	templatesConn *pgx.Conn
 )
 
 // useTemplates takes, once per process, the shared lock that keeps
@@ -40,9 +46,11 @@ func useTemplates(serverURL string) error {
 		if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_lock_shared($1)`, templatesLockKey); err != nil {
 			conn.Close(context.Background())
 			templatesUseErr = fmt.Errorf("pgtest: taking the templates' lock: %w", err)
+			return
 		}
 		// conn is deliberately never closed: the lock lasts as long as
 		// the process.
+		templatesConn = conn
 	})
 	return templatesUseErr
 }

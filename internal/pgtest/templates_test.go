@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -68,10 +70,16 @@ func TestDropTemplatesWaitsForTheirUsers(t *testing.T) {
 }
 
 // TestNewDatabaseHoldsTheTemplatesLock: a process that has cloned a test
-// database holds the templates' lock, so DropTemplates leaves them.
+// database holds the templates' lock, so DropTemplates leaves them, and
+// goes on holding it through garbage collections (the lock's connection
+// once became garbage, and its socket's finalizer ended the session).
 func TestNewDatabaseHoldsTheTemplatesLock(t *testing.T) {
 	t.Parallel()
 	NewDatabaseURL(t)
+	for range 3 {
+		runtime.GC()
+		time.Sleep(50 * time.Millisecond) // finalizers run on a goroutine of their own
+	}
 	// Not by calling DropTemplates: should the lock be missing, that would
 	// drop the templates under the test binaries running beside this one.
 	// A try of the exclusive lock, released at once, tells the same.
