@@ -227,7 +227,7 @@ func TestSIGTERMLeavesBatchResumable(t *testing.T) {
 	require.Equal(t, batch.StatusRunning, b.Status, "left resumable, not failed")
 	require.Nil(t, b.LeaseID, "lease released on shutdown")
 	require.Equal(t, batch.PhaseLoading, d.Phase)
-	require.Contains(t, w.logs.String(), "grace period over")
+	require.Contains(t, w.logs.String(), "draining: giving the load up", "a blocked load shows no progress: given up when the grace ends")
 
 	release()
 	startWorker(t, dbURL, fastLease...)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/drain"
 	"github.com/fleet/ingest/internal/fleet"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/httpserver"
@@ -34,7 +35,8 @@ type runCmd struct {
 	LeaseSafetyMargin    time.Duration `name:"lease-safety-margin" env:"LEASE_SAFETY_MARGIN" help:"How long before its lease's expiry (as its last renewal reported it) a delivery stops working, and how much of its term must be left, by the database clock, for a warehouse commit to start. Default (0): a tenth of --lease-ttl, at least a quarter of --lease-renew-every (3s with the defaults). Must be shorter than --lease-ttl minus --lease-renew-every."`
 	MaxRunningPerTenant  int           `name:"max-running-per-tenant" env:"MAX_RUNNING_PER_TENANT" default:"0" help:"Fairness between tenants: while another tenant's batch waits for a worker, one tenant's batches running at once across the fleet (holding a lease) are at most this many; a delivery over it is snoozed (not an attempt) and the tenant's queued jobs ahead of the waiting tenant's move behind it (still due). A tenant alone uses every worker. Decided in PostgreSQL. 0: no cap."`
 	Concurrency          int           `name:"concurrency" env:"CONCURRENCY" default:"4" help:"Batches this process works at once."`
-	ShutdownGrace        time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"25s" help:"On SIGTERM, how long running batches may finish before they are cancelled and left resumable."`
+	ShutdownGrace        time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"25s" help:"On SIGTERM, how long every running batch may go on, whatever its progress. After it, a batch goes on only if its load's progress says it finishes within --drain-max; the others are cancelled and left resumable."`
+	DrainMax             time.Duration `name:"drain-max" env:"DRAIN_MAX" default:"15m" help:"On SIGTERM, how long after it a load whose progress (objects read, at the rate read so far, with a 25% margin) says it will finish by then keeps the worker running, so a rollout does not restart it from its first object; at this limit every batch still running is cancelled and left resumable. A load that shows no progress (blocked, or a Redshift COPY, which the next delivery follows rather than restarts) is cancelled when --shutdown-grace ends. The pod's terminationGracePeriodSeconds must exceed it. Below --shutdown-grace it counts as --shutdown-grace."`
 	SweepInterval        time.Duration `name:"sweep-interval" env:"SWEEP_INTERVAL" default:"5s" help:"How often to look for Running batches whose lease expired (crashed workers) or that are orphaned."`
 	OrphanAfter          time.Duration `name:"orphan-after" env:"ORPHAN_AFTER" default:"1m" help:"Re-deliver a Running batch without a lease and without a queued job after it has been untouched this long."`
 	PublicationWindow    time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"How long after its warehouse commit a batch may still be published."`
@@ -118,8 +120,8 @@ func (r *runCmd) validate() error {
 		return errors.New("--concurrency must be between 1 and 256")
 	case r.MaxRunningPerTenant < 0:
 		return errors.New("--max-running-per-tenant must not be negative (0: no cap)")
-	case r.ShutdownGrace < 0:
-		return errors.New("--shutdown-grace must not be negative")
+	case r.ShutdownGrace < 0 || r.DrainMax < 0:
+		return errors.New("--shutdown-grace and --drain-max must not be negative")
 	case r.MaxConns != 0 && r.MaxConns < minMaxConns:
 		return fmt.Errorf("--max-conns (%d) must be at least %d", r.MaxConns, minMaxConns)
 	case r.MetricsMaxConns < 1:
@@ -193,7 +195,9 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	defer closeWarehouse()
 
 	m := metrics.New()
+	deliveries := drain.New()
 	worker, err := jobs.NewIngestWorker(jobs.WorkerConfig{
+		Drain:  deliveries,
 		Store:  batch.NewStore(pool),
 		Leases: lease.NewStore(pool).WithRenewals(renewPool),
 		Pipelines: pipeline.Registry{
@@ -257,12 +261,17 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 
 	<-ctx.Done()
 	ready.Store(false)
-	log.Info("shutting down: no new jobs; running batches may finish", "grace", r.ShutdownGrace)
-	graceCtx, cancelGrace := context.WithTimeout(context.Background(), r.ShutdownGrace)
-	err = client.Stop(graceCtx)
-	cancelGrace()
+	limit := max(r.DrainMax, r.ShutdownGrace)
+	log.Info("shutting down: no new jobs; running batches may finish", "running", deliveries.Running(),
+		"grace", r.ShutdownGrace, "drain_max", limit)
+	// River's Stop waits for every running delivery; the drain gives up,
+	// meanwhile, those whose loads will not finish by the limit.
+	stopCtx, cancelStop := context.WithTimeout(context.Background(), limit)
+	go deliveries.Drain(stopCtx, drain.Policy{Grace: r.ShutdownGrace, Max: limit, Logger: log})
+	err = client.Stop(stopCtx)
+	cancelStop()
 	if err != nil {
-		log.Warn("grace period over: cancelling running batches; they stay resumable")
+		log.Warn("drain limit reached: cancelling running batches; they stay resumable", "drain_max", limit)
 		cancelCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if err := client.StopAndCancel(cancelCtx); err != nil {
 			log.Error("stopping River", "error", err)

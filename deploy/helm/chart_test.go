@@ -154,6 +154,13 @@ func TestChartDefaults(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, time.Duration(*pod.TerminationGracePeriodSeconds)*time.Second, graceDur,
 		"terminationGracePeriodSeconds must outlast the worker's shutdown grace")
+	drainMax, ok := argValue(c.Args, "--drain-max")
+	require.True(t, ok, "a rollout waits for loads that will finish")
+	drainDur, err := time.ParseDuration(drainMax)
+	require.NoError(t, err)
+	require.Equal(t, 15*time.Minute, drainDur)
+	require.Greater(t, time.Duration(*pod.TerminationGracePeriodSeconds)*time.Second, drainDur,
+		"terminationGracePeriodSeconds must outlast the drain limit, or a draining pod is SIGKILLed mid-load")
 	_, capped := argValue(c.Args, "--max-running-per-tenant")
 	require.False(t, capped, "no tenant cap by default")
 	ttl, _ := argValue(c.Args, "--lease-ttl")
@@ -219,7 +226,7 @@ func TestChartNonDefaults(t *testing.T) {
 	docs := mustRender(t, map[string]any{
 		"image": map[string]any{"tag": "1.2.3"},
 		"worker": map[string]any{
-			"replicas": 5, "autoscaling": map[string]any{"enabled": false}, "shutdownGraceSeconds": 60,
+			"replicas": 5, "autoscaling": map[string]any{"enabled": false}, "shutdownGraceSeconds": 60, "drainMaxSeconds": 0,
 			"leaseTTLSeconds": 45, "leaseRenewEverySeconds": 15, "concurrency": 8, "leaseSafetyMarginMilliseconds": 4500,
 			"podDisruptionBudget": map[string]any{"enabled": false}, "maxRunningPerTenant": 3,
 		},
@@ -235,7 +242,7 @@ func TestChartNonDefaults(t *testing.T) {
 	worker := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"])
 	require.Equal(t, int32(5), *worker.Spec.Replicas)
 	pod := worker.Spec.Template.Spec
-	require.Equal(t, int64(75), *pod.TerminationGracePeriodSeconds, "shutdown grace + 15 s")
+	require.Equal(t, int64(75), *pod.TerminationGracePeriodSeconds, "no drain past the grace: shutdown grace + 15 s")
 	c := pod.Containers[0]
 	require.Equal(t, "ghcr.io/fleet/ingest:1.2.3", c.Image)
 	v, _ := argValue(c.Args, "--concurrency")
@@ -299,6 +306,8 @@ func TestChartRefusesUnsafeTimings(t *testing.T) {
 	t.Parallel()
 	_, err := render(t, map[string]any{"worker": map[string]any{"shutdownGraceSeconds": 30, "terminationGracePeriodSeconds": 30}})
 	require.ErrorContains(t, err, "must be longer than worker.shutdownGraceSeconds")
+	_, err = render(t, map[string]any{"worker": map[string]any{"drainMaxSeconds": 600, "terminationGracePeriodSeconds": 300}})
+	require.ErrorContains(t, err, "must be longer than worker.drainMaxSeconds")
 	_, err = render(t, map[string]any{"worker": map[string]any{"leaseTTLSeconds": 10, "leaseRenewEverySeconds": 10}})
 	require.ErrorContains(t, err, "leaseRenewEverySeconds must be shorter")
 	for _, margin := range []int{20000, 25000, -1} { // the defaults leave 30 s − 10 s

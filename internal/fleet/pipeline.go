@@ -49,6 +49,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/drain"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pipeline"
@@ -331,6 +332,9 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 		wroteD  batch.Details
 	)
 	prog := src.Progress()
+	// A draining worker waits for this load if its progress says it will
+	// finish in time (drain.Tracker).
+	drain.Report(ctx, func() (int64, int64) { return prog.Objects(), int64(len(objects)) })
 	stop := p.sampleProgress(ctx, run, &details, &closed, prog, int64(len(objects)), logger)
 	record := func(ctx context.Context, tx pgx.Tx, st warehouse.Stamp) error {
 		details.Lock()

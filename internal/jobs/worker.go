@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/drain"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pipeline"
@@ -66,8 +67,12 @@ type WorkerConfig struct {
 	// FairnessDB runs the capped acquisitions' transactions (the lease
 	// pool).
 	FairnessDB lease.DB
-	Metrics    *metrics.Metrics
-	Logger     *slog.Logger
+	// Drain, if set, knows every delivery, so that a stopping worker can
+	// wait for the loads that will finish in time and give up the others
+	// (drain.Tracker.Drain).
+	Drain   *drain.Tracker
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
 }
 
 func (c *WorkerConfig) validate() error {
@@ -164,6 +169,11 @@ func (w *IngestWorker) NextRetry(job *river.Job[IngestArgs]) time.Time {
 func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) error {
 	m, log := w.cfg.Metrics, w.cfg.Logger.With("job_id", job.ID, "batch_id", job.Args.BatchID, "attempt", job.Attempt)
 	observeQueueWait(m, job.JobRow)
+	if w.cfg.Drain != nil {
+		var untrack func()
+		ctx, untrack = w.cfg.Drain.Track(ctx, job.Args.BatchID)
+		defer untrack()
+	}
 	holder := w.holderID(job)
 	var (
 		a       lease.Acquisition
@@ -353,6 +363,11 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 		m.Deliveries.WithLabelValues("cancelled").Inc()
 		log.Warn("job cancelled remotely, lease lost (an operator cancelled the batch, or the sweeper re-delivered it after the lease expired): stopped without further writes", "error", res.Err)
 		return river.JobCancel(fmt.Errorf("cancelled remotely: %w", res.Err))
+	}
+	if errors.Is(context.Cause(ctx), drain.ErrWillNotFinish) {
+		m.Deliveries.WithLabelValues("retry").Inc()
+		log.Info("delivery given up by the draining worker: batch left resumable", "error", res.Err)
+		return fmt.Errorf("interrupted: %w", res.Err)
 	}
 	if ctx.Err() != nil {
 		m.Deliveries.WithLabelValues("retry").Inc()

@@ -10,8 +10,10 @@
 // the server for test setup.
 //
 // Faults: Throttle makes the next requests to a bucket fail with 503
-// SlowDown, as S3 does under load. Requests counts the requests made to a
-// bucket by S3 operation, so tests can see multipart uploads and list pages.
+// SlowDown, as S3 does under load; Slow delays every object read of a
+// bucket, as a large object's transfer would. Requests counts the requests
+// made to a bucket by S3 operation, so tests can see multipart uploads and
+// list pages; Reads counts the reads of one object.
 //
 // What it does not emulate: authentication (any credentials are accepted),
 // bucket policies and ownership, regions and redirects, storage classes,
@@ -28,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -48,12 +51,14 @@ type Server struct {
 
 	mu       sync.Mutex
 	throttle map[string]int            // bucket → requests left to answer 503 SlowDown
+	slow     map[string]time.Duration  // bucket → delay before each GetObject answer
 	requests map[string]map[string]int // bucket → operation → count
+	reads    map[string]int            // bucket/key → GetObject count
 }
 
 // New starts a server; Close stops it. Tests use Start.
 func New() *Server {
-	s := &Server{throttle: map[string]int{}, requests: map[string]map[string]int{}}
+	s := &Server{throttle: map[string]int{}, slow: map[string]time.Duration{}, requests: map[string]map[string]int{}, reads: map[string]int{}}
 	fake := gofakes3.New(s3mem.New(), gofakes3.WithLogger(gofakes3.DiscardLog()))
 	inner := fake.Server()
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -67,7 +72,19 @@ func New() *Server {
 		if throttled {
 			s.throttle[bucket]--
 		}
+		delay := time.Duration(0)
+		if op == "GetObject" {
+			s.reads[strings.TrimPrefix(r.URL.Path, "/")]++
+			delay = s.slow[bucket]
+		}
 		s.mu.Unlock()
+		if delay > 0 {
+			select {
+			case <-time.After(delay):
+			case <-r.Context().Done():
+				return
+			}
+		}
 		if throttled {
 			w.Header().Set("Content-Type", "application/xml")
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -160,6 +177,21 @@ func (s *Server) Throttle(bucket string, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.throttle[bucket] = n
+}
+
+// Slow delays the answer to every object read (GetObject) of bucket by d;
+// 0 ends the delay.
+func (s *Server) Slow(bucket string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slow[bucket] = d
+}
+
+// Reads returns how many times the object bucket/key was read (GetObject).
+func (s *Server) Reads(bucket, key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reads[bucket+"/"+key]
 }
 
 // Requests returns how many requests bucket received for operation (as

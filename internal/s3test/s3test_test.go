@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
@@ -67,4 +68,30 @@ func TestThrottleAnswersSlowDown(t *testing.T) {
 	srv.Throttle("slow", 0)
 	_, err = srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("slow"), Key: aws.String("k")})
 	require.NoError(t, err)
+}
+
+// TestSlowDelaysObjectReads proves Slow delays each object read, not the
+// listing, and that Reads counts the reads of each object.
+func TestSlowDelaysObjectReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := s3test.Start(t)
+	srv.CreateBucket(t, "lazy")
+	srv.Put(t, "lazy", "a/k", []byte("v"))
+	srv.Slow("lazy", 300*time.Millisecond)
+
+	start := time.Now()
+	_, err := srv.Client().ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("lazy")})
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), 300*time.Millisecond, "listings are not delayed")
+
+	for range 2 {
+		start = time.Now()
+		out, err := srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("lazy"), Key: aws.String("a/k")})
+		require.NoError(t, err)
+		out.Body.Close()
+		require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+	}
+	require.Equal(t, 2, srv.Reads("lazy", "a/k"))
+	require.Zero(t, srv.Reads("lazy", "other"))
 }

@@ -108,9 +108,13 @@ and the pod name.
 {{/* Validates the worker's timing values. */}}
 {{- define "fleet-ingest.workerTermination" -}}
 {{- $grace := int .Values.worker.shutdownGraceSeconds -}}
-{{- $term := .Values.worker.terminationGracePeriodSeconds | default (add $grace 15) | int -}}
+{{- $drain := max $grace (int .Values.worker.drainMaxSeconds) | int -}}
+{{- $term := .Values.worker.terminationGracePeriodSeconds | default (add $drain 15) | int -}}
 {{- if le $term $grace -}}
 {{- fail (printf "worker.terminationGracePeriodSeconds (%d) must be longer than worker.shutdownGraceSeconds (%d)" $term $grace) -}}
+{{- end -}}
+{{- if le $term $drain -}}
+{{- fail (printf "worker.terminationGracePeriodSeconds (%d) must be longer than worker.drainMaxSeconds (%d): a draining pod would be SIGKILLed mid-load" $term $drain) -}}
 {{- end -}}
 {{- if ge (int .Values.worker.leaseRenewEverySeconds) (int .Values.worker.leaseTTLSeconds) -}}
 {{- fail "worker.leaseRenewEverySeconds must be shorter than worker.leaseTTLSeconds" -}}
