@@ -93,7 +93,7 @@ func TestRiverUIActionsGoThroughTheBatch(t *testing.T) {
 	require.Equal(t, batch.PhaseCancelled, d.Phase)
 	require.NotNil(t, b.CancelledBy)
 	require.Regexp(t, `^riverui:ops@`, *b.CancelledBy, "the UI's operator is recorded")
-	require.Contains(t, serve.logs.String(), `"msg":"cancel"`, "the action is logged with who")
+	require.Regexp(t, `"msg":"operator action","action":"cancel","by":"riverui:ops@[^"]+","reason":"cancelled in the River UI \(job \d+\)"`, serve.logs.String(), "the action is logged with who and why")
 	release()
 
 	// Retry of the cancelled batch's job, as the UI's Retry button sends

@@ -130,7 +130,7 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		case "retry":
 			if !running {
-				a.log.Warn("operator action refused", "via", "riverui", "action", "retry", "by", who, "job_id", id,
+				a.log.Warn(jobs.OperatorLog+" refused", "via", "riverui", "action", "retry", "by", who, "job_id", id,
 					"batch_id", j.batchID, "tenant_id", j.tenant, "batch_status", j.batchStatus)
 				uiError(w, http.StatusBadRequest, fmt.Sprintf(
 					"Job %d belongs to batch %d, which is %s: retrying the job would not run the batch. "+
@@ -140,7 +140,7 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rest = append(rest, id)
 		case "delete":
 			if running {
-				a.log.Warn("operator action refused", "via", "riverui", "action", "delete", "by", who, "job_id", id,
+				a.log.Warn(jobs.OperatorLog+" refused", "via", "riverui", "action", "delete", "by", who, "job_id", id,
 					"batch_id", j.batchID, "tenant_id", j.tenant)
 				uiError(w, http.StatusBadRequest, fmt.Sprintf(
 					"Job %d is a delivery of batch %d, which is Running: deleting it would leave the batch to the orphan sweeper. "+
@@ -155,7 +155,7 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"status":"ok"}`))
 		return
 	}
-	a.log.Warn("operator action", "via", "riverui", "action", action, "by", who, "job_ids", rest)
+	a.log.Warn(jobs.OperatorLog, "via", "riverui", "action", action, "by", who, "job_ids", rest)
 	fwd, _ := json.Marshal(map[string][]string{"ids": int64Strings(rest)})
 	r2 := r.Clone(r.Context())
 	r2.Body, r2.ContentLength = io.NopCloser(bytes.NewReader(fwd)), int64(len(fwd))

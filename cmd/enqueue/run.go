@@ -259,6 +259,7 @@ type resumeCmd struct {
 	TenantID          string        `name:"tenant-id" required:"" help:"The batch's tenant."`
 	Folder            string        `name:"folder" help:"The batch's source folder URL (optional: the batch knows it; if given it must match)."`
 	PublicationWindow time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"A batch committed longer ago than this is publication_expired."`
+	operator
 
 	// The warehouse whose stamp proves the slice is still the batch's: the
 	// same settings as the workers' (--redshift-iam-role and
@@ -267,7 +268,7 @@ type resumeCmd struct {
 }
 
 func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
-	req := jobs.ResumeRequest{BatchID: r.BatchID, TenantID: r.TenantID, Folder: r.Folder}
+	req := jobs.ResumeRequest{BatchID: r.BatchID, TenantID: r.TenantID, Folder: r.Folder, By: r.by(), Reason: r.Reason}
 	if err := jobs.ValidateResume(req); err != nil {
 		return invalid(e, err)
 	}
@@ -302,10 +303,11 @@ func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
 type retryCmd struct {
 	BatchID  int64  `name:"batch-id" required:"" help:"The failed (failed_pre_commit, failed_enqueue) or cancelled batch."`
 	TenantID string `name:"tenant-id" required:"" help:"The batch's tenant."`
+	operator
 }
 
 func (r *retryCmd) Run(c *enqueueCLI, e *cli.Env) error {
-	req := jobs.RetryRequest{BatchID: r.BatchID, TenantID: r.TenantID}
+	req := jobs.RetryRequest{BatchID: r.BatchID, TenantID: r.TenantID, By: r.by(), Reason: r.Reason}
 	if err := jobs.ValidateRetry(req); err != nil {
 		return invalid(e, err)
 	}
@@ -315,19 +317,29 @@ func (r *retryCmd) Run(c *enqueueCLI, e *cli.Env) error {
 type cancelCmd struct {
 	BatchID  int64  `name:"batch-id" required:"" help:"The Running batch."`
 	TenantID string `name:"tenant-id" required:"" help:"The batch's tenant."`
-	Reason   string `name:"reason" help:"Why, recorded with the cancel."`
-	By       string `name:"by" env:"ENQUEUE_OPERATOR" help:"Who asks, recorded with the cancel. Defaults to cli:USER@HOST."`
+	operator
+}
+
+// operator is who runs an operator action (cancel, retry, resume) and why:
+// logged with it (jobs.OperatorLog), and a cancel records both.
+type operator struct {
+	Reason string `name:"reason" help:"Why: logged with the action (and recorded with a cancel)."`
+	By     string `name:"by" env:"ENQUEUE_OPERATOR" help:"Who asks: logged with the action (and recorded with a cancel). Defaults to cli:USER@HOST."`
+}
+
+func (o operator) by() string {
+	if o.By != "" {
+		return o.By
+	}
+	by := "cli:" + cmp.Or(os.Getenv("USER"), "unknown")
+	if host, err := os.Hostname(); err == nil {
+		by += "@" + host
+	}
+	return by
 }
 
 func (k *cancelCmd) Run(c *enqueueCLI, e *cli.Env) error {
-	by := k.By
-	if by == "" {
-		by = "cli:" + cmp.Or(os.Getenv("USER"), "unknown")
-		if host, err := os.Hostname(); err == nil {
-			by += "@" + host
-		}
-	}
-	req := jobs.CancelRequest{BatchID: k.BatchID, TenantID: k.TenantID, Reason: k.Reason, By: by}
+	req := jobs.CancelRequest{BatchID: k.BatchID, TenantID: k.TenantID, Reason: k.Reason, By: k.by()}
 	if err := jobs.ValidateCancel(req); err != nil {
 		return invalid(e, err)
 	}

@@ -33,6 +33,7 @@ func TestChartSQSConsumer(t *testing.T) {
 	for flag, want := range map[string]string{
 		"--queue-url": queue, "--marker": "_SUCCESS", "--path-pattern": "tenants/{tenant_id}/{tenant_database}/{company_id}/",
 		"--wait-time": "20s", "--max-messages": "10", "--timeout": "30s", "--admin-listen": ":8081",
+		"--receivers": "8", "--max-burst": "100", "--linger": "10ms",
 	} {
 		got, ok := argValue(c.Args, flag)
 		require.True(t, ok, flag)

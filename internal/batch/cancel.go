@@ -35,11 +35,18 @@ func (r *CancelRequest) Validate() error {
 	if err := ValidateTenantID(r.TenantID); err != nil {
 		return err
 	}
-	if err := checkText("by", r.By, MaxCancelledByLen); err != nil {
+	return ValidateOperator(r.By, r.Reason)
+}
+
+// ValidateOperator checks who asks for an operator action (required) and
+// why (optional), under the rules Cancel records them by: printable text of
+// at most MaxCancelledByLen and MaxCancelReasonLen.
+func ValidateOperator(by, reason string) error {
+	if err := checkText("by", by, MaxCancelledByLen); err != nil {
 		return err
 	}
-	if r.Reason != "" {
-		if err := checkText("reason", r.Reason, MaxCancelReasonLen); err != nil {
+	if reason != "" {
+		if err := checkText("reason", reason, MaxCancelReasonLen); err != nil {
 			return err
 		}
 	}

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -169,6 +170,9 @@ func (e *Enqueuer) logResults(reqs []ImportRequest, results []Result) {
 	log := e.logger()
 	for i, res := range results {
 		e.observeReservation(res.Outcome)
+		if reqs[i].retryOf != 0 {
+			continue // a retry's import is its operator action's line (Retry)
+		}
 		attrs := []any{"outcome", res.Outcome, "batch_id", res.BatchID, "job_id", res.JobID,
 			"running_batch_id", res.RunningBatchID, "tenant_id", reqs[i].TenantID, "source_scope", res.SourceScope}
 		if res.Error != "" {
@@ -319,6 +323,10 @@ type ResumeRequest struct {
 	BatchID  int64  `json:"batch_id"`
 	TenantID string `json:"tenant_id"`
 	Folder   string `json:"folder,omitempty"`
+	// By and Reason say who asks and why: logged with the action
+	// (OperatorLog). By defaults to "unnamed".
+	By     string `json:"-"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // Resume moves a failed-publication batch back to Running under the resume
@@ -380,8 +388,7 @@ func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error
 	if err != nil && !errors.Is(err, errRollback) {
 		return Result{}, err
 	}
-	e.logger().Info("resume", "outcome", res.Outcome, "reason", res.Reason, "batch_id", req.BatchID, "job_id", res.JobID,
-		"running_batch_id", res.RunningBatchID, "tenant_id", req.TenantID)
+	e.operatorLog("resume", req.By, req.Reason, req.BatchID, req.TenantID, res)
 	return res, nil
 }
 
@@ -389,6 +396,10 @@ func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error
 type RetryRequest struct {
 	BatchID  int64  `json:"batch_id"`
 	TenantID string `json:"tenant_id"`
+	// By and Reason say who asks and why: logged with the action
+	// (OperatorLog). By defaults to "unnamed".
+	By     string `json:"-"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // Reasons a retry is refused (besides the resume reasons it shares).
@@ -416,7 +427,9 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 	}
 	b, err := batch.NewStore(e.Pool).Get(ctx, req.BatchID)
 	if errors.Is(err, batch.ErrNotFound) || (err == nil && b.TenantID != req.TenantID) {
-		return Result{Outcome: OutcomeNotFound}, nil
+		res := Result{Outcome: OutcomeNotFound}
+		e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
+		return res, nil
 	}
 	if err != nil {
 		return Result{}, err
@@ -426,7 +439,7 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 		if d, err := batch.ParseDetails(b.Details); err == nil {
 			res.Phase = string(d.Phase)
 		}
-		e.logger().Info("retry", "outcome", res.Outcome, "reason", reason, "batch_id", b.ID, "tenant_id", b.TenantID)
+		e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
 		return res, nil
 	}
 	switch {
@@ -455,6 +468,9 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 		}
 	}
 	if res, refused, err := e.newerBatchRefusal(ctx, b); err != nil || refused {
+		if refused {
+			e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
+		}
 		return res, err
 	}
 	res, err := e.Import(ctx, ImportRequest{
@@ -465,6 +481,7 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 		return Result{}, err
 	}
 	res.RetryOf = b.ID
+	e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
 	return res, nil
 }
 
@@ -530,9 +547,40 @@ func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error
 	if err != nil {
 		return Result{}, err
 	}
-	e.logger().Warn("cancel", "outcome", res.Outcome, "batch_id", req.BatchID, "tenant_id", req.TenantID, "by", req.By,
-		"reason", req.Reason, "previous_holder", res.PreviousHolder, "cancelled_jobs", res.CancelledJobs)
+	e.operatorLog("cancel", req.By, req.Reason, req.BatchID, req.TenantID, res)
 	return res, nil
+}
+
+// OperatorLog is the message of the one log line every operator action
+// (cancel, retry, resume) writes, whichever door it came through (the
+// CLI, the HTTP cancel route, the River UI): who (by, prefixed with the
+// door: cli:, http:, riverui:), what (action, batch_id, tenant_id, and the
+// outcome with what it changed) and why (reason).
+const OperatorLog = "operator action"
+
+// operatorLog writes an action's OperatorLog line.
+func (e *Enqueuer) operatorLog(action, by, reason string, batchID int64, tenant string, res Result) {
+	attrs := []any{"action", action, "by", cmp.Or(by, "unnamed"), "reason", reason, "batch_id", batchID, "tenant_id", tenant, "outcome", res.Outcome}
+	add := func(key string, v int64) {
+		if v != 0 {
+			attrs = append(attrs, key, v)
+		}
+	}
+	if res.BatchID != batchID {
+		add("new_batch_id", res.BatchID)
+	}
+	add("job_id", res.JobID)
+	add("running_batch_id", res.RunningBatchID)
+	add("newer_batch_id", res.NewerBatchID)
+	for _, kv := range [][2]string{{"refusal", res.Reason}, {"status", res.Status}, {"phase", res.Phase}, {"previous_holder", res.PreviousHolder}, {"error", res.Error}} {
+		if kv[1] != "" {
+			attrs = append(attrs, kv[0], kv[1])
+		}
+	}
+	if len(res.CancelledJobs) > 0 {
+		attrs = append(attrs, "cancelled_jobs", res.CancelledJobs)
+	}
+	e.logger().Warn(OperatorLog, attrs...)
 }
 
 func (e *Enqueuer) observeReservation(outcome string) {
@@ -577,7 +625,10 @@ func ValidateResume(req ResumeRequest) error {
 	if req.BatchID <= 0 {
 		return &InputError{Field: "batch_id", Reason: "must be a positive batch id"}
 	}
-	return inputError(batch.ValidateTenantID(req.TenantID))
+	if err := batch.ValidateTenantID(req.TenantID); err != nil {
+		return inputError(err)
+	}
+	return validateOperator(req.By, req.Reason)
 }
 
 // ValidateRetry checks a retry request without touching the database.
@@ -585,7 +636,16 @@ func ValidateRetry(req RetryRequest) error {
 	if req.BatchID <= 0 {
 		return &InputError{Field: "batch_id", Reason: "must be a positive batch id"}
 	}
-	return inputError(batch.ValidateTenantID(req.TenantID))
+	if err := batch.ValidateTenantID(req.TenantID); err != nil {
+		return inputError(err)
+	}
+	return validateOperator(req.By, req.Reason)
+}
+
+// validateOperator checks who asks for a retry or a resume and why, as a
+// cancel's are checked; an empty By is logged as "unnamed".
+func validateOperator(by, reason string) error {
+	return inputError(batch.ValidateOperator(cmp.Or(by, "unnamed"), reason))
 }
 
 // ValidateCancel checks a cancel request without touching the database.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/testproc"
 )
@@ -24,7 +25,8 @@ func TestCancelRoute(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
-	f := newServer(t, pool, nil)
+	logs := &testproc.SyncBuffer{}
+	f := newServer(t, pool, func(c *Config) { c.Enqueuer.Logger = slog.New(slog.NewJSONHandler(logs, nil)) })
 	status, out := f.post(t, "/v1/imports", "application/json", importBody("tenant-a", tenantFolder("tenant-a", "up/c1")), auth)
 	require.Equal(t, http.StatusAccepted, status)
 	id := int64(out["batch_id"].(float64))
@@ -77,6 +79,10 @@ func TestCancelRoute(t *testing.T) {
 	require.Equal(t, batch.StatusFailed, b.Status)
 	require.True(t, strings.HasPrefix(*b.CancelledBy, "http:alice@"), *b.CancelledBy)
 	require.Equal(t, "bad upload", *b.CancelReason)
+	// Logged once, as every operator action is (refused ones too),
+	// whatever its door.
+	require.Equal(t, 1, strings.Count(logs.String(), `"reason":"bad upload"`), logs.String())
+	require.Regexp(t, `"msg":"`+jobs.OperatorLog+`","action":"cancel","by":"http:alice@[^"]+","reason":"bad upload","batch_id":`+strconv.FormatInt(id, 10)+`,"tenant_id":"tenant-a","outcome":"cancelled"`, logs.String())
 
 	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), operatorAuth)
 	require.Equal(t, http.StatusConflict, status)
