@@ -3,8 +3,10 @@
 // (enqueue reconcile).
 //
 // A scan lists the bucket with ListObjectsV2, a page (up to 1,000 keys) at
-// a time, so memory is bounded by a page and a burst whatever the bucket
-// holds. Every completion marker (LastModified at or after Since) is
+// a time, the next page listed while this one is reconciled, so memory is
+// bounded by three pages and a burst whatever the bucket holds, and a scan
+// lasts about as long as its listing when the look-ups are quicker than
+// S3's pages. Every completion marker (LastModified at or after Since) is
 // mapped to its folder with uploads.PlanEvents and folder.Mapping, the rule
 // of every other door. A burst of folders is looked up in the database:
 //
@@ -206,19 +208,40 @@ func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
 	if startAfter != "" {
 		in.StartAfter = aws.String(startAfter)
 	}
-	pages := s3.NewListObjectsV2Paginator(cfg.S3, in)
+	// The next page is listed while this one is reconciled, so a scan
+	// takes about as long as its listing (S3's page latency) when the
+	// look-ups are quicker, and memory stays at a few pages.
+	listCtx, stopListing := context.WithCancel(ctx)
+	pages := prefetch(listCtx, s3.NewListObjectsV2Paginator(cfg.S3, in))
+	defer func() {
+		stopListing()
+		for range pages { // the lister has stopped when the channel closes
+		}
+	}()
 	err := func() error {
-		for pages.HasMorePages() {
+		for {
 			if ctx.Err() != nil {
 				return nil
 			}
-			page, err := pages.NextPage(ctx)
-			if err != nil {
+			var (
+				r  listed
+				ok bool
+			)
+			select {
+			case r, ok = <-pages:
+			case <-ctx.Done():
+				return nil
+			}
+			if !ok {
+				break
+			}
+			if r.err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
-				return fmt.Errorf("listing s3://%s/%s: %w", cfg.Bucket, cfg.Prefix, err)
+				return fmt.Errorf("listing s3://%s/%s: %w", cfg.Bucket, cfg.Prefix, r.err)
 			}
+			page := r.page
 			s.sum.Pages++
 			for _, obj := range page.Contents {
 				s.sum.ObjectsListed++
@@ -251,6 +274,34 @@ func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
 	}()
 	s.sum.DurationSeconds = time.Since(start).Seconds()
 	return s.sum, err
+}
+
+// listed is one page of the listing, or the error that ended it.
+type listed struct {
+	page *s3.ListObjectsV2Output
+	err  error
+}
+
+// prefetch lists pages ahead of the scan, one page at most waiting to be
+// reconciled; the channel closes after the last page, after an error, or
+// when ctx ends.
+func prefetch(ctx context.Context, pages *s3.ListObjectsV2Paginator) <-chan listed {
+	out := make(chan listed, 1)
+	go func() {
+		defer close(out)
+		for pages.HasMorePages() {
+			page, err := pages.NextPage(ctx)
+			select {
+			case out <- listed{page, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return out
 }
 
 type scan struct {

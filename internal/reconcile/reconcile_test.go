@@ -166,3 +166,69 @@ func TestReconcileReportsUnmappedMarkers(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"enqueued": 2, "unmapped": 1}, sum.Outcomes)
 }
+
+// waitingImporter holds its first burst until the listing has asked for
+// the next page (or a timeout passes), and says whether it saw that.
+type waitingImporter struct {
+	reconcile.Importer
+	s3         *s3test.Server
+	calls      int
+	overlapped bool
+}
+
+func (w *waitingImporter) ImportMany(ctx context.Context, reqs []jobs.ImportRequest) ([]jobs.Result, error) {
+	w.calls++
+	if w.calls == 1 {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) && !w.overlapped {
+			w.overlapped = w.s3.Requests(bucket, "ListObjectsV2") >= 2
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return w.Importer.ImportMany(ctx, reqs)
+}
+
+// TestReconcileListsTheNextPageWhileReconciling: the listing does not wait
+// for a page's look-ups and burst: the second page is asked for while the
+// first page's burst is still being imported, so a scan lasts about as
+// long as its listing (S3's page latency) when the database is quicker.
+// Every folder is still enqueued once, and a listing error still ends the
+// scan with what was reconciled before it.
+func TestReconcileListsTheNextPageWhileReconciling(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, 2500) // three pages of at most 1,000 keys
+	imp := &waitingImporter{Importer: f.cfg.Importer, s3: f.s3}
+	f.cfg.Importer = imp
+	sum, err := reconcile.Scan(ctx, f.cfg, "")
+	require.NoError(t, err)
+	require.True(t, imp.overlapped, "the second page was not listed before the first page's burst returned")
+	require.True(t, sum.Complete)
+	require.Equal(t, 3, sum.Pages)
+	require.Equal(t, 2500, sum.Outcomes["enqueued"])
+	batches, scopes := f.batches(t)
+	require.Equal(t, 2500, batches)
+	require.Equal(t, 2500, scopes)
+
+	// A listing that fails on a later page: the pages before it are
+	// reconciled, the error is returned, and LastKey says where to go on.
+	// (While the first page is reconciled, at most two more are listed.)
+	g := newFixture(t, 5500) // six pages
+	var reports int
+	g.cfg.Report = func(reconcile.Folder) {
+		reports++
+		if reports == 1 {
+			g.s3.Throttle(bucket, 1000) // every later request answers 503 SlowDown, retries too
+		}
+	}
+	sum, err = reconcile.Scan(ctx, g.cfg, "")
+	require.Error(t, err)
+	require.ErrorContains(t, err, "SlowDown")
+	require.False(t, sum.Complete)
+	require.NotEmpty(t, sum.LastKey)
+	batches, _ = g.batches(t)
+	require.Equal(t, sum.Folders, batches, "what was reported was enqueued")
+	require.GreaterOrEqual(t, sum.Pages, 1)
+	require.LessOrEqual(t, sum.Pages, 3)
+	require.Equal(t, sum.Pages*1000, sum.ObjectsListed)
+}

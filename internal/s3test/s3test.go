@@ -11,7 +11,8 @@
 //
 // Faults: Throttle makes the next requests to a bucket fail with 503
 // SlowDown, as S3 does under load; Slow delays every object read of a
-// bucket, as a large object's transfer would. Requests counts the requests
+// bucket, as a large object's transfer would, and SlowListing every
+// listing page. Requests counts the requests
 // made to a bucket by S3 operation, so tests can see multipart uploads and
 // list pages; Reads counts the reads of one object.
 //
@@ -52,13 +53,14 @@ type Server struct {
 	mu       sync.Mutex
 	throttle map[string]int            // bucket → requests left to answer 503 SlowDown
 	slow     map[string]time.Duration  // bucket → delay before each GetObject answer
+	slowList map[string]time.Duration  // bucket → delay before each ListObjectsV2 answer
 	requests map[string]map[string]int // bucket → operation → count
 	reads    map[string]int            // bucket/key → GetObject count
 }
 
 // New starts a server; Close stops it. Tests use Start.
 func New() *Server {
-	s := &Server{throttle: map[string]int{}, slow: map[string]time.Duration{}, requests: map[string]map[string]int{}, reads: map[string]int{}}
+	s := &Server{throttle: map[string]int{}, slow: map[string]time.Duration{}, slowList: map[string]time.Duration{}, requests: map[string]map[string]int{}, reads: map[string]int{}}
 	fake := gofakes3.New(s3mem.New(), gofakes3.WithLogger(gofakes3.DiscardLog()))
 	inner := fake.Server()
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -73,9 +75,12 @@ func New() *Server {
 			s.throttle[bucket]--
 		}
 		delay := time.Duration(0)
-		if op == "GetObject" {
+		switch op {
+		case "GetObject":
 			s.reads[strings.TrimPrefix(r.URL.Path, "/")]++
 			delay = s.slow[bucket]
+		case "ListObjectsV2":
+			delay = s.slowList[bucket]
 		}
 		s.mu.Unlock()
 		if delay > 0 {
@@ -185,6 +190,14 @@ func (s *Server) Slow(bucket string, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.slow[bucket] = d
+}
+
+// SlowListing delays the answer to every listing page (ListObjectsV2) of
+// bucket by d, as S3's own page latency would; 0 ends the delay.
+func (s *Server) SlowListing(bucket string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slowList[bucket] = d
 }
 
 // Reads returns how many times the object bucket/key was read (GetObject).

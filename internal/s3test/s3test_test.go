@@ -95,3 +95,23 @@ func TestSlowDelaysObjectReads(t *testing.T) {
 	require.Equal(t, 2, srv.Reads("lazy", "a/k"))
 	require.Zero(t, srv.Reads("lazy", "other"))
 }
+
+// TestSlowListingDelaysListPages: SlowListing delays each listing page, not
+// object reads.
+func TestSlowListingDelaysListPages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := s3test.Start(t)
+	srv.CreateBucket(t, "paged")
+	srv.Put(t, "paged", "a/k", []byte("v"))
+	srv.SlowListing("paged", 200*time.Millisecond)
+	start := time.Now()
+	_, err := srv.Client().ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("paged")})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+	start = time.Now()
+	out, err := srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("paged"), Key: aws.String("a/k")})
+	require.NoError(t, err)
+	out.Body.Close()
+	require.Less(t, time.Since(start), 200*time.Millisecond, "object reads are not delayed")
+}
