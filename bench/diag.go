@@ -146,6 +146,10 @@ type serverCounters struct {
 	topStatements           map[string]statementStat
 	blocksHit, blocksRead   int64
 	tuplesInserted, updated int64
+	// nextXid is the next transaction id the cluster will assign: only a
+	// transaction that writes takes one, so its change counts the write
+	// transactions (of every database of the bench's own cluster).
+	nextXid int64
 }
 
 type statementStat struct {
@@ -159,11 +163,12 @@ func (e *env) readCounters() (serverCounters, error) {
 	c := serverCounters{at: time.Now(), topStatements: map[string]statementStat{}}
 	err := e.pool.QueryRow(e.ctx, `
 		SELECT d.xact_commit, d.xact_rollback, d.blks_hit, d.blks_read, d.tup_inserted, d.tup_updated,
-		       w.wal_records, w.wal_fpi, w.wal_bytes::float8, w.wal_write, w.wal_sync
+		       w.wal_records, w.wal_fpi, w.wal_bytes::float8, w.wal_write, w.wal_sync,
+		       pg_snapshot_xmax(pg_current_snapshot())::text::bigint
 		FROM pg_stat_database d, pg_stat_wal w
 		WHERE d.datname = current_database()`).
 		Scan(&c.commits, &c.rollbacks, &c.blocksHit, &c.blocksRead, &c.tuplesInserted, &c.updated,
-			&c.walRecords, &c.walFPI, &c.walBytes, &c.walWrite, &c.walSync)
+			&c.walRecords, &c.walFPI, &c.walBytes, &c.walWrite, &c.walSync, &c.nextXid)
 	if err != nil {
 		return c, err
 	}
@@ -274,6 +279,8 @@ func (e *env) settleStats() {
 // perOp is what the server did per operation of a measured phase.
 type perOp struct {
 	commits, statements, walRecords, walBytes, walSyncs float64
+	// writeTxns counts transactions that wrote (took a transaction id).
+	writeTxns float64
 	// serverCPU, harnessCPU and workerCPU (the worker processes the
 	// harness started) are CPU seconds per operation.
 	serverCPU, harnessCPU, workerCPU float64
@@ -294,6 +301,7 @@ func newPerOp(before, after serverCounters, ops, samplerQueries int) perOp {
 		walRecords:         float64(after.walRecords-before.walRecords) / n,
 		walBytes:           (after.walBytes - before.walBytes) / n,
 		walSyncs:           float64(after.walSync-before.walSync) / n,
+		writeTxns:          float64(after.nextXid-before.nextXid) / n,
 		serverCPU:          (after.cpuSeconds - before.cpuSeconds) / n,
 		harnessCPU:         (after.harnessCPUSeconds - before.harnessCPUSeconds) / n,
 		workerCPU:          (after.workerCPUSeconds - before.workerCPUSeconds) / n,

@@ -54,13 +54,14 @@ func writeReport(dir string, results []Result, charts []chart, took time.Duratio
 		}
 		fmt.Fprintf(&md, "| %s | %v | %s | %s | %s | %s | %s | %s |\n", r.Scenario, r.Ours, optional(r.Baseline), r.Unit, optional(r.Ratio), r.Target, met, r.Note)
 	}
-	md.WriteString("\n![enqueue→Succeeded latency](latency-end-to-end.png)\n\n![enqueue latency](latency-enqueue.png)\n")
+	md.WriteString("\n![enqueue→Succeeded latency, concurrency 4](latency-end-to-end.png)\n\n![enqueue→Succeeded latency, concurrency 32](latency-end-to-end-c32.png)\n\n![enqueue latency](latency-enqueue.png)\n")
 	if err := os.WriteFile(filepath.Join(dir, "latest.md"), []byte(md.String()), 0o644); err != nil {
 		return err
 	}
 	for group, spec := range map[string]struct{ title, x string }{
-		"end-to-end": {"enqueue → Succeeded latency, trivial folder", "worker processes"},
-		"enqueue":    {"enqueue latency (reserve + job insert, one transaction)", "concurrent clients"},
+		"end-to-end":     {"enqueue → Succeeded latency, trivial folder, --concurrency 4", "worker processes"},
+		"end-to-end-c32": {"enqueue → Succeeded latency, trivial folder, --concurrency 32", "worker processes"},
+		"enqueue":        {"enqueue latency (reserve + job insert, one transaction)", "concurrent clients"},
 	} {
 		if err := plotLatency(filepath.Join(dir, "latency-"+group+".png"), spec.title, spec.x, charts, group); err != nil {
 			return err

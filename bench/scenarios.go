@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -462,9 +463,15 @@ func benchIdle(e *env) error {
 // trivial folder and 1–4 worker processes, against River's own no-op job
 // throughput with the same number of workers and concurrency.
 func benchEndToEnd(e *env) error {
-	const batches = 200
+	// At --concurrency 4 River fetches at most 4 jobs per fetch cooldown,
+	// so ours and River's no-op sit near its fetch limiter's rate; at 32
+	// the figure says how fast a worker process carries batches.
+	const maxWorkers = 4
+	concurrencies := []int{4, 32}
+	batchesAt := func(concurrency int) int { return 200 * max(1, concurrency/8) }
 	folderDir := filepath.Join(e.dir, "trivial")
-	for i := range batches * 4 {
+	most := batchesAt(concurrencies[len(concurrencies)-1])
+	for i := range most * maxWorkers {
 		d := filepath.Join(folderDir, fmt.Sprint(i))
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
@@ -478,96 +485,159 @@ func benchEndToEnd(e *env) error {
 		return err
 	}
 	var peakRSS int64
-	for workers := 1; workers <= 4; workers++ {
-		if err := e.reset(); err != nil {
-			return err
-		}
-		procs, err := e.startWorkers(workers)
-		if err != nil {
-			return err
-		}
-		stopSampling := make(chan struct{})
-		go func() {
-			for {
-				select {
-				case <-stopSampling:
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-				for _, p := range procs {
-					if r, err := rss(p.cmd.Process.Pid); err == nil && r > peakRSS {
-						peakRSS = r
-					}
-				}
-			}
-		}()
-		reqs := make([]jobs.ImportRequest, batches)
-		for i := range reqs {
-			reqs[i] = jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
-				Folder: "file://" + filepath.Join(folderDir, fmt.Sprint((workers-1)*batches+i))}
-		}
-		_, cost, err := e.measure(fmt.Sprintf("end to end, %d worker processes", workers), "batches", func() (int, error) {
-			// One burst, as River's baseline inserts its jobs with one InsertMany.
-			if _, err := enq.ImportMany(e.ctx, reqs); err != nil {
-				return 0, err
-			}
-			deadline := time.Now().Add(3 * time.Minute)
-			for {
-				var done int
-				if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE status = 'Succeeded' AND `+current).Scan(&done); err != nil {
-					return 0, err
-				}
-				if done == batches {
-					// Stopped workers' connections flush their statistics.
-					close(stopSampling)
-					e.stopWorkers(procs)
-					return batches, nil
-				}
-				if time.Now().After(deadline) {
-					return 0, fmt.Errorf("%d of %d batches succeeded in 3 minutes", done, batches)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-		})
-		if err != nil {
-			return err
-		}
-		var span float64
-		var lat []time.Duration
-		rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches WHERE `+current)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var d time.Duration
-			if err := rows.Scan(&d); err != nil {
+	for _, concurrency := range concurrencies {
+		batches := batchesAt(concurrency)
+		worst := math.Inf(1)
+		for workers := 1; workers <= maxWorkers; workers++ {
+			ratio, rss, err := e.endToEnd(enq, folderDir, workers, concurrency, batches)
+			if err != nil {
 				return err
 			}
-			lat = append(lat, d)
+			worst = min(worst, ratio)
+			peakRSS = max(peakRSS, rss)
 		}
-		rows.Close()
-		if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(completed_at) - min(started_at)) FROM ingestion_batches WHERE `+current).Scan(&span); err != nil {
-			return err
+		if concurrency == 32 {
+			met := worst >= 0.6
+			e.addTarget(fmt.Sprintf("end to end, 1 to %d worker processes, concurrency %d: worst ratio", maxWorkers, concurrency), worst, "ratio", "ratio >= 0.60", met,
+				"the lowest of the four end-to-end ratios at this concurrency (ours over River no-op jobs at the same MaxWorkers, same run)")
 		}
-		ours := float64(batches) / span
-		var noop float64
-		_, noopCost, err := e.measure(fmt.Sprintf("River no-op jobs, %d clients", workers), "jobs", func() (int, error) {
-			var err error
-			noop, err = e.riverNoop(workers, batches)
-			return batches, err
-		})
-		if err != nil {
-			return err
-		}
-		e.add(fmt.Sprintf("end to end, %d worker process(es)", workers), ours, ptr(noop), "batches/s", 0.5, false,
-			fmt.Sprintf("enqueue→Succeeded p50 %s, p99 %s; per batch: %.1f transactions, %.1f statements, %.2f WAL fsyncs, %.1f ms PostgreSQL CPU, %.1f ms worker CPU; baseline: River no-op jobs, %d client(s) × 4 workers, same run",
-				percentile(lat, 50).Round(time.Millisecond), percentile(lat, 99).Round(time.Millisecond),
-				cost.commits, cost.statements, cost.walSyncs, 1000*cost.serverCPU, 1000*cost.workerCPU, workers)+
-				fmt.Sprintf(" (per job, client start included: %.1f transactions, %.1f statements, %.2f WAL fsyncs)", noopCost.commits, noopCost.statements, noopCost.walSyncs))
-		e.charts = append(e.charts, chart{group: "end-to-end", x: float64(workers), p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99)})
 	}
 	e.add("worker resident memory, under load", float64(peakRSS)/(1<<20), nil, "MiB", 0, false, "peak VmRSS sampled every 100 ms during the end-to-end runs")
 	return nil
+}
+
+// endToEnd runs batches trivial folders through workers worker processes
+// at --concurrency concurrency, then as many River no-op jobs through as
+// many River clients with MaxWorkers concurrency, and adds their rows: the
+// rate, and the write transactions per batch. It returns the rate's ratio
+// and the workers' peak resident memory.
+func (e *env) endToEnd(enq *jobs.Enqueuer, folderDir string, workers, concurrency, batches int) (float64, int64, error) {
+	if err := e.reset(); err != nil {
+		return 0, 0, err
+	}
+	procs, err := e.startWorkers(workers, "--concurrency", fmt.Sprint(concurrency))
+	if err != nil {
+		return 0, 0, err
+	}
+	var peakRSS int64
+	stopSampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			for _, p := range procs {
+				if r, err := rss(p.cmd.Process.Pid); err == nil && r > peakRSS {
+					peakRSS = r
+				}
+			}
+		}
+	}()
+	reqs := make([]jobs.ImportRequest, batches)
+	for i := range reqs {
+		reqs[i] = jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+			Folder: "file://" + filepath.Join(folderDir, fmt.Sprint((workers-1)*batches+i))}
+	}
+	label := fmt.Sprintf("end to end, %d worker process(es), concurrency %d", workers, concurrency)
+	_, cost, err := e.measure(label, "batches", func() (int, error) {
+		// One burst, as River's baseline inserts its jobs with one InsertMany.
+		res, err := enq.ImportMany(e.ctx, reqs)
+		if err != nil {
+			return 0, err
+		}
+		first := res[0].BatchID
+		for _, r := range res {
+			first = min(first, r.BatchID)
+		}
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			// The run's batches by their ids (the primary key), not by a
+			// scan past the history: the harness's polls cost the server
+			// as little as River's baseline's.
+			var done int
+			if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE id >= $1 AND status = 'Succeeded'`, first).Scan(&done); err != nil {
+				return 0, err
+			}
+			if done == batches {
+				// Stopped workers' connections flush their statistics.
+				close(stopSampling)
+				<-sampled
+				e.stopWorkers(procs)
+				return batches, nil
+			}
+			if time.Now().After(deadline) {
+				return 0, fmt.Errorf("%d of %d batches succeeded in 3 minutes", done, batches)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	var span float64
+	var lat []time.Duration
+	rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches WHERE `+current)
+	if err != nil {
+		return 0, 0, err
+	}
+	for rows.Next() {
+		var d time.Duration
+		if err := rows.Scan(&d); err != nil {
+			rows.Close()
+			return 0, 0, err
+		}
+		lat = append(lat, d)
+	}
+	rows.Close()
+	if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(completed_at) - min(started_at)) FROM ingestion_batches WHERE `+current).Scan(&span); err != nil {
+		return 0, 0, err
+	}
+	ours := float64(batches) / span
+	var noop float64
+	_, noopCost, err := e.measure(fmt.Sprintf("River no-op jobs, %d clients, MaxWorkers %d", workers, concurrency), "jobs", func() (int, error) {
+		var err error
+		noop, err = e.riverNoop(workers, concurrency, batches)
+		return batches, err
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	// The targets of the issue "Lean at fleet scale": 0.7 of River at
+	// concurrency 32 with one process; the 1-4 process worst case is its
+	// own row (benchEndToEnd). At concurrency 4 both sit at River's fetch
+	// limiter, so the old floor of 0.5 stays.
+	target := 0.5
+	if concurrency == 32 && workers == 1 {
+		target = 0.7
+	}
+	e.add(label, ours, ptr(noop), "batches/s", target, false,
+		fmt.Sprintf("%d trivial batches; enqueue→Succeeded p50 %s, p99 %s; per batch: %.1f transactions (%.2f writing), %.1f statements, %.2f WAL fsyncs, %.1f ms PostgreSQL CPU, %.1f ms worker CPU; baseline: River no-op jobs, %d client(s) × MaxWorkers %d, same run",
+			batches, percentile(lat, 50).Round(time.Millisecond), percentile(lat, 99).Round(time.Millisecond),
+			cost.commits, cost.writeTxns, cost.statements, cost.walSyncs, 1000*cost.serverCPU, 1000*cost.workerCPU, workers, concurrency)+
+			fmt.Sprintf(" (per job, client start included: %.1f transactions (%.2f writing), %.1f statements, %.2f WAL fsyncs, %.1f ms PostgreSQL CPU)",
+				noopCost.commits, noopCost.writeTxns, noopCost.statements, noopCost.walSyncs, 1000*noopCost.serverCPU))
+	// Write transactions per batch: everything the cluster wrote during
+	// the phase (the enqueue burst, River's fetches, completions and
+	// maintenance, the batch's own transactions, the sweeper) over the
+	// batches; River's no-op job is the floor any job pays.
+	own := cost.writeTxns - noopCost.writeTxns
+	e.addTarget(label+": write transactions per batch", cost.writeTxns, "write transactions", "<= 3 besides River's own per job", own <= 3,
+		fmt.Sprintf("transactions that took a transaction id (pg_current_snapshot's xmax before and after), over the batches: the enqueue burst, River's fetches, completions and maintenance, the batch's acquire+loading, load+publishing and publication+Succeeded transactions, the sweeper; River's no-op job: %.2f; the batch's own beyond River's: %.2f",
+			noopCost.writeTxns, own))
+	if concurrency == 32 || workers == 1 {
+		e.addTarget(label+": PostgreSQL CPU per batch", 1000*cost.serverCPU, "ms", "<= 3 ms", 1000*cost.serverCPU <= 3,
+			fmt.Sprintf("CPU time of every PostgreSQL process (/proc) during the phase over the batches, local warehouse included; River's no-op job: %.2f ms", 1000*noopCost.serverCPU))
+	}
+	group := "end-to-end"
+	if concurrency != 4 {
+		group = fmt.Sprintf("end-to-end-c%d", concurrency)
+	}
+	e.charts = append(e.charts, chart{group: group, x: float64(workers), p50: percentile(lat, 50), p90: percentile(lat, 90), p99: percentile(lat, 99)})
+	return ours / noop, peakRSS, nil
 }
 
 type noopArgs struct{}
@@ -575,8 +645,8 @@ type noopArgs struct{}
 func (noopArgs) Kind() string { return "bench_noop" }
 
 // riverNoop measures River's own throughput for no-op jobs with clients ×
-// 4 workers, each client on its own pool, as the worker processes are.
-func (e *env) riverNoop(clients, n int) (float64, error) {
+// maxWorkers workers, each client on its own pool, as the worker processes are.
+func (e *env) riverNoop(clients, maxWorkers, n int) (float64, error) {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, river.WorkFunc(func(context.Context, *river.Job[noopArgs]) error { return nil }))
 	var started []*river.Client[pgx.Tx]
@@ -596,7 +666,7 @@ func (e *env) riverNoop(clients, n int) (float64, error) {
 		}
 		pools = append(pools, pool)
 		c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-			ID: fmt.Sprintf("noop-%d", i), Queues: map[string]river.QueueConfig{"bench_noop": {MaxWorkers: 4}}, Workers: workers,
+			ID: fmt.Sprintf("noop-%d", i), Queues: map[string]river.QueueConfig{"bench_noop": {MaxWorkers: maxWorkers}}, Workers: workers,
 			Logger: slog.New(slog.DiscardHandler),
 		})
 		if err != nil {

@@ -40,11 +40,12 @@ func loadTag(s Slice) (prefix, tag string) {
 
 // Load implements Warehouse.
 //
-// Before it waits for the slice, a load whose lease checks out terminates
-// any other load of the same slice still in the database: one Running batch
-// holds a scope at a time, so such a load belongs to a delivery that lost its
-// lease (a paused or partitioned worker) and would otherwise hold the slice's
-// locks until it woke up. Its transaction is rolled back.
+// A load whose lease checks out and that finds the slice locked terminates
+// any other load of the same slice still in the database before it waits:
+// one Running batch holds a scope at a time, so such a load belongs to a
+// delivery that lost its lease (a paused or partitioned worker) and would
+// otherwise hold the slice's locks until it woke up. Its transaction is
+// rolled back.
 func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, objects []folder.Object, beforeCommit func(context.Context) error) (Stamp, error) {
 	var st Stamp
 	prefix, tag := loadTag(s)
@@ -57,15 +58,27 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 				return err
 			}
 		}
-		if _, err := tx.Exec(ctx, `
-			SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-			WHERE application_name LIKE $1 || '%' AND application_name <> $2 AND pid <> pg_backend_pid()`, prefix, tag); err != nil {
+		// Serialise loads and publications of one slice; the slice row may
+		// not exist yet, so lock the key rather than the row. Only a load
+		// that finds the lock held looks for a stale load to terminate:
+		// a stale load holds nothing of the slice before it has the lock
+		// (and, once it has it, the stamp check below refuses it after
+		// ours), and reading pg_stat_activity on every load costs every
+		// backend's entry, which at hundreds of connections was a tenth of
+		// the server's CPU per batch.
+		var free bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope).Scan(&free); err != nil {
 			return err
 		}
-		// Serialise loads and publications of one slice; the slice row may
-		// not exist yet, so lock the key rather than the row.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope); err != nil {
-			return err
+		if !free {
+			if _, err := tx.Exec(ctx, `
+				SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE application_name LIKE $1 || '%' AND application_name <> $2 AND pid <> pg_backend_pid()`, prefix, tag); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope); err != nil {
+				return err
+			}
 		}
 		var cur Stamp
 		err := tx.QueryRow(ctx, `
