@@ -31,10 +31,16 @@ func redshiftPipeline(t *testing.T, adjust func(*redshift.Config)) (*fleet.Pipel
 		LoadPollInterval: 5 * time.Millisecond, LoadPollMax: 20 * time.Millisecond,
 		RetryBackoff: 5 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 	}
+	// Migrate with the default timeouts: a test's short QueryTimeout is
+	// for its scenario, and a loaded machine may take longer than it to
+	// create the schema (a CI run failed so, "applying 00001…: context
+	// deadline exceeded").
+	migrator, err := redshift.New(cfg, double.Client(), s3srv.Client())
+	require.NoError(t, err)
+	_, err = migrator.Migrate(context.Background())
+	require.NoError(t, err)
 	adjust(&cfg)
 	wh, err := redshift.New(cfg, double.Client(), s3srv.Client())
-	require.NoError(t, err)
-	_, err = wh.Migrate(context.Background())
 	require.NoError(t, err)
 	return &fleet.Pipeline{AllowLocalFolders: true, Warehouse: wh, Logger: slog.New(slog.DiscardHandler)}, double, wh
 }

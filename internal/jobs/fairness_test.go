@@ -28,7 +28,7 @@ func cappedFixture(t *testing.T, n int) *fixture {
 		Store: batch.NewStore(f.pool), Leases: lease.NewStore(f.pool),
 		Pipelines: pipeline.Registry{batch.SourceTypeFleetS3: &fleet.Pipeline{
 			AllowLocalFolders: true, Warehouse: warehouse.NewPostgres(f.pool), Logger: slog.New(slog.DiscardHandler)}},
-		LeaseTTL: 2 * time.Second, RenewEvery: 200 * time.Millisecond,
+		LeaseTTL: 10 * time.Second, RenewEvery: 200 * time.Millisecond, // see newFixtureOn
 		MaxRunningPerTenant: n, FairnessDB: f.pool,
 		Metrics: f.metrics, Logger: slog.New(slog.DiscardHandler),
 	})

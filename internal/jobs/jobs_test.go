@@ -52,7 +52,10 @@ func newFixtureOn(t *testing.T, pool *pgxpool.Pool, p pipeline.Pipeline) *fixtur
 	w, err := NewIngestWorker(WorkerConfig{
 		Store: batch.NewStore(pool), Leases: lease.NewStore(pool),
 		Pipelines: pipeline.Registry{batch.SourceTypeFleetS3: p},
-		LeaseTTL:  2 * time.Second, RenewEvery: 200 * time.Millisecond,
+		// A term a loaded machine cannot let run out between renewals (a
+		// 2 s term once did, under make test: the delivery's context was
+		// cancelled before it read its batch).
+		LeaseTTL: 10 * time.Second, RenewEvery: 200 * time.Millisecond,
 		Metrics: m, Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
