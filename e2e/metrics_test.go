@@ -50,10 +50,20 @@ func TestMetricsMoveAsDocumented(t *testing.T) {
 	},
 		10*time.Second, 100*time.Millisecond, "database gauges refresh")
 
+	// The batch's row is locked until the gauge has shown the expired
+	// lease, so the takeover (the snoozed duplicate wakes about a second
+	// after the expiry) cannot end the stuck state before a refresh saw it:
+	// that window, about one --stats-interval long, was missed under load.
+	lock, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer lock.Rollback(ctx) //nolint:errcheck
+	_, err = lock.Exec(ctx, `SELECT 1 FROM ingestion_batches WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
 	holder.signal(syscall.SIGKILL)
 	holder.wait(10 * time.Second)
 	require.Eventually(t, func() bool { return other.metric(`ingest_stuck_batches`) == 1 }, 15*time.Second, 100*time.Millisecond,
 		"the expired lease shows as a stuck batch before the takeover")
+	require.NoError(t, lock.Rollback(ctx))
 	require.Eventually(t, func() bool {
 		return other.metric(`ingest_lease_acquisitions_total{outcome="taken_over"}`) >= 1
 	}, 20*time.Second, 100*time.Millisecond)

@@ -154,5 +154,8 @@ func (w *IngestWorker) acquireFair(ctx context.Context, batchID int64, holder st
 		}
 		return lease.Acquisition{}, nil, nil, fmt.Errorf("tenant cap: committing the acquisition: %w", err)
 	}
+	if held != nil {
+		held.Committed()
+	}
 	return a, held, nil, nil
 }

@@ -286,6 +286,9 @@ func (w *IngestWorker) acquireAndBegin(ctx context.Context, batchID int64, holde
 		}
 		return lease.Acquisition{}, nil, nil, fmt.Errorf("acquiring lease on batch %d: committing: %w", batchID, err)
 	}
+	if held != nil {
+		held.Committed()
+	}
 	if !started {
 		return a, held, nil, nil
 	}

@@ -143,22 +143,26 @@ func (r *Renewer) Acquire(ctx context.Context, batchID int64, holderID string) (
 	if err != nil || a.Outcome != Acquired {
 		return a, nil, err
 	}
-	return a, r.hold(ctx, a.Lease, sent), nil
+	return a, r.hold(ctx, a.Lease, sent, false), nil
 }
 
 // AcquireOn is Acquire run on db, typically a transaction the caller
 // commits after it (see package jobs: the per-tenant cap decides and
-// acquires in one transaction). The term is held, and renewed through the
-// Renewer's own store, from the moment the acquisition statement answers;
-// a caller whose transaction then fails to commit must Close the Holding
-// (the acquisition never happened, and renewals of it find nothing).
+// acquires in one transaction). The term's deadline runs from the moment
+// the acquisition statement answers, but it is renewed only once the caller
+// says its transaction committed (Holding.Committed): until then no other
+// session can see it, and a renewal would find the batch still as it was
+// before the acquisition and fence the term as lost (under load a renewal
+// round fell into that window and cancelled fresh deliveries). A caller
+// whose transaction fails to commit must Close the Holding (the
+// acquisition never happened).
 func (r *Renewer) AcquireOn(ctx context.Context, db DB, batchID int64, holderID string) (Acquisition, *Holding, error) {
 	sent := r.cfg.Clock()
 	a, err := NewStore(db).Acquire(ctx, batchID, holderID, r.cfg.TTL)
 	if err != nil || a.Outcome != Acquired {
 		return a, nil, err
 	}
-	return a, r.hold(ctx, a.Lease, sent), nil
+	return a, r.hold(ctx, a.Lease, sent, true), nil
 }
 
 // Holding is one term held through a Renewer by one delivery.
@@ -173,6 +177,7 @@ type Holding struct {
 	timer    *time.Timer
 	done     bool // closed or lost: no more renewals
 	busy     bool // its row was locked at the last renewal attempt
+	pending  bool // acquired in a transaction not yet committed: not renewed
 }
 
 // deadlineOf is the local deadline of a term renewed (or acquired, or
@@ -181,12 +186,20 @@ func (r *Renewer) deadlineOf(l Lease, sent time.Time) time.Time {
 	return sent.Add(l.Remaining() - r.cfg.SafetyMargin)
 }
 
-func (r *Renewer) hold(parent context.Context, l Lease, sent time.Time) *Holding {
+func (r *Renewer) hold(parent context.Context, l Lease, sent time.Time, pending bool) *Holding {
 	ctx, cancel := context.WithCancelCause(parent)
-	h := &Holding{r: r, ctx: ctx, cancel: cancel, lease: l, deadline: r.deadlineOf(l, sent)}
+	h := &Holding{r: r, ctx: ctx, cancel: cancel, lease: l, deadline: r.deadlineOf(l, sent), pending: pending}
 	h.mu.Lock()
 	h.timer = time.AfterFunc(h.deadline.Sub(r.cfg.Clock()), h.expire)
 	h.mu.Unlock()
+	if !pending {
+		r.register(h)
+	}
+	return h
+}
+
+// register adds h to the terms the renewal rounds renew.
+func (r *Renewer) register(h *Holding) {
 	r.mu.Lock()
 	r.held[h] = struct{}{}
 	if !r.running {
@@ -194,7 +207,20 @@ func (r *Renewer) hold(parent context.Context, l Lease, sent time.Time) *Holding
 		go r.loop()
 	}
 	r.mu.Unlock()
-	return h
+}
+
+// Committed tells the renewer that the transaction that acquired the term
+// (AcquireOn) committed: from now on the term is renewed with the others.
+// It does nothing for a term already renewed, closed or lost.
+func (h *Holding) Committed() {
+	h.mu.Lock()
+	if h.done || !h.pending {
+		h.mu.Unlock()
+		return
+	}
+	h.pending = false
+	h.mu.Unlock()
+	h.r.register(h)
 }
 
 // Context is the delivery's work context: cancelled with ErrLost as its

@@ -400,3 +400,47 @@ func TestDeadlineIsTheReportedExpiryLessTheSafetyMargin(t *testing.T) {
 		require.Error(t, err, "margin %s", bad)
 	}
 }
+
+// TestRenewerDoesNotFenceATermBeforeItsTransactionCommits: a term acquired
+// in a transaction (AcquireOn) is invisible to other sessions until the
+// commit, so a renewal round in between would find the batch as it was and
+// fence the term as lost (under load, make test saw such fresh deliveries
+// cancelled: "loading batch N: context canceled"). Renewal rounds of other
+// terms run while the transaction is held open; the term survives them,
+// and once Committed it is renewed with the others.
+func TestRenewerDoesNotFenceATermBeforeItsTransactionCommits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	var obs observed
+	const every = 50 * time.Millisecond
+	r, err := lease.NewRenewer(lease.NewStore(pool), lease.RenewerConfig{TTL: 10 * time.Second, Every: every, Observe: obs.observe, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+
+	// Another term keeps the renewal rounds running.
+	other := reserve(t, pool, "tenant-a", "s3://bucket/renewer-other")
+	_, oh, err := r.Acquire(ctx, other.ID, "delivery-other")
+	require.NoError(t, err)
+	defer oh.Close()
+
+	b := reserve(t, pool, "tenant-a", "s3://bucket/renewer-in-tx")
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	a, h, err := r.AcquireOn(ctx, tx, b.ID, "delivery-in-tx")
+	require.NoError(t, err)
+	require.Equal(t, lease.Acquired, a.Outcome)
+	defer h.Close()
+	rounds := func() int { _, calls := obs.get(lease.RenewalRenewed); return calls }
+	before := rounds()
+	require.Eventually(t, func() bool { return rounds() >= before+4 }, 10*time.Second, every/5, "renewal rounds ran while the acquisition was uncommitted")
+	require.NoError(t, h.Context().Err(), "fenced before its transaction committed: %v", context.Cause(h.Context()))
+	lost, _ := obs.get(lease.RenewalLost)
+	require.Zero(t, lost)
+
+	require.NoError(t, tx.Commit(ctx))
+	h.Committed()
+	acquired := h.Lease().ExpiresAt
+	require.Eventually(t, func() bool { return h.Lease().ExpiresAt.After(acquired) }, 10*time.Second, every/5, "renewed once committed")
+	require.NoError(t, h.Context().Err())
+}
