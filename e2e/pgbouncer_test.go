@@ -141,16 +141,23 @@ func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Equal(t, len(ids), strings.Count(out, `"status":"Succeeded"`), out)
 
-	// The River UI's API (on the admin listener) reads the jobs through PgBouncer.
-	req, err := http.NewRequest(http.MethodGet, "http://"+adminAddr(t, serve)+"/riverui/api/jobs?state=completed&limit=100", nil)
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer op-token")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	// The River UI's API (on the admin listener) reads the jobs through
+	// PgBouncer. River completes a job after the batch's own terminal
+	// write (its completer batches completions), so the last jobs may
+	// still be running for a moment after every batch Succeeded.
+	var body []byte
+	require.Eventually(t, func() bool {
+		req, err := http.NewRequest(http.MethodGet, "http://"+adminAddr(t, serve)+"/riverui/api/jobs?state=completed&limit=100", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer op-token")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		return strings.Count(string(body), `"kind":"fleet_ingest"`) == len(ids)
+	}, 15*time.Second, 100*time.Millisecond, "every job completed, read through the pooler by the River UI's API")
 	require.Equal(t, len(ids), strings.Count(string(body), `"kind":"fleet_ingest"`), string(body))
 
 	// Cancel a batch mid-load, then retry it: both through PgBouncer.
@@ -175,7 +182,7 @@ func TestEveryBinaryThroughPgBouncer(t *testing.T) {
 
 	// A batch whose publication failed is resumed through PgBouncer (the
 	// slice's stamp is read on the operational database) and succeeds.
-	_, err = pool.Exec(context.Background(), `
+	_, err := pool.Exec(context.Background(), `
 		CREATE FUNCTION curated.fail_publication() RETURNS trigger LANGUAGE plpgsql AS
 		$$ BEGIN RAISE EXCEPTION 'outbox down (injected)'; END $$;
 		CREATE TRIGGER fail_publication BEFORE INSERT ON curated.fleet_publications
