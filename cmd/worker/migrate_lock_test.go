@@ -32,8 +32,12 @@ func TestMigrateExitsLockTimeoutNamingTheBlocker(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT count(*) FROM ingestion_batches`)
 	require.NoError(t, err)
 
+	// A lock timeout of 1 s gives the watcher (polling every quarter of
+	// it) four looks at each wait; with 100 ms a loaded machine once let a
+	// whole wait pass between two polls, and the first warning named no
+	// one.
 	var stdout, stderr bytes.Buffer
-	code := run(ctx, []string{"migrate", "--database-url", url, "--lock-timeout", "100ms", "--lock-attempts", "2"}, &stdout, &stderr)
+	code := run(ctx, []string{"migrate", "--database-url", url, "--lock-timeout", "1s", "--lock-attempts", "2"}, &stdout, &stderr)
 	require.Equal(t, cli.ExitLockTimeout, code, stderr.String())
 	require.Contains(t, stderr.String(), `"blocker_application_name":"grafana-test"`, "each time it gives way, it says to whom")
 	require.Contains(t, stderr.String(), `application_name \"grafana-test\"`, "the final error names the blocker")
