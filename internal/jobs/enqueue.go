@@ -425,11 +425,18 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 	if err := ValidateRetry(req); err != nil {
 		return Result{}, err
 	}
+	res, err := e.retry(ctx, req)
+	if err == nil {
+		e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
+	}
+	return res, err
+}
+
+// retry is Retry after validation, without its operator action line.
+func (e *Enqueuer) retry(ctx context.Context, req RetryRequest) (Result, error) {
 	b, err := batch.NewStore(e.Pool).Get(ctx, req.BatchID)
 	if errors.Is(err, batch.ErrNotFound) || (err == nil && b.TenantID != req.TenantID) {
-		res := Result{Outcome: OutcomeNotFound}
-		e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
-		return res, nil
+		return Result{Outcome: OutcomeNotFound}, nil
 	}
 	if err != nil {
 		return Result{}, err
@@ -439,7 +446,6 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 		if d, err := batch.ParseDetails(b.Details); err == nil {
 			res.Phase = string(d.Phase)
 		}
-		e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
 		return res, nil
 	}
 	switch {
@@ -468,9 +474,6 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 		}
 	}
 	if res, refused, err := e.newerBatchRefusal(ctx, b); err != nil || refused {
-		if refused {
-			e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
-		}
 		return res, err
 	}
 	res, err := e.Import(ctx, ImportRequest{
@@ -481,7 +484,6 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 		return Result{}, err
 	}
 	res.RetryOf = b.ID
-	e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
 	return res, nil
 }
 

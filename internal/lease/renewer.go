@@ -214,12 +214,13 @@ func (r *Renewer) register(h *Holding) {
 // It does nothing for a term already renewed, closed or lost.
 func (h *Holding) Committed() {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.done || !h.pending {
-		h.mu.Unlock()
 		return
 	}
 	h.pending = false
-	h.mu.Unlock()
+	// Under h.mu, so that a Close cannot run between the two and leave a
+	// closed term registered (no path takes h.mu while holding r.mu).
 	h.r.register(h)
 }
 
