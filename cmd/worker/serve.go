@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +56,7 @@ type runCmd struct {
 	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
 	DevLocal             bool          `name:"dev-allow-local-folders" help:"Also read file:// and mem:// folders. Development only: a file:// batch loads a directory of this host into the warehouse. Without it such batches are parked unread."`
 	ClockOffset          time.Duration `name:"test-clock-offset" hidden:"" help:"Tests only: shift this process's local clock (lease deadlines) by this much."`
+	SimulatePods         int           `name:"simulate-pods" hidden:"" help:"Benchmarks only: run this many independent workers in this process, as that many pods would (each its own pools, River client, lease renewer, sweeper, gauges and metrics listener, named --name-NNN, listening on --metrics-addr's port + NNN), so a small machine can put hundreds of pods' connection behaviour on one database. 0 or 1: one worker, the production setting."`
 
 	warehousecli.Flags
 }
@@ -118,6 +122,8 @@ func (r *runCmd) validate() error {
 		return fmt.Errorf("--lease-safety-margin (%s) must be at least 0 and shorter than --lease-ttl minus --lease-renew-every (%s): a lease renewed on time must not reach it", r.LeaseSafetyMargin, r.LeaseTTL-r.LeaseRenewEvery)
 	case r.Concurrency < 1 || r.Concurrency > 256:
 		return errors.New("--concurrency must be between 1 and 256")
+	case r.SimulatePods < 0:
+		return errors.New("--simulate-pods must not be negative")
 	case r.MaxRunningPerTenant < 0:
 		return errors.New("--max-running-per-tenant must not be negative (0: no cap)")
 	case r.ShutdownGrace < 0 || r.DrainMax < 0:
@@ -155,6 +161,44 @@ func (r *runCmd) Run(g *cli.Globals, e *cli.Env) error {
 	if r.Name == "" {
 		r.Name, _ = os.Hostname()
 	}
+	if r.SimulatePods > 1 {
+		return r.runSimulatedPods(g, e)
+	}
+	return r.runOne(g, e)
+}
+
+// runSimulatedPods runs --simulate-pods workers in this process, each a
+// copy of r with its own name and metrics port, until the signal context
+// ends or one of them fails (which stops the others).
+func (r *runCmd) runSimulatedPods(g *cli.Globals, e *cli.Env) error {
+	host, port, err := net.SplitHostPort(r.MetricsAddr)
+	base, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || base == 0 || base+r.SimulatePods > 65535 {
+		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--simulate-pods needs --metrics-addr with a port (%q): pod i listens on that port + i", r.MetricsAddr)}
+	}
+	ctx, cancel := context.WithCancel(e.Ctx)
+	defer cancel()
+	errs := make([]error, r.SimulatePods)
+	var wg sync.WaitGroup
+	for i := range r.SimulatePods {
+		pod := *r
+		pod.SimulatePods = 0
+		pod.Name = fmt.Sprintf("%s-%03d", r.Name, i)
+		pod.MetricsAddr = net.JoinHostPort(host, strconv.Itoa(base+i))
+		env := *e
+		env.Ctx = ctx
+		wg.Go(func() {
+			if errs[i] = pod.runOne(g, &env); errs[i] != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// runOne runs one worker until the signal context ends.
+func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	log := e.Logger.With("worker", r.Name)
 	ctx := e.Ctx
 

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/pgtest"
+)
+
+// freePorts finds n consecutive free loopback ports and returns the first.
+func freePorts(t *testing.T, n int) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		base := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if base+n > 65535 {
+			continue
+		}
+		ok := true
+		for i := 1; i < n && ok; i++ {
+			p, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
+			if err != nil {
+				ok = false
+				continue
+			}
+			p.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
+}
+
+// syncBuffer is a bytes.Buffer safe for the workers' concurrent logging.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSimulatePodsRunsIndependentWorkers: worker run --simulate-pods 3 runs
+// three workers in one process, each with its own name and its own metrics
+// listener (the port of --metrics-addr plus its number), and stops them all
+// on the signal.
+func TestSimulatePodsRunsIndependentWorkers(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabaseURL(t)
+	base := freePorts(t, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, []string{"run", "--database-url", url, "--metrics-addr", "127.0.0.1:" + strconv.Itoa(base),
+			"--name", "sim", "--simulate-pods", "3", "--log-format", "json"}, &stdout, &stderr)
+	}()
+	client := &http.Client{Timeout: 2 * time.Second}
+	for i := range 3 {
+		addr := fmt.Sprintf("http://127.0.0.1:%d", base+i)
+		require.Eventually(t, func() bool {
+			resp, err := client.Get(addr + "/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		}, 30*time.Second, 50*time.Millisecond, "pod %d never ready on %s; logs: %s", i, addr, stderr.String())
+		resp, err := client.Get(addr + "/metrics")
+		require.NoError(t, err)
+		var body bytes.Buffer
+		_, _ = body.ReadFrom(resp.Body)
+		resp.Body.Close()
+		require.Contains(t, body.String(), "ingest_lease_acquisitions_total", "pod %d serves its own metrics", i)
+	}
+	cancel()
+	select {
+	case code := <-exited:
+		require.Equal(t, cli.ExitOK, code, stderr.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the simulated pods did not stop; logs: %s", stderr.String())
+	}
+	started, stopped := map[string]bool{}, map[string]bool{}
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		var entry map[string]any
+		if json.Unmarshal([]byte(line), &entry) != nil {
+			continue
+		}
+		name, _ := entry["worker"].(string)
+		switch entry["msg"] {
+		case "worker started":
+			started[name] = true
+		case "worker stopped":
+			stopped[name] = true
+		}
+	}
+	want := map[string]bool{"sim-000": true, "sim-001": true, "sim-002": true}
+	require.Equal(t, want, started, "each simulated pod starts as a worker of its own name")
+	require.Equal(t, want, stopped, "each simulated pod stops")
+}
+
+func TestSimulatePodsNeedsAPortPerPod(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabaseURL(t)
+	for name, args := range map[string][]string{
+		"port 0":   {"--simulate-pods", "2", "--metrics-addr", "127.0.0.1:0"},
+		"negative": {"--simulate-pods", "-1", "--metrics-addr", "127.0.0.1:0"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), append([]string{"run", "--database-url", url}, args...), &stdout, &stderr)
+		require.Equal(t, cli.ExitInvalidInput, code, "%s: %s", name, stderr.String())
+		require.Contains(t, stderr.String(), "--simulate-pods", name)
+	}
+}
