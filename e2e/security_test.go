@@ -145,6 +145,14 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	status, _ = postSigned(t, baseB, event, sig, ts)
 	require.Equal(t, http.StatusUnauthorized, status, "the replay is refused by the other replica")
 
+	// The worker role's sweeper records its sweeps (ingest_sweeps), so the
+	// fleet sweeps once per period: a missing grant would fail every sweep.
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM ingest_sweeps WHERE swept_at > now() - interval '10 seconds'`).Scan(&n))
+		return n == 1
+	}, 15*time.Second, 100*time.Millisecond, "the worker (as fleet_worker) never recorded a sweep")
+
 	// What the roles may not do.
 	w := pgtest.Pool(t, workerURL)
 	e := pgtest.Pool(t, enqueueURL)

@@ -91,8 +91,8 @@ func TestUpgradeFromBaselineKeepsExistingBatches(t *testing.T) {
 	// No operational table other than River's and goose's was added;
 	// ingest_seen_signatures holds replay records of enqueue serve's
 	// authentication (digests and expiries), ingest_reconcile_checkpoints
-	// where enqueue reconcile --every resumes its listing: neither is batch
-	// state.
+	// where enqueue reconcile --every resumes its listing, ingest_sweeps
+	// when the lease sweeper last ran: none is batch state.
 	var tables []string
 	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename NOT LIKE 'river%' ORDER BY 1`)
 	require.NoError(t, err)
@@ -101,7 +101,7 @@ func TestUpgradeFromBaselineKeepsExistingBatches(t *testing.T) {
 		require.NoError(t, rows.Scan(&name))
 		tables = append(tables, name)
 	}
-	require.Equal(t, []string{"ingest_reconcile_checkpoints", "ingest_schema_migrations", "ingest_seen_signatures", "ingestion_batches"}, tables)
+	require.Equal(t, []string{"ingest_reconcile_checkpoints", "ingest_schema_migrations", "ingest_seen_signatures", "ingest_sweeps", "ingestion_batches"}, tables)
 }
 
 func TestConcurrentApplyIsSafe(t *testing.T) {

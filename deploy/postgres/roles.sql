@@ -98,6 +98,9 @@ GRANT UPDATE (status, details, completed_at, updated_at,
     ON ingestion_batches TO fleet_worker;
 -- Workers check at start that the schema is current for their build.
 GRANT SELECT ON ingest_schema_migrations TO fleet_worker;
+-- The lease sweeper records when it last ran, so the fleet sweeps once per
+-- period rather than once per pod (migration 00060).
+GRANT SELECT, INSERT, UPDATE ON ingest_sweeps TO fleet_worker;
 DROP POLICY IF EXISTS fleet_worker_batches ON ingestion_batches;
 CREATE POLICY fleet_worker_batches ON ingestion_batches TO fleet_worker
     USING (true) WITH CHECK (true);

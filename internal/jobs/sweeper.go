@@ -48,11 +48,16 @@ const (
 //
 // Every worker process runs a sweeper; a transaction-scoped advisory lock
 // lets one sweep at a time, and since each sweep sees the jobs the previous
-// one inserted, two sweepers cannot both re-deliver a batch.
+// one inserted, two sweepers cannot both re-deliver a batch. Run sweeps only
+// when no process swept in the last half Interval (ingest_sweeps records
+// the last sweep): the fleet sweeps about once per Interval whatever the
+// number of pods, and a sweep is never more than Interval behind, since the
+// process that swept last ticks again one Interval later.
 type Sweeper struct {
 	Pool  *pgxpool.Pool
 	River *river.Client[pgx.Tx]
-	// Interval between sweeps. Defaults to SweepIntervalDefault (5 s).
+	// Interval between Run's ticks. Defaults to SweepIntervalDefault (5 s).
+	// A tick sweeps only when no process swept in the last Interval/2.
 	Interval time.Duration
 	// OrphanAfter is how long a Running batch without a lease and without
 	// a queued job may stay untouched before it is re-delivered, and how
@@ -114,7 +119,7 @@ func (s *Sweeper) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+		if _, _, err := s.sweep(ctx, cmpOr(s.Interval, SweepIntervalDefault)/2); err != nil && ctx.Err() == nil {
 			s.logger().Warn("lease sweep failed", "error", err)
 		}
 	}
@@ -125,6 +130,21 @@ func (s *Sweeper) Run(ctx context.Context) {
 // It returns how many jobs it inserted; it does nothing while another
 // process sweeps.
 func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
+	inserted, _, err := s.sweep(ctx, 0)
+	return inserted, err
+}
+
+// claimSweepSQL records a sweep starting now unless one started less than
+// $1 microseconds ago; it returns a row only when it recorded.
+const claimSweepSQL = `
+	INSERT INTO ingest_sweeps AS s (name, swept_at) VALUES ('lease_sweeper', now())
+	ON CONFLICT (name) DO UPDATE SET swept_at = excluded.swept_at
+	WHERE s.swept_at <= now() - $1 * interval '1 microsecond'
+	RETURNING true`
+
+// sweep is Sweep, skipped (swept false) when another process swept less
+// than gap ago or sweeps now.
+func (s *Sweeper) sweep(ctx context.Context, gap time.Duration) (int, bool, error) {
 	limit := s.Limit
 	if limit <= 0 {
 		limit = sweepLimitDefault
@@ -137,6 +157,12 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		}
 		if !locked {
 			return nil
+		}
+		var due bool
+		if err := tx.QueryRow(ctx, claimSweepSQL, gap.Microseconds()).Scan(&due); errors.Is(err, pgx.ErrNoRows) {
+			return nil // another process swept within the gap
+		} else if err != nil {
+			return fmt.Errorf("recording the sweep: %w", err)
 		}
 		swept = true
 		rows, err := tx.Query(ctx, sweepSQL, limit, cmpOr(s.OrphanAfter, OrphanAfterDefault).Microseconds(), IngestArgs{}.Kind())
@@ -202,9 +228,9 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 		s.Metrics.Sweeps.Inc()
 	}
 	if err != nil && errors.Is(err, context.Canceled) {
-		return inserted, nil
+		return inserted, swept, nil
 	}
-	return inserted, err
+	return inserted, swept, err
 }
 
 func (s *Sweeper) logger() *slog.Logger {

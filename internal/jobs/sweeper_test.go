@@ -3,13 +3,16 @@ package jobs
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/lease"
+	"github.com/fleet/ingest/internal/metrics"
 )
 
 // TestSweeperLeavesALiveTakeoverAlone reproduces the race of a sweep that
@@ -153,4 +156,53 @@ func TestSweeperRedeliversADeadRedeliveryOnce(t *testing.T) {
 		FROM river_job WHERE (args->>'batch_id')::bigint = $1`, id).Scan(&live, &cancelled))
 	require.Equal(t, 1, live, "one live job for the expired generation")
 	require.Equal(t, 2, cancelled, "both dead jobs marked for cancellation")
+}
+
+// TestTheFleetSweepsOncePerPeriod: periodic sweeps are fleet-wide, not per
+// process. A sweep that finds another process's sweep less than its gap ago
+// does nothing, an explicit Sweep always sweeps, and five sweepers ticking
+// every 200 ms, out of phase, for two seconds sweep about once per half
+// interval between them (each alone would sweep ten times).
+func TestTheFleetSweepsOncePerPeriod(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, nil)
+	quiet := slog.New(slog.DiscardHandler)
+	a := &Sweeper{Pool: f.pool, River: f.enqueuer.River, Logger: quiet}
+	b := &Sweeper{Pool: f.pool, River: f.enqueuer.River, Logger: quiet}
+
+	_, swept, err := a.sweep(ctx, time.Hour)
+	require.NoError(t, err)
+	require.True(t, swept, "the first sweep of the fleet is due")
+	_, swept, err = b.sweep(ctx, time.Hour)
+	require.NoError(t, err)
+	require.False(t, swept, "another process swept within the gap")
+	_, err = b.Sweep(ctx)
+	require.NoError(t, err)
+	var at time.Time
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT swept_at FROM ingest_sweeps WHERE name = 'lease_sweeper'`).Scan(&at))
+	_, swept, err = a.sweep(ctx, 300*time.Millisecond)
+	require.NoError(t, err)
+	require.False(t, swept, "the explicit sweep counts as the fleet's last")
+	time.Sleep(350 * time.Millisecond)
+	_, swept, err = a.sweep(ctx, 300*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, swept, "due again once the gap passed")
+
+	m := metrics.New()
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 5 {
+		s := &Sweeper{Pool: f.pool, River: f.enqueuer.River, Interval: 200 * time.Millisecond, Metrics: m, Logger: quiet}
+		wg.Go(func() { s.Run(runCtx) })
+		// Pods tick out of phase: ticks at the same instant would meet at
+		// the advisory lock and skip, hiding how often the fleet sweeps.
+		time.Sleep(40 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	stop()
+	wg.Wait()
+	sweeps := testutil.ToFloat64(m.Sweeps)
+	require.LessOrEqual(t, sweeps, 2.0/0.1+2, "at most one sweep per half interval across the five")
+	require.GreaterOrEqual(t, sweeps, 4.0, "the fleet still sweeps every interval or so")
 }
