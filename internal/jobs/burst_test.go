@@ -221,3 +221,33 @@ func TestImportManyReturnsTheCommittedBurstsOfAFailedImport(t *testing.T) {
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&n))
 	require.Equal(t, MaxBurst, n, "nothing of the failed burst remains")
 }
+
+// TestATransientInsertFailureReservesNothingAndIsAnError: a job insert that
+// fails because the database is unavailable (here: SQLSTATE 57P03, as a
+// restarting server answers) rolls the reservations back with it; the burst
+// returns the error for the caller to retry, and records no Failed batch.
+// An insert the database refuses is enqueue_failed (TestBurstEnqueueFailure…).
+func TestATransientInsertFailureReservesNothingAndIsAnError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, nil)
+	_, err := f.pool.Exec(ctx, `
+		CREATE FUNCTION unavailable_jobs() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN RAISE EXCEPTION 'the database system is starting up (injected)' USING ERRCODE = '57P03'; END $$;
+		CREATE TRIGGER unavailable_jobs BEFORE INSERT ON river_job FOR EACH ROW EXECUTE FUNCTION unavailable_jobs();`)
+	require.NoError(t, err)
+	_, err = f.enqueuer.ImportMany(ctx, []ImportRequest{importReq("s3://bucket/t-1"), importReq("s3://bucket/t-2")})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "nothing was reserved")
+	var n int
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches`).Scan(&n))
+	require.Zero(t, n, "no batch reserved and none recorded Failed")
+
+	_, err = f.pool.Exec(ctx, `DROP TRIGGER unavailable_jobs ON river_job`)
+	require.NoError(t, err)
+	res, err := f.enqueuer.ImportMany(ctx, []ImportRequest{importReq("s3://bucket/t-1"), importReq("s3://bucket/t-2")})
+	require.NoError(t, err)
+	for _, r := range res {
+		require.Equal(t, OutcomeEnqueued, r.Outcome, "the retry enqueues")
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/pipeline"
 )
 
 // Outcomes reported by Enqueuer, as printed by the enqueue command and
@@ -289,6 +290,15 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 	}
 	if !errors.Is(err, errRollback) {
 		return err
+	}
+	// An insert that failed because the database went away or was busy (a
+	// dropped connection, a restart, a pooler that lost its server, a
+	// timeout, a deadlock) took the reservations with it: nothing is
+	// reserved, so nothing needs releasing, and the caller retries as for
+	// any unavailable database (exit 1, HTTP 503, the SQS message left).
+	// Only an insert the database refused is recorded as Failed batches.
+	if pipeline.IsTransient(insertErr) {
+		return fmt.Errorf("inserting the jobs (nothing was reserved): %w", insertErr)
 	}
 	// Nothing of the transaction remains and the scopes are free; record
 	// the failed enqueues as Failed batches so the callers can be told.
