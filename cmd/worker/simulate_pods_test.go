@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testproc"
 )
 
 // freePorts finds n consecutive free loopback ports and returns the first.
@@ -47,24 +47,6 @@ func freePorts(t *testing.T, n int) int {
 	return 0
 }
 
-// syncBuffer is a bytes.Buffer safe for the workers' concurrent logging.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSimulatePodsRunsIndependentWorkers: worker run --simulate-pods 3 runs
 // three workers in one process, each with its own name and its own metrics
 // listener (the port of --metrics-addr plus its number), and stops them all
@@ -75,7 +57,7 @@ func TestSimulatePodsRunsIndependentWorkers(t *testing.T) {
 	base := freePorts(t, 3)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testproc.SyncBuffer
 	exited := make(chan int, 1)
 	go func() {
 		exited <- run(ctx, []string{"run", "--database-url", url, "--metrics-addr", "127.0.0.1:" + strconv.Itoa(base),
