@@ -59,7 +59,7 @@ func benchSQS(e *env) error {
 		queue := aws.ToString(q.QueueUrl)
 		return queue, fillQueue(e.ctx, client, queue, sqsMessages)
 	}
-	var pgbench4 float64
+	var pgbench4, pg4PerFolder float64
 	for _, consumers := range []int{1, 4} {
 		if err := e.reset(); err != nil {
 			return err
@@ -123,7 +123,7 @@ func benchSQS(e *env) error {
 			return err
 		}
 		if consumers == 4 {
-			pgbench4 = base
+			pgbench4, pg4PerFolder = base, used.postgres/sqsMessages
 		}
 		target := 0.0
 		if consumers == 4 {
@@ -146,18 +146,36 @@ func benchSQS(e *env) error {
 	if err != nil {
 		return err
 	}
-	serverCPU := procCPUSeconds(srv.Pid())
+	serverCPU, clientCPU := procCPUSeconds(srv.Pid()), selfCPUSeconds()
 	receives, elapsed, err := drainQueue(e.ctx, client, queue, 4*sqsReceivers)
 	if err != nil {
 		return err
 	}
-	serverCPU = procCPUSeconds(srv.Pid()) - serverCPU
+	serverCPU, clientCPU = procCPUSeconds(srv.Pid())-serverCPU, selfCPUSeconds()-clientCPU
+	// The most a consumer could import on this machine if it cost nothing
+	// but its two SDK calls per ten messages: the CPUs over the SQS
+	// server's, the SDK client's and PostgreSQL's CPU per folder (the
+	// 4-consumer row's PostgreSQL figure).
+	perFolder := (serverCPU + clientCPU) / sqsMessages
+	ceiling := float64(runtime.NumCPU()) / (perFolder + pg4PerFolder)
 	e.add(fmt.Sprintf("SQS server alone (receive and delete, no database), %d receivers", 4*sqsReceivers), float64(sqsMessages)/elapsed.Seconds(), ptr(pgbench4), "messages/s", 0, false,
 		fmt.Sprintf("the ceiling of the SQS rows: %d messages received (%d receives, %.0f/s) and deleted (DeleteMessageBatch) by %d goroutines of the harness through the SDK, as fast as local-aws-sqs answers, in %s; "+
-			"local-aws-sqs used %.0f µs CPU per message (%.2f CPUs); baseline: pgbench single-enqueue transactions with 4 clients (the SQS 4-consumer row's)",
+			"local-aws-sqs used %.0f µs CPU per message (%.2f CPUs), the SDK client (the harness process) %.0f µs; "+
+			"so a consumer whose only work were these calls would reach at most %d CPUs / (%.0f + %.0f + %.0f µs PostgreSQL per folder) = %.0f folders/s on this machine, %.2f of the baseline; "+
+			"baseline: pgbench single-enqueue transactions with 4 clients (the SQS 4-consumer row's)",
 			sqsMessages, receives, float64(receives)/elapsed.Seconds(), 4*sqsReceivers, elapsed.Round(time.Millisecond),
-			1e6*serverCPU/sqsMessages, serverCPU/elapsed.Seconds()))
+			1e6*serverCPU/sqsMessages, serverCPU/elapsed.Seconds(), 1e6*clientCPU/sqsMessages,
+			runtime.NumCPU(), 1e6*serverCPU/sqsMessages, 1e6*clientCPU/sqsMessages, 1e6*pg4PerFolder, ceiling, ceiling/pgbench4))
 	return nil
+}
+
+// selfCPUSeconds is this process's CPU time (user + system).
+func selfCPUSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // cpuUse is the CPU time of the SQS scenario's parts over a run.
