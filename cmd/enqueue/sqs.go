@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -119,7 +118,8 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	defer pool.Close()
 	enq.Metrics = metrics.NewSQS() // the consumer's own metrics, not the worker's gauges frozen at zero
-	cfg.Queue, cfg.Importer, cfg.Metrics = sqs.NewFromConfig(awsCfg), enq, enq.Metrics
+	queue := sqsconsumer.NewSQSClient(awsCfg, cfg)
+	cfg.Queue, cfg.Importer, cfg.Metrics = queue, enq, enq.Metrics
 	consumer, err := sqsconsumer.New(cfg)
 	if err != nil {
 		return err

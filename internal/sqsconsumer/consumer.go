@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -161,6 +163,35 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// settlingRounds is how many committed rounds delete their messages at
+// once (commitLoop).
+const settlingRounds = 4
+
+// MaxRequestsInFlight is the most SQS requests a Consumer with cfg (its
+// defaults filled in) has in flight at once: a long poll per receiver,
+// and the DeleteMessageBatch calls (ten messages each) of the rounds that
+// settle together. An HTTP client should keep as many connections.
+func MaxRequestsInFlight(cfg Config) int {
+	receivers := cmp.Or(cfg.Receivers, ReceiversDefault)
+	burst := cmp.Or(cfg.MaxBurst, MaxBurstDefault)
+	return receivers + settlingRounds*((burst+9)/10)
+}
+
+// NewSQSClient returns an SQS client for a Consumer with cfg: it keeps an
+// idle connection for every request the Consumer can have in flight at once
+// (MaxRequestsInFlight). The SDK's default keeps 10 per host, so beyond
+// that a request closed its connection and a later one dialled (and, to
+// SQS, shook hands over TLS) again, in TestSQSConsumerKeepsItsConnections
+// 78 to 210 connections for 3,000 messages instead of about 20.
+func NewSQSClient(awsCfg aws.Config, cfg Config, optFns ...func(*sqs.Options)) *sqs.Client {
+	conns := MaxRequestsInFlight(cfg)
+	httpClient := awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+		t.MaxIdleConnsPerHost = conns
+		t.MaxIdleConns = max(t.MaxIdleConns, conns)
+	})
+	return sqs.NewFromConfig(awsCfg, append([]func(*sqs.Options){func(o *sqs.Options) { o.HTTPClient = httpClient }}, optFns...)...)
+}
+
 // Consumer receives S3 notifications from an SQS queue and imports the
 // folders they complete.
 type Consumer struct {
@@ -269,7 +300,7 @@ func (c *Consumer) receiveLoop(ctx context.Context, out chan<- delivery) {
 func (c *Consumer) commitLoop(ctx context.Context, received <-chan delivery) {
 	settleCtx := context.WithoutCancel(ctx)
 	var settling sync.WaitGroup
-	slots := make(chan struct{}, 4) // rounds whose deletes run at once
+	slots := make(chan struct{}, settlingRounds) // rounds whose deletes run at once
 	failures := 0
 	for open := true; open; {
 		var r *round
