@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -74,6 +75,13 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	who := uiOperator(r)
+	if err := batch.ValidateOperator(who, ""); err != nil {
+		// Recorded with the action (cancelled_by): refused before anything
+		// is read or changed, as enqueue cancel refuses it.
+		uiError(w, http.StatusBadRequest, "operator name (the HTTP Basic user or the "+uploads.OperatorHeader+" header, recorded as "+
+			"riverui:<name>@<address>): "+err.Error())
+		return
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, uiActionBodyLimit+1))
 	if err != nil || len(body) > uiActionBodyLimit {
 		uiError(w, http.StatusBadRequest, "request body unreadable or over 64 KiB")
@@ -120,6 +128,11 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				BatchID: j.batchID, TenantID: j.tenant, By: who,
 				Reason: fmt.Sprintf("cancelled in the River UI (job %d)", id),
 			})
+			var inputErr *jobs.InputError
+			if errors.As(err, &inputErr) {
+				uiError(w, http.StatusBadRequest, fmt.Sprintf("cancelling batch %d of job %d: %s", j.batchID, id, err))
+				return
+			}
 			if err != nil {
 				a.log.Error("River UI cancel failed", "by", who, "job_id", id, "batch_id", j.batchID, "error", err)
 				uiError(w, http.StatusServiceUnavailable, fmt.Sprintf("cancelling batch %d of job %d failed: database unavailable, retry later", j.batchID, id))
