@@ -355,11 +355,13 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 					// Like a storage notification, an enqueue that met an
 					// unavailable database (exit 1) is delivered again.
 					for attempt := range 30 {
-						_, code := runEnqueueEnv(t, enqueueURL, poolerEnv, importArgs(f.tenant, f.url)...)
+						out, code := runEnqueueEnv(t, enqueueURL, poolerEnv, importArgs(f.tenant, f.url)...)
 						if code == 0 || code == 3 {
 							return
 						}
 						if code != 1 || attempt == 29 {
+							// Said, so a failed run shows which answer it was.
+							t.Logf("enqueue of %s (tenant %s) counted as an error: exit %d after %d attempt(s): %s", f.url, f.tenant, code, attempt+1, strings.TrimSpace(out))
 							enqueueErrors.Add(1)
 							return
 						}
