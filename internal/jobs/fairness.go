@@ -45,7 +45,10 @@ var fairnessLockSQL = `
 	SELECT pg_advisory_xact_lock(` + strconv.Itoa(fairnessLockClass) + `, hashtext(tenant_id)) FROM ingestion_batches WHERE id = $1`
 
 // fairnessCheckSQL: $1 batch, $2 cap, $3 queue, $4 kind. It returns the
-// batch's tenant, how many other batches of it hold a live lease, and,
+// batch's tenant, how many other batches of it hold a live lease (counted
+// on ix_ingestion_batches_tenant_leased: its predicate, source_scope IS NOT
+// NULL included, is stated here so that the index serves these counts and
+// no lease statement; see migration 00070), and,
 // when that reaches the cap, the first job in River's fetch order of
 // another tenant under the cap whose batch waits (NULLs: none, the
 // delivery may go on). No row: the batch does not exist (the acquisition
@@ -56,7 +59,7 @@ const fairnessCheckSQL = `
 	), mine AS (
 		SELECT count(*) AS n FROM ingestion_batches r, me
 		WHERE r.tenant_id = me.tenant_id AND r.status = 'Running' AND r.id <> $1
-		  AND r.execution_lease_id IS NOT NULL AND r.execution_lease_expires_at > now()
+		  AND r.execution_lease_id IS NOT NULL AND r.source_scope IS NOT NULL AND r.execution_lease_expires_at > now()
 	)
 	SELECT me.tenant_id, mine.n, w.tenant_id, w.priority, w.scheduled_at, w.id
 	FROM me CROSS JOIN mine
@@ -70,7 +73,7 @@ const fairnessCheckSQL = `
 		  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= now())
 		  AND (SELECT count(*) FROM ingestion_batches o
 		       WHERE o.tenant_id = b.tenant_id AND o.status = 'Running'
-		         AND o.execution_lease_id IS NOT NULL AND o.execution_lease_expires_at > now()) < $2
+		         AND o.execution_lease_id IS NOT NULL AND o.source_scope IS NOT NULL AND o.execution_lease_expires_at > now()) < $2
 		ORDER BY j.priority, j.scheduled_at, j.id
 		LIMIT 1
 	) w ON true`
