@@ -96,14 +96,17 @@ func (e *env) benchHTTPClients(clients int) error {
 		}
 		client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: clients, DisableCompression: true}}
 		var lat []time.Duration
+		var serveCPU float64
 		n, cost, err := e.measure(fmt.Sprintf("HTTP imports, %d clients, --group-linger %s", clients, linger), "imports", func() (n int, err error) {
 			// A serve process of its own, stopped before the phase ends so
 			// its connections' statistics are flushed.
-			url, stop, err := e.startServe(token, "--group-linger", linger)
+			url, pid, stop, err := e.startServe(token, "--group-linger", linger)
 			if err != nil {
 				return 0, err
 			}
 			defer stop()
+			before := procCPUSeconds(pid)
+			defer func() { serveCPU = procCPUSeconds(pid) - before }()
 			n, lat, err = timed(e.ctx, clients, e.phase, func(ctx context.Context, c, i int) error {
 				body, _ := json.Marshal(jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
 					Folder: fmt.Sprintf("s3://bench-bucket/tenants/tenant-bench/tenant_db/company-1/http-%d-%d-%016x", c, i, rand.Uint64())})
@@ -153,8 +156,9 @@ func (e *env) benchHTTPClients(clients int) error {
 		}
 		e.add(name, ours, ptr(base), "imports/s", target, false,
 			fmt.Sprintf("POST /v1/imports with a bearer token, keep-alive, %d concurrent clients (Go load generator in the harness), serve's default --max-conns 32, --group-linger %s; p50 %s, p99 %s; baseline: pgbench single-enqueue transactions, same clients, same run; "+
-				"per import: %.3f commits, %.0f µs PostgreSQL CPU, %.0f µs load-generator CPU",
-				clients, linger, percentile(lat, 50).Round(time.Microsecond), percentile(lat, 99).Round(time.Microsecond), cost.commits, 1e6*cost.serverCPU, 1e6*cost.harnessCPU))
+				"per import: %.3f commits, %.0f µs PostgreSQL CPU, %.0f µs enqueue serve CPU, %.0f µs load-generator CPU",
+				clients, linger, percentile(lat, 50).Round(time.Microsecond), percentile(lat, 99).Round(time.Microsecond), cost.commits, 1e6*cost.serverCPU,
+				1e6*serveCPU/float64(max(n, 1)), 1e6*cost.harnessCPU))
 		e.add(name+" vs in-process enqueue", ours, ptr(inProcess), "imports/s", 0.8, false,
 			"baseline: Enqueuer.Import from as many goroutines of the harness, same run")
 	}
@@ -162,12 +166,12 @@ func (e *env) benchHTTPClients(clients int) error {
 }
 
 // startServe starts an "enqueue serve" process with its default pool
-// (--max-conns 32) and returns the URL of its imports route and a function
-// that stops it.
-func (e *env) startServe(token string, args ...string) (string, func(), error) {
+// (--max-conns 32) and returns the URL of its imports route, its process id
+// and a function that stops it.
+func (e *env) startServe(token string, args ...string) (string, int, func(), error) {
 	logs, err := os.CreateTemp(e.dir, "serve-*.log")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd := exec.Command(e.enqueueBin, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--bucket", "bench-bucket", "--max-body-bytes", "4096", "--rate-limit", "0")
 	cmd.Args = append(cmd.Args, args...)
@@ -175,7 +179,7 @@ func (e *env) startServe(token string, args ...string) (string, func(), error) {
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		logs.Close()
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
@@ -185,9 +189,9 @@ func (e *env) startServe(token string, args ...string) (string, func(), error) {
 	addr, err := waitForAddr(logs.Name(), 30*time.Second)
 	if err != nil {
 		stop()
-		return "", nil, err
+		return "", 0, nil, err
 	}
-	return "http://" + addr + "/v1/imports", stop, nil
+	return "http://" + addr + "/v1/imports", cmd.Process.Pid, stop, nil
 }
 
 // waitForAddr reads the address an enqueue serve process logged.

@@ -3,6 +3,7 @@ package batch_test
 import (
 	"errors"
 	"testing"
+	"unicode"
 
 	"github.com/fleet/ingest/internal/batch"
 )
@@ -43,4 +44,16 @@ func FuzzParseDetails(f *testing.F) {
 			t.Fatalf("round trip changed the document")
 		}
 	})
+}
+
+// TestIsInvisibleIsTheUnicodeCategories checks IsInvisible against its
+// definition (Unicode categories Cf, Zl and Zp) for every code point, its
+// ASCII shortcut included.
+func TestIsInvisibleIsTheUnicodeCategories(t *testing.T) {
+	t.Parallel()
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if got, want := batch.IsInvisible(r), unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp); got != want {
+			t.Fatalf("IsInvisible(U+%04X) = %v, want %v", r, got, want)
+		}
+	}
 }

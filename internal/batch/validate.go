@@ -33,6 +33,12 @@ func (e *ValidationError) Error() string { return e.Field + ": " + e.Reason }
 // line and paragraph separators. A name holding one can look like another
 // name, so identifiers and folders refuse them.
 func IsInvisible(r rune) bool {
+	if r < utf8.RuneSelf {
+		// No ASCII character is one, and identifiers and folder paths are
+		// mostly ASCII: the table look-up was a tenth of enqueue serve's
+		// CPU per import.
+		return false
+	}
 	return unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
 }
 
