@@ -120,6 +120,9 @@ type RecordReader struct {
 	json   int64    // JSON bytes of the current CSV object's records
 	lines  *bufio.Scanner
 	line   int64
+	// in buffers the object being read; kept for the next object when
+	// large enough for it.
+	in *bufio.Reader
 
 	rec   Record
 	buf   []byte
@@ -180,6 +183,24 @@ func (r *RecordReader) Count() int64 { return r.count }
 // Close releases the open object, if any.
 func (r *RecordReader) Close() error { return r.closeCurrent() }
 
+// readBufferSize is the read buffer for an object of size bytes: 256 KiB,
+// or less for a smaller object (at least 4 KiB). A folder of many small
+// objects allocated 256 KiB for each, most of a trivial load's garbage.
+func readBufferSize(size int64) int {
+	return int(min(max(size+1, 4<<10), 256<<10))
+}
+
+// buffered returns r's read buffer reading src, allocated for an object of
+// size bytes unless the buffer of an earlier object is large enough.
+func (r *RecordReader) buffered(src io.Reader, size int64) *bufio.Reader {
+	if want := readBufferSize(size); r.in == nil || r.in.Size() < want {
+		r.in = bufio.NewReaderSize(src, want)
+	} else {
+		r.in.Reset(src)
+	}
+	return r.in
+}
+
 func (r *RecordReader) open(o Object) error {
 	rc, err := r.src.bucket.NewReader(r.ctx, o.Key, nil)
 	if err != nil {
@@ -191,7 +212,7 @@ func (r *RecordReader) open(o Object) error {
 		// The guard sees the bytes before encoding/csv buffers them, so an
 		// oversized record is refused after at most MaxRecordBytes of it.
 		r.guard = &csvGuard{r: rc, maxBytes: int64(r.limits.MaxRecordBytes), maxFields: r.limits.MaxColumns, line: 1}
-		r.csv = csv.NewReader(bufio.NewReaderSize(r.guard, 256<<10))
+		r.csv = csv.NewReader(r.buffered(r.guard, o.Size))
 		r.csv.ReuseRecord = true
 		header, err := r.csv.Read()
 		if err == io.EOF {
@@ -221,8 +242,8 @@ func (r *RecordReader) open(o Object) error {
 		}
 		r.csvEnd, r.json = r.csv.InputOffset(), 0
 	case FormatNDJSON:
-		r.lines = bufio.NewScanner(bufio.NewReaderSize(rc, 256<<10))
-		r.lines.Buffer(make([]byte, 0, min(64<<10, r.limits.MaxRecordBytes)), r.limits.MaxRecordBytes)
+		r.lines = bufio.NewScanner(r.buffered(rc, o.Size))
+		r.lines.Buffer(make([]byte, 0, min(64<<10, r.limits.MaxRecordBytes, readBufferSize(o.Size))), r.limits.MaxRecordBytes)
 	}
 	return nil
 }

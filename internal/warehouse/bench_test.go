@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -126,4 +127,41 @@ func BenchmarkBaselinePsqlCopy(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(benchRows)*float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+}
+
+// BenchmarkLoadTrivial measures Postgres.Load of a one-row folder, the
+// trivial batch of the end-to-end benchmark: the cost of the load's round
+// trips, not of its rows.
+func BenchmarkLoadTrivial(b *testing.B) {
+	ctx := context.Background()
+	dir := b.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.csv"), []byte("k,v\n1,x\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	pool := pgtest.NewPool(b)
+	wh := warehouse.NewPostgres(pool)
+	f, err := folder.Canonicalize("file://" + dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	src, err := folder.Opener{}.Open(ctx, f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	objs, err := src.Objects(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var before syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+	for i := 0; b.Loop(); i++ {
+		st, err := wh.Load(ctx, warehouse.Slice{TenantID: "tenant-bench", SourceScope: f.Scope(), BatchID: int64(i + 1), Generation: 1}, src, objs, nil)
+		if err != nil || st.RecordCount != 1 {
+			b.Fatalf("load: %d %v", st.RecordCount, err)
+		}
+	}
+	var after syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+	cpu := after.Utime.Nano() + after.Stime.Nano() - before.Utime.Nano() - before.Stime.Nano()
+	b.ReportMetric(float64(cpu)/1e3/float64(b.N), "client-cpu-µs/op")
 }

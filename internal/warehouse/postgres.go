@@ -49,25 +49,38 @@ func loadTag(s Slice) (prefix, tag string) {
 func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, objects []folder.Object, beforeCommit func(context.Context) error) (Stamp, error) {
 	var st Stamp
 	prefix, tag := loadTag(s)
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('application_name', $1, true)`, tag); err != nil {
-			return err
-		}
+	// The session's name is set with BEGIN, in its round trip (the tag
+	// holds only [a-z0-9:-], so it is a safe literal).
+	opts := pgx.TxOptions{BeginQuery: "BEGIN; SELECT set_config('application_name', '" + tag + "', true)"}
+	err := pgx.BeginTxFunc(ctx, p.pool, opts, func(tx pgx.Tx) error {
 		if beforeCommit != nil {
 			if err := beforeCommit(ctx); err != nil {
 				return err
 			}
 		}
 		// Serialise loads and publications of one slice; the slice row may
-		// not exist yet, so lock the key rather than the row. Only a load
-		// that finds the lock held looks for a stale load to terminate:
-		// a stale load holds nothing of the slice before it has the lock
-		// (and, once it has it, the stamp check below refuses it after
-		// ours), and reading pg_stat_activity on every load costs every
-		// backend's entry, which at hundreds of connections was a tenth of
-		// the server's CPU per batch.
+		// not exist yet, so lock the key rather than the row. The try and
+		// the read of the slice's stamp go in one round trip; the stamp is
+		// read again once a held lock was waited for.
+		//
+		// Only a load that finds the lock held looks for a stale load to
+		// terminate (its lease checked out above): a stale load holds nothing
+		// of the slice before it has the lock (and, once it has it, the
+		// stamp check below refuses it after ours), and reading
+		// pg_stat_activity on every load costs every backend's entry,
+		// which at hundreds of connections was a tenth of the server's CPU
+		// per batch.
 		var free bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope).Scan(&free); err != nil {
+		cur, found := Stamp{}, false
+		b := &pgx.Batch{}
+		b.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope).
+			QueryRow(func(row pgx.Row) error { return row.Scan(&free) })
+		b.Queue(stampSQL, s.TenantID, s.SourceScope).Query(func(rows pgx.Rows) error {
+			var err error
+			cur, found, err = scanStamp(rows)
+			return err
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
 		if !free {
@@ -79,16 +92,15 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope); err != nil {
 				return err
 			}
+			rows, err := tx.Query(ctx, stampSQL, s.TenantID, s.SourceScope)
+			if err != nil {
+				return err
+			}
+			if cur, found, err = scanStamp(rows); err != nil {
+				return err
+			}
 		}
-		var cur Stamp
-		err := tx.QueryRow(ctx, `
-			SELECT batch_id, lease_generation FROM curated.fleet_slices
-			WHERE tenant_id = $1 AND source_scope = $2`, s.TenantID, s.SourceScope).Scan(&cur.BatchID, &cur.Generation)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil:
-			return err
-		case cur.BatchID > s.BatchID || (cur.BatchID == s.BatchID && cur.Generation > s.Generation):
+		if found && (cur.BatchID > s.BatchID || (cur.BatchID == s.BatchID && cur.Generation > s.Generation)) {
 			return fmt.Errorf("%w: batch %d generation %d holds it", ErrSliceSuperseded, cur.BatchID, cur.Generation)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM curated.fleet_records WHERE tenant_id = $1 AND source_scope = $2`, s.TenantID, s.SourceScope); err != nil {
@@ -128,6 +140,23 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 		return Stamp{}, err
 	}
 	return st, nil
+}
+
+// stampSQL reads the batch and generation a slice was last loaded by.
+const stampSQL = `
+	SELECT batch_id, lease_generation FROM curated.fleet_slices
+	WHERE tenant_id = $1 AND source_scope = $2`
+
+// scanStamp reads stampSQL's row, if any, and closes rows.
+func scanStamp(rows pgx.Rows) (st Stamp, found bool, err error) {
+	defer rows.Close()
+	if rows.Next() {
+		if err := rows.Scan(&st.BatchID, &st.Generation); err != nil {
+			return Stamp{}, false, err
+		}
+		found = true
+	}
+	return st, found, rows.Err()
 }
 
 // interpretCopyError marks data errors raised by the server while storing
