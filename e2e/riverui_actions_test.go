@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -110,7 +111,11 @@ func TestRiverUIActionsGoThroughTheBatch(t *testing.T) {
 	require.Equal(t, batch.PhaseCancelled, d.Phase)
 	require.NotNil(t, b.CancelledBy)
 	require.Regexp(t, `^riverui:ops@`, *b.CancelledBy, "the UI's operator is recorded")
-	require.Regexp(t, `"msg":"operator action","action":"cancel","by":"riverui:ops@[^"]+","reason":"cancelled in the River UI \(job \d+\)"`, serve.logs.String(), "the action is logged with who and why")
+	// The line is written once the cancel has committed, and reaches the
+	// test through serve's stderr pipe: a moment after the status.
+	logged := regexp.MustCompile(`"msg":"operator action","action":"cancel","by":"riverui:ops@[^"]+","reason":"cancelled in the River UI \(job \d+\)"`)
+	require.Eventually(t, func() bool { return logged.MatchString(serve.logs.String()) }, 10*time.Second, 20*time.Millisecond,
+		"the action is logged with who and why:\n%s", serve.logs.String())
 	release()
 
 	// Retry of the cancelled batch's job, as the UI's Retry button sends
