@@ -90,6 +90,7 @@ func benchHTTP(e *env) error {
 func (e *env) benchHTTPClients(clients int) error {
 	const token = "bench-token-0123456789"
 	base, inProcess := 0.0, 0.0
+	var baseLat []time.Duration
 	for _, linger := range []string{jobs.GroupLingerDefault.String(), "0"} {
 		if err := e.reset(); err != nil {
 			return err
@@ -141,7 +142,7 @@ func (e *env) benchHTTPClients(clients int) error {
 			if err := e.reset(); err != nil {
 				return err
 			}
-			if base, err = e.pgbench(enqueueBaseline, clients, e.phase); err != nil {
+			if base, baseLat, err = e.pgbenchLatencies(enqueueBaseline, clients, e.phase); err != nil {
 				return err
 			}
 		}
@@ -155,12 +156,26 @@ func (e *env) benchHTTPClients(clients int) error {
 			name, target = fmt.Sprintf("HTTP imports through enqueue serve, no group commit, %d clients", clients), 0.6
 		}
 		e.add(name, ours, ptr(base), "imports/s", target, false,
-			fmt.Sprintf("POST /v1/imports with a bearer token, keep-alive, %d concurrent clients (Go load generator in the harness), serve's default --max-conns 32, --group-linger %s; p50 %s, p99 %s; baseline: pgbench single-enqueue transactions, same clients, same run; "+
+			fmt.Sprintf("POST /v1/imports with a bearer token, keep-alive, %d concurrent clients (Go load generator in the harness), serve's default --max-conns 32, --group-linger %s; p50 %s, p99 %s; baseline: pgbench single-enqueue transactions (with --log), same clients, same run; "+
 				"per import: %.3f commits, %.0f µs PostgreSQL CPU, %.0f µs enqueue serve CPU, %.0f µs load-generator CPU",
 				clients, linger, percentile(lat, 50).Round(time.Microsecond), percentile(lat, 99).Round(time.Microsecond), cost.commits, 1e6*cost.serverCPU,
 				1e6*serveCPU/float64(max(n, 1)), 1e6*cost.harnessCPU))
 		e.add(name+" vs in-process enqueue", ours, ptr(inProcess), "imports/s", 0.8, false,
 			"baseline: Enqueuer.Import from as many goroutines of the harness, same run")
+		if linger != "0" {
+			// Issue 19: with group commit, p99 at 32 clients at most twice
+			// pgbench's.
+			p99, baseP99 := percentile(lat, 99), percentile(baseLat, 99)
+			e.add(name+": p99 latency", float64(p99.Microseconds())/1000, ptr(float64(baseP99.Microseconds())/1000), "ms", 0, true,
+				fmt.Sprintf("p50 %s, p99 %s; baseline: pgbench's own per-transaction log (--log) of the same run's single-enqueue transactions, p50 %s, p99 %s (ratio: pgbench's p99 over ours)",
+					percentile(lat, 50).Round(time.Microsecond), p99.Round(time.Microsecond),
+					percentile(baseLat, 50).Round(time.Microsecond), baseP99.Round(time.Microsecond)))
+			if clients == 32 {
+				ratio := float64(p99) / float64(baseP99)
+				e.addTarget(name+": p99 over pgbench's p99", ratio, "ratio", "<= 2.00", ratio <= 2,
+					fmt.Sprintf("ours %s against pgbench's %s, same run", p99.Round(time.Microsecond), baseP99.Round(time.Microsecond)))
+			}
+		}
 	}
 	return nil
 }

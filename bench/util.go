@@ -103,6 +103,11 @@ var tpsRE = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection tim
 // pgbench runs a custom script for d with clients and returns transactions
 // per second.
 func (e *env) pgbench(script string, clients int, d time.Duration) (float64, error) {
+	return e.pgbenchArgs(script, clients, d)
+}
+
+// pgbenchArgs is pgbench with extra arguments.
+func (e *env) pgbenchArgs(script string, clients int, d time.Duration, extra ...string) (float64, error) {
 	f := filepath.Join(e.dir, fmt.Sprintf("script-%d.sql", time.Now().UnixNano()))
 	if err := os.WriteFile(f, []byte(script), 0o644); err != nil {
 		return 0, err
@@ -113,8 +118,9 @@ func (e *env) pgbench(script string, clients int, d time.Duration) (float64, err
 	} else if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench"); len(m) > 0 {
 		bin = m[len(m)-1]
 	}
-	cmd := exec.CommandContext(e.ctx, bin, "-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
-		"-T", strconv.Itoa(int(d.Seconds())), "-f", f, e.dbURL)
+	args := append([]string{"-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
+		"-T", strconv.Itoa(int(d.Seconds())), "-f", f}, extra...)
+	cmd := exec.CommandContext(e.ctx, bin, append(args, e.dbURL)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("pgbench: %v: %s", err, out)
@@ -124,6 +130,48 @@ func (e *env) pgbench(script string, clients int, d time.Duration) (float64, err
 		return 0, fmt.Errorf("pgbench printed no tps: %s", out)
 	}
 	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+// pgbenchLatencies runs pgbench as pgbench does, with a log of every
+// transaction (--log), and returns its rate and the transactions'
+// latencies.
+func (e *env) pgbenchLatencies(script string, clients int, d time.Duration) (float64, []time.Duration, error) {
+	dir, err := os.MkdirTemp(e.dir, "pgbench-log-*")
+	if err != nil {
+		return 0, nil, err
+	}
+	defer os.RemoveAll(dir)
+	tps, err := e.pgbenchArgs(script, clients, d, "--log", "--log-prefix", filepath.Join(dir, "tx"))
+	if err != nil {
+		return 0, nil, err
+	}
+	logs, err := filepath.Glob(filepath.Join(dir, "tx*"))
+	if err != nil {
+		return 0, nil, err
+	}
+	var lat []time.Duration
+	for _, name := range logs {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			return 0, nil, err
+		}
+		// client_id transaction_no time_us script_no time_epoch time_us_frac
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 3 {
+				continue
+			}
+			us, err := strconv.ParseInt(f[2], 10, 64)
+			if err != nil {
+				return 0, nil, fmt.Errorf("pgbench log %s: %q", name, line)
+			}
+			lat = append(lat, time.Duration(us)*time.Microsecond)
+		}
+	}
+	if len(lat) == 0 {
+		return 0, nil, fmt.Errorf("pgbench wrote no transaction log in %s", dir)
+	}
+	return tps, lat, nil
 }
 
 func (e *env) exec(sql string, args ...any) error {
