@@ -118,8 +118,7 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	defer pool.Close()
 	enq.Metrics = metrics.NewSQS() // the consumer's own metrics, not the worker's gauges frozen at zero
-	queue := sqsconsumer.NewSQSClient(awsCfg, cfg)
-	cfg.Queue, cfg.Importer, cfg.Metrics = queue, enq, enq.Metrics
+	cfg.Queue, cfg.Importer, cfg.Metrics = sqsconsumer.NewSQSClient(awsCfg, cfg), enq, enq.Metrics
 	consumer, err := sqsconsumer.New(cfg)
 	if err != nil {
 		return err

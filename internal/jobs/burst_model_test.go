@@ -202,11 +202,7 @@ func TestRolledBackBurstNamesNoBatchThatDoesNotExist(t *testing.T) {
 	f := newFixture(t, nil)
 	held, err := f.enqueuer.Import(ctx, importReq("s3://bucket/held-dup"))
 	require.NoError(t, err)
-	_, err = f.pool.Exec(ctx, `
-		CREATE FUNCTION refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS
-		$$ BEGIN RAISE EXCEPTION 'job queue refuses inserts (injected)'; END $$;
-		CREATE TRIGGER refuse_jobs BEFORE INSERT ON river_job FOR EACH ROW EXECUTE FUNCTION refuse_jobs();`)
-	require.NoError(t, err)
+	f.beforeInsert(t, "river_job", "refuse_jobs", `RAISE EXCEPTION 'job queue refuses inserts (injected)';`)
 	res, err := f.enqueuer.ImportMany(ctx, []ImportRequest{
 		importReq("s3://bucket/dup"), importReq("s3://bucket/held-dup"), importReq("s3://Bucket//dup/"), importReq("s3://bucket/held-dup/"),
 	})

@@ -97,11 +97,7 @@ func TestImportManyFailedJobInsertRecordsEveryReservedBatchFailed(t *testing.T) 
 	held, err := f.enqueuer.Import(ctx, importReq("s3://bucket/held"))
 	require.NoError(t, err)
 
-	_, err = f.pool.Exec(ctx, `
-		CREATE FUNCTION refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS
-		$$ BEGIN RAISE EXCEPTION 'job queue refuses inserts (injected)'; END $$;
-		CREATE TRIGGER refuse_jobs BEFORE INSERT ON river_job FOR EACH ROW EXECUTE FUNCTION refuse_jobs();`)
-	require.NoError(t, err)
+	f.beforeInsert(t, "river_job", "refuse_jobs", `RAISE EXCEPTION 'job queue refuses inserts (injected)';`)
 	reqs := []ImportRequest{importReq("s3://bucket/f-1"), importReq("s3://bucket/held"), importReq("s3://bucket/f-2"), importReq("s3://bucket/f-3")}
 	res, err := f.enqueuer.ImportMany(ctx, reqs)
 	require.NoError(t, err)
@@ -197,11 +193,7 @@ func TestImportManyReturnsTheCommittedBurstsOfAFailedImport(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, nil)
-	_, err := f.pool.Exec(ctx, `
-		CREATE FUNCTION refuse_tenant() RETURNS trigger LANGUAGE plpgsql AS
-		$$ BEGIN IF NEW.tenant_id = 'tenant-boom' THEN RAISE EXCEPTION 'storage refuses (injected)'; END IF; RETURN NEW; END $$;
-		CREATE TRIGGER refuse_tenant BEFORE INSERT ON ingestion_batches FOR EACH ROW EXECUTE FUNCTION refuse_tenant();`)
-	require.NoError(t, err)
+	f.beforeInsert(t, "ingestion_batches", "refuse_tenant", `IF NEW.tenant_id = 'tenant-boom' THEN RAISE EXCEPTION 'storage refuses (injected)'; END IF; RETURN NEW;`)
 	reqs := make([]ImportRequest, 0, MaxBurst+2)
 	for i := range MaxBurst + 1 {
 		reqs = append(reqs, importReq(fmt.Sprintf("s3://bucket/long/%d", i)))
@@ -231,12 +223,8 @@ func TestATransientInsertFailureReservesNothingAndIsAnError(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, nil)
-	_, err := f.pool.Exec(ctx, `
-		CREATE FUNCTION unavailable_jobs() RETURNS trigger LANGUAGE plpgsql AS
-		$$ BEGIN RAISE EXCEPTION 'the database system is starting up (injected)' USING ERRCODE = '57P03'; END $$;
-		CREATE TRIGGER unavailable_jobs BEFORE INSERT ON river_job FOR EACH ROW EXECUTE FUNCTION unavailable_jobs();`)
-	require.NoError(t, err)
-	_, err = f.enqueuer.ImportMany(ctx, []ImportRequest{importReq("s3://bucket/t-1"), importReq("s3://bucket/t-2")})
+	f.beforeInsert(t, "river_job", "unavailable_jobs", `RAISE EXCEPTION 'the database system is starting up (injected)' USING ERRCODE = '57P03';`)
+	_, err := f.enqueuer.ImportMany(ctx, []ImportRequest{importReq("s3://bucket/t-1"), importReq("s3://bucket/t-2")})
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "nothing was reserved")
 	var n int

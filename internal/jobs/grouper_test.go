@@ -208,11 +208,7 @@ func TestGrouperOneFailingFolderFailsOnlyItsCall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, nil)
-	_, err := f.pool.Exec(ctx, `
-		CREATE FUNCTION refuse_tenant() RETURNS trigger LANGUAGE plpgsql AS
-		$$ BEGIN IF NEW.tenant_id = 'tenant-boom' THEN RAISE EXCEPTION 'storage refuses (injected)'; END IF; RETURN NEW; END $$;
-		CREATE TRIGGER refuse_tenant BEFORE INSERT ON ingestion_batches FOR EACH ROW EXECUTE FUNCTION refuse_tenant();`)
-	require.NoError(t, err)
+	f.beforeInsert(t, "ingestion_batches", "refuse_tenant", `IF NEW.tenant_id = 'tenant-boom' THEN RAISE EXCEPTION 'storage refuses (injected)'; END IF; RETURN NEW;`)
 	m := metrics.NewImportGroups(nil)
 	g := NewGrouper(f.enqueuer, GroupConfig{Linger: time.Minute, Metrics: m})
 

@@ -317,3 +317,14 @@ func TestNextRetryBacksOffWithACap(t *testing.T) {
 		require.LessOrEqual(t, at.Sub(before), want+want/5+after.Sub(before), "attempt %d", attempt)
 	}
 }
+
+// beforeInsert installs a BEFORE INSERT trigger on table, name, that runs
+// the PL/pgSQL statements of body for each row (a RAISE to inject a
+// failure, RETURN NEW to let the row through).
+func (f *fixture) beforeInsert(t *testing.T, table, name, body string) {
+	t.Helper()
+	_, err := f.pool.Exec(context.Background(), fmt.Sprintf(`
+		CREATE FUNCTION %[1]s() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN %[3]s END $$;
+		CREATE TRIGGER %[1]s BEFORE INSERT ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s();`, name, table, body))
+	require.NoError(t, err)
+}

@@ -72,14 +72,10 @@ func truncate(b *testing.B, pool *pgxpool.Pool) {
 	}
 }
 
-// BenchmarkLoad measures Postgres.Load of a folder (read the CSV objects,
-// convert rows to JSON, COPY, stamp, commit) in rows per second. Compare
-// with BenchmarkBaselinePsqlCopy on the same data in the same run.
-func BenchmarkLoad(b *testing.B) {
+// openBenchFolder opens the folder at url and lists its objects.
+func openBenchFolder(b *testing.B, url string) (folder.Folder, *folder.Source, []folder.Object) {
+	b.Helper()
 	ctx := context.Background()
-	url, _ := benchFolder(b)
-	pool := pgtest.NewPool(b)
-	wh := warehouse.NewPostgres(pool)
 	f, err := folder.Canonicalize(url)
 	if err != nil {
 		b.Fatal(err)
@@ -92,6 +88,18 @@ func BenchmarkLoad(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return f, src, objs
+}
+
+// BenchmarkLoad measures Postgres.Load of a folder (read the CSV objects,
+// convert rows to JSON, COPY, stamp, commit) in rows per second. Compare
+// with BenchmarkBaselinePsqlCopy on the same data in the same run.
+func BenchmarkLoad(b *testing.B) {
+	ctx := context.Background()
+	url, _ := benchFolder(b)
+	pool := pgtest.NewPool(b)
+	wh := warehouse.NewPostgres(pool)
+	f, src, objs := openBenchFolder(b, url)
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
@@ -140,18 +148,7 @@ func BenchmarkLoadTrivial(b *testing.B) {
 	}
 	pool := pgtest.NewPool(b)
 	wh := warehouse.NewPostgres(pool)
-	f, err := folder.Canonicalize("file://" + dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	src, err := folder.Opener{}.Open(ctx, f)
-	if err != nil {
-		b.Fatal(err)
-	}
-	objs, err := src.Objects(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
+	f, src, objs := openBenchFolder(b, "file://"+dir)
 	var before syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &before)
 	for i := 0; b.Loop(); i++ {

@@ -75,9 +75,9 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 		b := &pgx.Batch{}
 		b.Queue(`SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope).
 			QueryRow(func(row pgx.Row) error { return row.Scan(&free) })
-		b.Queue(stampSQL, s.TenantID, s.SourceScope).Query(func(rows pgx.Rows) error {
+		b.Queue(stampSQL, s.TenantID, s.SourceScope).QueryRow(func(row pgx.Row) error {
 			var err error
-			cur, found, err = scanStamp(rows)
+			cur, found, err = scanStamp(row)
 			return err
 		})
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -92,11 +92,8 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope); err != nil {
 				return err
 			}
-			rows, err := tx.Query(ctx, stampSQL, s.TenantID, s.SourceScope)
-			if err != nil {
-				return err
-			}
-			if cur, found, err = scanStamp(rows); err != nil {
+			var err error
+			if cur, found, err = scanStamp(tx.QueryRow(ctx, stampSQL, s.TenantID, s.SourceScope)); err != nil {
 				return err
 			}
 		}
@@ -147,16 +144,13 @@ const stampSQL = `
 	SELECT batch_id, lease_generation FROM curated.fleet_slices
 	WHERE tenant_id = $1 AND source_scope = $2`
 
-// scanStamp reads stampSQL's row, if any, and closes rows.
-func scanStamp(rows pgx.Rows) (st Stamp, found bool, err error) {
-	defer rows.Close()
-	if rows.Next() {
-		if err := rows.Scan(&st.BatchID, &st.Generation); err != nil {
-			return Stamp{}, false, err
-		}
-		found = true
+// scanStamp reads stampSQL's row; found is false when the slice has none.
+func scanStamp(row pgx.Row) (st Stamp, found bool, err error) {
+	err = row.Scan(&st.BatchID, &st.Generation)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Stamp{}, false, nil
 	}
-	return st, found, rows.Err()
+	return st, err == nil, err
 }
 
 // interpretCopyError marks data errors raised by the server while storing
