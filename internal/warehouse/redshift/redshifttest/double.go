@@ -407,6 +407,14 @@ func (d *Double) Repeats() int {
 	return d.repeats
 }
 
+// Active counts the statements still SUBMITTED, PICKED or STARTED (the
+// ones the limit of 200 counts).
+func (d *Double) Active() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.active()
+}
+
 // Describes counts the DescribeStatement requests for a statement id.
 func (d *Double) Describes(id string) int {
 	d.mu.Lock()
