@@ -197,46 +197,61 @@ func (p *Postgres) Stamp(ctx context.Context, tenantID, sourceScope string) (Sta
 	return st, true, nil
 }
 
+// publishSQL stamps a slice published, keeping the time of an earlier
+// publication ($5, when it has one), and records the batch's publication
+// in fleet_publications once; it returns the publication time.
+const publishSQL = `
+	WITH pub AS (
+		UPDATE curated.fleet_slices SET published_at = now()
+		WHERE tenant_id = $1 AND source_scope = $2 AND published_at IS NULL
+		RETURNING published_at
+	), at AS (
+		SELECT COALESCE((SELECT published_at FROM pub), $5::timestamptz) AS published_at
+	), ins AS (
+		INSERT INTO curated.fleet_publications (tenant_id, source_scope, batch_id, record_count, published_at)
+		SELECT $1::varchar, $2::varchar, $3::bigint, $4::bigint, at.published_at FROM at
+		WHERE NOT EXISTS (
+			SELECT 1 FROM curated.fleet_publications
+			WHERE tenant_id = $1 AND source_scope = $2 AND batch_id = $3)
+	)
+	SELECT published_at FROM at`
+
 // Publish implements Warehouse.
 func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration, beforeCommit func(context.Context) error) (Stamp, error) {
 	var st Stamp
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope); err != nil {
-			return err
-		}
-		var expired bool
-		err := tx.QueryRow(ctx, `
+		// The slice's lock and the read of its stamp go in one round trip
+		// (the read runs once the lock is held).
+		var expired, found bool
+		b := &pgx.Batch{}
+		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope)
+		b.Queue(`
 			SELECT batch_id, lease_generation, record_count, committed_at, published_at,
 			       published_at IS NULL AND now() - committed_at > $3 * interval '1 microsecond'
 			FROM curated.fleet_slices WHERE tenant_id = $1 AND source_scope = $2`,
-			s.TenantID, s.SourceScope, window.Microseconds()).
-			Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &expired)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return ErrSliceMissing
-		case err != nil:
+			s.TenantID, s.SourceScope, window.Microseconds()).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &expired)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			found = err == nil
 			return err
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		switch {
+		case !found:
+			return ErrSliceMissing
 		case st.BatchID != s.BatchID:
 			return fmt.Errorf("%w: batch %d holds it", ErrSliceSuperseded, st.BatchID)
 		case expired:
 			return fmt.Errorf("%w: committed at %s", ErrPublicationExpired, st.CommittedAt.Format(time.RFC3339))
 		}
-		if st.PublishedAt == nil {
-			if err := tx.QueryRow(ctx, `
-				UPDATE curated.fleet_slices SET published_at = now()
-				WHERE tenant_id = $1 AND source_scope = $2
-				RETURNING published_at`, s.TenantID, s.SourceScope).Scan(&st.PublishedAt); err != nil {
-				return err
-			}
-		}
-		_, err = tx.Exec(ctx, `
-			INSERT INTO curated.fleet_publications (tenant_id, source_scope, batch_id, record_count, published_at)
-			SELECT $1::varchar, $2::varchar, $3::bigint, $4::bigint, $5::timestamptz
-			WHERE NOT EXISTS (
-				SELECT 1 FROM curated.fleet_publications
-				WHERE tenant_id = $1 AND source_scope = $2 AND batch_id = $3)`,
-			s.TenantID, s.SourceScope, s.BatchID, st.RecordCount, st.PublishedAt)
-		if err != nil {
+		// One statement stamps the slice published (unless a previous
+		// delivery did) and records the publication once per batch.
+		if err := tx.QueryRow(ctx, publishSQL, s.TenantID, s.SourceScope, s.BatchID, st.RecordCount, st.PublishedAt).
+			Scan(&st.PublishedAt); err != nil {
 			return err
 		}
 		if beforeCommit != nil {
