@@ -113,6 +113,10 @@ type Fence struct {
 	BatchID    int64
 	LeaseID    string
 	Generation int64
+	// Margin, when positive, also requires more than it left of the term
+	// by the database clock (clock_timestamp() + Margin): the lease check
+	// before a commit made by the write itself (pipeline.Run.CheckpointTx).
+	Margin time.Duration
 }
 
 // Errors returned by the store. Expected domain outcomes of Reserve and

@@ -12,7 +12,8 @@ import (
 // through. It writes only while the batch is Running and held by exactly the
 // fence's lease id and generation, unexpired by the database clock
 // (clock_timestamp, not now(): the write may be the last statement of a
-// long warehouse transaction, see warehouse.WithRecord). Terminal
+// long warehouse transaction, see warehouse.WithRecord), with more than the
+// fence's Margin left. Terminal
 // statuses stamp completed_at and release the lease in the same statement,
 // closing its term in the lease trail (LeaseTermsClosed).
 //
@@ -38,7 +39,7 @@ var fencedUpdate = `
 	  AND status = 'Running'
 	  AND execution_lease_id = $2
 	  AND execution_lease_generation = $3
-	  AND execution_lease_expires_at > clock_timestamp()
+	  AND execution_lease_expires_at > clock_timestamp() + $6 * interval '1 microsecond'
 	RETURNING ` + columns
 
 // AuditAppend returns SQL for the audit array at expr (NULL or missing
@@ -76,7 +77,7 @@ func (s *Store) fenced(ctx context.Context, f Fence, status Status, d Details) (
 	if err != nil {
 		return Batch{}, err
 	}
-	b, err := scanBatch(s.db.QueryRow(ctx, fencedUpdate, f.BatchID, f.LeaseID, f.Generation, status, string(raw)))
+	b, err := scanBatch(s.db.QueryRow(ctx, fencedUpdate, f.BatchID, f.LeaseID, f.Generation, status, string(raw), max(f.Margin, 0).Microseconds()))
 	if errors.Is(err, ErrNotFound) {
 		return Batch{}, ErrStaleLease
 	}

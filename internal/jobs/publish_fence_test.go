@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -18,11 +19,12 @@ import (
 
 // cancelAroundPublish is the local warehouse (fenced on the batch row, as
 // the worker wires it when the warehouse shares the operational database)
-// with a hook around the first publication: during, called after the
-// caller's lease check passed and before the publication's commit (the
-// window between the two, widened to a whole operator's cancel), or after,
-// called once the publication committed and before the delivery records
-// Succeeded.
+// with a hook around the first publication: during, called at the last
+// moment before the publication's commit that leaves its lease check
+// standing — after the caller's lease check, or, where the fenced write
+// inside the transaction is that check (warehouse.Record, the worker's
+// case), with the transaction open just before it — or after, called once
+// the publication committed and before the delivery records Succeeded.
 type cancelAroundPublish struct {
 	*warehouse.Postgres
 	once          sync.Once
@@ -32,13 +34,24 @@ type cancelAroundPublish struct {
 func (c *cancelAroundPublish) Publish(ctx context.Context, s warehouse.Slice, window time.Duration, before func(context.Context) error) (warehouse.Stamp, error) {
 	first := false
 	c.once.Do(func() { first = true })
+	called := false
+	hook := func() {
+		if first && c.during != nil && !called {
+			called = true
+			c.during()
+		}
+	}
+	if rec := warehouse.RecordFrom(ctx); rec != nil {
+		ctx = warehouse.WithRecord(ctx, func(ctx context.Context, tx pgx.Tx, st warehouse.Stamp) error {
+			hook()
+			return rec(ctx, tx, st)
+		})
+	}
 	st, err := c.Postgres.Publish(ctx, s, window, func(ctx context.Context) error {
 		if err := before(ctx); err != nil {
 			return err
 		}
-		if first && c.during != nil {
-			c.during()
-		}
+		hook()
 		return nil
 	})
 	if err == nil && first && c.after != nil {

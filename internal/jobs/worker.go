@@ -231,7 +231,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 
 	log.Info("lease acquired: working on batch")
 	workCtx := held.Context()
-	res, err := pipeline.ExecuteFrom(workCtx, w.cfg.Store, a.Lease, held.Verify, w.cfg.Pipelines, started)
+	res, err := pipeline.ExecuteChecked(workCtx, w.cfg.Store, a.Lease, held.Verify, held, w.cfg.Pipelines, started)
 	leaseLost := errors.Is(context.Cause(workCtx), ErrLeaseLost)
 	last := held.Close()
 

@@ -308,6 +308,25 @@ func (h *Holding) Verify(ctx context.Context) error {
 	return nil
 }
 
+// VerifyLocal is the part of Verify that needs no database: the term is
+// neither closed nor fenced and its local deadline has not passed. A commit
+// whose own transaction checks the term with the safety margin by the
+// database clock (batch.Fence.Margin, pipeline.Run.CheckpointTx) needs no
+// more. It returns batch.ErrStaleLease otherwise.
+func (h *Holding) VerifyLocal() error {
+	h.mu.Lock()
+	done, deadline := h.done, h.deadline
+	h.mu.Unlock()
+	if done || !h.r.cfg.Clock().Before(deadline) {
+		return batch.ErrStaleLease
+	}
+	return nil
+}
+
+// SafetyMargin is the time the term must have left, by the database clock,
+// at a commit (RenewerConfig.SafetyMargin).
+func (h *Holding) SafetyMargin() time.Duration { return h.r.cfg.SafetyMargin }
+
 // Close stops renewing the term, cancels the Holding's context and returns
 // the term as last renewed, for the caller to release.
 func (h *Holding) Close() Lease {

@@ -37,6 +37,7 @@ import (
 	"io"
 	"net"
 	"syscall"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
@@ -70,6 +71,15 @@ type Settler interface {
 	Settle(ctx context.Context, b batch.Batch, d batch.Details) (batch.Details, error)
 }
 
+// CommitCheck is a lease check that a fenced write inside the committing
+// transaction completes (Run.CheckpointTx): the holder's checks that need
+// no database, and the time the term must have left by the database clock,
+// which the write requires. *lease.Holding implements it.
+type CommitCheck interface {
+	VerifyLocal() error
+	SafetyMargin() time.Duration
+}
+
 // Registry maps source types to their pipelines.
 type Registry map[batch.SourceType]Pipeline
 
@@ -81,7 +91,8 @@ type Run struct {
 
 	store     *batch.Store
 	verify    func(context.Context) error
-	succeeded bool // the pipeline's own transaction recorded Succeeded (AdoptSucceeded)
+	check     CommitCheck // nil: CheckpointTx and SucceedTx check through verify
+	succeeded bool        // the pipeline's own transaction recorded Succeeded (AdoptSucceeded)
 }
 
 // Checkpoint durably records d as the batch's details, fenced on the lease.
@@ -99,17 +110,44 @@ func (r *Run) Checkpoint(ctx context.Context, d batch.Details) error {
 // tx: the write commits or rolls back with tx (a warehouse transaction in
 // the operational database, see warehouse.WithRecord). Run is unchanged
 // until the caller, once tx committed, passes the returned batch to Adopt.
+//
+// It is also the lease check before tx's commit (warehouse.Record): with a
+// CommitCheck (ExecuteChecked) the holder's local checks and, in the write
+// itself, the safety margin by the database clock; without one, VerifyLease.
 func (r *Run) CheckpointTx(ctx context.Context, tx pgx.Tx, d batch.Details) (batch.Batch, error) {
-	return r.store.WithTx(tx).WriteDetails(ctx, r.Lease.Fence(), d)
+	f, err := r.commitFence(ctx)
+	if err != nil {
+		return batch.Batch{}, err
+	}
+	return r.store.WithTx(tx).WriteDetails(ctx, f, d)
+}
+
+// commitFence is the fence of a write that is the lease check before its
+// transaction's commit (CheckpointTx, SucceedTx).
+func (r *Run) commitFence(ctx context.Context) (batch.Fence, error) {
+	f := r.Lease.Fence()
+	if r.check == nil {
+		return f, r.VerifyLease(ctx)
+	}
+	if err := r.check.VerifyLocal(); err != nil {
+		return f, err
+	}
+	f.Margin = r.check.SafetyMargin()
+	return f, nil
 }
 
 // SucceedTx marks the batch Succeeded with details d (phase published),
 // releasing the lease, fenced on it, inside tx: the terminal write that
 // Execute would otherwise make after the pipeline returns, committed with
 // the publication itself. Once tx committed the caller passes the returned
-// batch to AdoptSucceeded, and Execute writes nothing more.
+// batch to AdoptSucceeded, and Execute writes nothing more. Like
+// CheckpointTx it is the lease check before tx's commit.
 func (r *Run) SucceedTx(ctx context.Context, tx pgx.Tx, d batch.Details) (batch.Batch, error) {
-	return r.store.WithTx(tx).MarkSucceeded(ctx, r.Lease.Fence(), d)
+	f, err := r.commitFence(ctx)
+	if err != nil {
+		return batch.Batch{}, err
+	}
+	return r.store.WithTx(tx).MarkSucceeded(ctx, f, d)
 }
 
 // Adopt records that a CheckpointTx write of d, returning b, committed.
@@ -260,6 +298,13 @@ func Execute(ctx context.Context, store *batch.Store, l lease.Lease, verify func
 // when not nil, is the batch as Begin wrote it in the acquisition's
 // committed transaction, and is not read again.
 func ExecuteFrom(ctx context.Context, store *batch.Store, l lease.Lease, verify func(context.Context) error, registry Registry, started *batch.Batch) (Result, error) {
+	return ExecuteChecked(ctx, store, l, verify, nil, registry, started)
+}
+
+// ExecuteChecked is ExecuteFrom with check (nil: none) for the writes that
+// are the lease check of their own transaction's commit (Run.CheckpointTx,
+// Run.SucceedTx): with it they spare verify's round trip.
+func ExecuteChecked(ctx context.Context, store *batch.Store, l lease.Lease, verify func(context.Context) error, check CommitCheck, registry Registry, started *batch.Batch) (Result, error) {
 	var (
 		b   batch.Batch
 		err error
@@ -297,7 +342,7 @@ func ExecuteFrom(ctx context.Context, store *batch.Store, l lease.Lease, verify 
 		}
 	}
 
-	run := &Run{Batch: b, Details: d, Lease: l, store: store, verify: verify}
+	run := &Run{Batch: b, Details: d, Lease: l, store: store, verify: verify, check: check}
 	perr := p.Execute(ctx, run)
 	var failure *Failure
 	switch {

@@ -126,10 +126,8 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 		if err != nil {
 			return err
 		}
-		if beforeCommit != nil {
-			if err := beforeCommit(ctx); err != nil {
-				return err
-			}
+		if err := p.checkBeforeFence(ctx, beforeCommit); err != nil {
+			return err
 		}
 		return p.fenceLoad(ctx, tx, s, st)
 	})
@@ -137,6 +135,16 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 		return Stamp{}, err
 	}
 	return st, nil
+}
+
+// checkBeforeFence runs the caller's lease check before a commit, unless
+// the caller's Record takes the fence's place: Record is then the check,
+// in the transaction itself (see Record), and a round trip fewer.
+func (p *Postgres) checkBeforeFence(ctx context.Context, beforeCommit func(context.Context) error) error {
+	if beforeCommit == nil || (p.fence && RecordFrom(ctx) != nil) {
+		return nil
+	}
+	return beforeCommit(ctx)
 }
 
 // stampSQL reads the batch and generation a slice was last loaded by.
@@ -254,10 +262,8 @@ func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration, b
 			Scan(&st.PublishedAt); err != nil {
 			return err
 		}
-		if beforeCommit != nil {
-			if err := beforeCommit(ctx); err != nil {
-				return err
-			}
+		if err := p.checkBeforeFence(ctx, beforeCommit); err != nil {
+			return err
 		}
 		return p.fencePublish(ctx, tx, s, st)
 	})

@@ -169,7 +169,10 @@ type StatementWatcher interface {
 // publication): see WithRecord. tx is the warehouse's transaction and st
 // the slice's stamp as that transaction leaves it. Record must be fenced on
 // the lease (it is the transaction's fence: an error, batch.ErrStaleLease
-// for a lost lease, rolls the warehouse commit back with it).
+// for a lost lease, rolls the warehouse commit back with it), and it is the
+// lease check before the commit: a warehouse that runs it does not call
+// beforeCommit before it, so Record checks what that check would
+// (pipeline.Run.CheckpointTx: the safety margin, in the same statement).
 type Record func(ctx context.Context, tx pgx.Tx, st Stamp) error
 
 type recordKey struct{}
