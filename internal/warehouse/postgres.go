@@ -100,31 +100,48 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 		if found && (cur.BatchID > s.BatchID || (cur.BatchID == s.BatchID && cur.Generation > s.Generation)) {
 			return fmt.Errorf("%w: batch %d generation %d holds it", ErrSliceSuperseded, cur.BatchID, cur.Generation)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM curated.fleet_records WHERE tenant_id = $1 AND source_scope = $2`, s.TenantID, s.SourceScope); err != nil {
-			return err
-		}
 		rr := src.Records(ctx, objects)
 		defer rr.Close()
-		n, err := tx.CopyFrom(ctx, pgx.Identifier{"curated", "fleet_records"}, recordColumns, &copySource{s: s, rr: rr})
-		if err != nil {
-			if rerr := rr.Err(); rerr != nil {
-				return rerr
-			}
-			return interpretCopyError(err)
-		}
-		err = tx.QueryRow(ctx, `
-			INSERT INTO curated.fleet_slices
-				(tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
-			VALUES ($1, $2, $3, $4, $5, now(), NULL)
-			ON CONFLICT (tenant_id, source_scope) DO UPDATE
-			SET batch_id = EXCLUDED.batch_id, lease_generation = EXCLUDED.lease_generation,
-			    record_count = EXCLUDED.record_count, committed_at = EXCLUDED.committed_at,
-			    published_at = NULL
-			RETURNING batch_id, lease_generation, record_count, committed_at`,
-			s.TenantID, s.SourceScope, s.BatchID, s.Generation, n).
-			Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt)
-		if err != nil {
+		// A small folder (the usual upload) is read whole first and
+		// replaces the slice in one pipelined round trip: the delete, an
+		// INSERT of its records and the slice's stamp. A larger one is
+		// streamed with COPY, starting with what was read.
+		head, whole := readHead(rr)
+		if err := rr.Err(); err != nil {
 			return err
+		}
+		b = &pgx.Batch{}
+		b.Queue(deleteSliceSQL, s.TenantID, s.SourceScope)
+		if whole {
+			if len(head.keys) > 0 {
+				b.Queue(insertRecordsSQL, s.TenantID, s.SourceScope, s.BatchID, head.keys, head.lines, head.records).Fn =
+					func(br pgx.BatchResults) error {
+						_, err := br.Exec()
+						return interpretCopyError(err)
+					}
+			}
+			b.Queue(stampSliceSQL, s.TenantID, s.SourceScope, s.BatchID, s.Generation, int64(len(head.keys))).
+				QueryRow(func(row pgx.Row) error {
+					return row.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt)
+				})
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+		} else {
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			n, err := tx.CopyFrom(ctx, pgx.Identifier{"curated", "fleet_records"}, recordColumns, &copySource{s: s, rr: rr, head: head})
+			if err != nil {
+				if rerr := rr.Err(); rerr != nil {
+					return rerr
+				}
+				return interpretCopyError(err)
+			}
+			if err := tx.QueryRow(ctx, stampSliceSQL, s.TenantID, s.SourceScope, s.BatchID, s.Generation, n).
+				Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt); err != nil {
+				return err
+			}
 		}
 		if err := p.checkBeforeFence(ctx, beforeCommit); err != nil {
 			return err
@@ -172,16 +189,88 @@ func interpretCopyError(err error) error {
 	return err
 }
 
-// copySource adapts a folder.RecordReader to pgx.CopyFromSource.
+// Statements of a load's replacement of its slice.
+const (
+	deleteSliceSQL = `DELETE FROM curated.fleet_records WHERE tenant_id = $1 AND source_scope = $2`
+	// insertRecordsSQL is the COPY of a small folder's records: the
+	// record text is cast to jsonb as COPY's input is.
+	insertRecordsSQL = `
+		INSERT INTO curated.fleet_records (tenant_id, source_scope, batch_id, object_key, line_number, record)
+		SELECT $1::varchar, $2::varchar, $3::bigint, r.object_key, r.line_number, r.record::jsonb
+		FROM unnest($4::text[], $5::bigint[], $6::text[]) WITH ORDINALITY AS r(object_key, line_number, record, i)
+		ORDER BY r.i`
+	stampSliceSQL = `
+		INSERT INTO curated.fleet_slices
+			(tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
+		VALUES ($1, $2, $3, $4, $5, now(), NULL)
+		ON CONFLICT (tenant_id, source_scope) DO UPDATE
+		SET batch_id = EXCLUDED.batch_id, lease_generation = EXCLUDED.lease_generation,
+		    record_count = EXCLUDED.record_count, committed_at = EXCLUDED.committed_at,
+		    published_at = NULL
+		RETURNING batch_id, lease_generation, record_count, committed_at`
+)
+
+// A folder of at most smallLoadRecords records and smallLoadBytes bytes of
+// them is a small load (see Load).
+const (
+	smallLoadRecords = 256
+	smallLoadBytes   = 256 << 10
+)
+
+// loadHead is the first records of a load, copied out of the reader.
+type loadHead struct {
+	keys    []string
+	lines   []int64
+	records []string
+}
+
+// readHead reads records from rr while they fit a small load. whole
+// reports that rr ended (or failed: see rr.Err) within the limits; when it
+// is false, rr's current record is the first one past head.
+func readHead(rr *folder.RecordReader) (head loadHead, whole bool) {
+	size := 0
+	for rr.Next() {
+		r := rr.Record()
+		if len(head.keys) == smallLoadRecords || size+len(r.JSON) > smallLoadBytes {
+			return head, false
+		}
+		size += len(r.JSON)
+		head.keys = append(head.keys, r.ObjectKey)
+		head.lines = append(head.lines, r.Line)
+		head.records = append(head.records, string(r.JSON))
+	}
+	return head, true
+}
+
+// copySource adapts a folder.RecordReader to pgx.CopyFromSource: the
+// records of head first, then rr's current record and the rest.
 type copySource struct {
 	s    Slice
 	rr   *folder.RecordReader
+	head loadHead
+	i    int // the next record of head; past it, rr's
 	vals [6]any
 }
 
-func (c *copySource) Next() bool { return c.rr.Next() }
+func (c *copySource) Next() bool {
+	switch {
+	case c.i < len(c.head.keys):
+		c.i++
+		return true
+	case c.i == len(c.head.keys):
+		// rr's current record is the first past head (readHead).
+		c.i++
+		return true
+	}
+	return c.rr.Next()
+}
 
 func (c *copySource) Values() ([]any, error) {
+	if c.i <= len(c.head.keys) {
+		k := c.i - 1
+		c.vals = [6]any{c.s.TenantID, c.s.SourceScope, c.s.BatchID, c.head.keys[k], c.head.lines[k], c.head.records[k]}
+		return c.vals[:], nil
+	}
 	r := c.rr.Record()
 	c.vals = [6]any{c.s.TenantID, c.s.SourceScope, c.s.BatchID, r.ObjectKey, r.Line, r.JSON}
 	return c.vals[:], nil

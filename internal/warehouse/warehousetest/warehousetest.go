@@ -73,6 +73,7 @@ func Exercise(t *testing.T, factory Factory) {
 	}{
 		{"LoadsEveryRecordStamped", testLoad},
 		{"LoadsAnEmptyFolder", testLoadEmpty},
+		{"LoadsEveryRecordOnceWhateverTheFolderSize", testLoadSizes},
 		{"ReplacesTheSlice", testReplace},
 		{"RefusesASupersededSlice", testSuperseded},
 		{"MalformedRecordLeavesTheSliceUntouched", testMalformed},
@@ -272,6 +273,62 @@ func testLoadEmpty(t *testing.T, h Harness) {
 	got, _, found := consistent(t, h, slice(scope, 1, 1))
 	require.True(t, found, "an empty load is still stamped")
 	require.Equal(t, int64(1), got.BatchID)
+}
+
+// testLoadSizes loads folders on either side of the local warehouse's
+// small-load limits (256 records, 256 KiB: one INSERT below them, COPY
+// from the first record past them, the records read before it first):
+// every record arrives once, on its own line, and a record the database
+// refuses past the limits is still malformed.
+func testLoadSizes(t *testing.T, h Harness) {
+	ctx := context.Background()
+	// Over 256 KiB in strings Redshift's SUPER can hold (64 KiB each).
+	var pads []string
+	for i := range 6 {
+		pads = append(pads, fmt.Sprintf(`"p%d":"%s"`, i, strings.Repeat("x", 50<<10)))
+	}
+	big := "{" + strings.Join(pads, ",") + "}\n"
+	for i, c := range []struct {
+		name  string
+		files map[string]string
+		want  int // records; -1: malformed
+	}{
+		{"256 records", map[string]string{"a.csv": rows("a", 256)}, 256},
+		{"257 records", map[string]string{"a.csv": rows("a", 257)}, 257},
+		{"1000 records in two objects", map[string]string{"a.csv": rows("a", 600), "b.csv": rows("b", 400)}, 1000},
+		{"a first record past 256 KiB", map[string]string{"a.ndjson": big + `{"n":1}` + "\n"}, 2},
+		{"a record past 256 KiB after small ones", map[string]string{"a.csv": rows("a", 10), "b.ndjson": big}, 11},
+		{"a NUL past the limits", map[string]string{"a.csv": rows("a", 300), "b.ndjson": `{"bad":"a\u0000b"}` + "\n"}, -1},
+	} {
+		// A batch id of its own per load, as batches have (the Redshift
+		// warehouse derives its Data API client tokens from it).
+		s := slice(newScope(), int64(i+1), 1)
+		src, objs, _ := Source(t, c.files)
+		st, err := h.Warehouse.Load(ctx, s, src, objs, nil)
+		if c.want < 0 {
+			require.ErrorIs(t, err, folder.ErrMalformed, c.name)
+			_, _, found := consistent(t, h, s)
+			require.False(t, found, "%s: nothing committed", c.name)
+			continue
+		}
+		require.NoError(t, err, c.name)
+		require.Equal(t, int64(c.want), st.RecordCount, c.name)
+		_, recs, _ := consistent(t, h, s)
+		require.Len(t, recs, c.want, c.name)
+		seen := map[string]bool{}
+		for _, r := range recs {
+			k := fmt.Sprintf("%s:%d", r.ObjectKey, r.Line)
+			require.False(t, seen[k], "%s: %s loaded once", c.name, k)
+			seen[k] = true
+		}
+		for name, body := range c.files {
+			if strings.HasSuffix(name, ".csv") {
+				for line := 2; line <= strings.Count(body, "\n"); line++ {
+					require.True(t, seen[fmt.Sprintf("in/%s:%d", name, line)], "%s: in/%s line %d loaded", c.name, name, line)
+				}
+			}
+		}
+	}
 }
 
 func testReplace(t *testing.T, h Harness) {
