@@ -100,19 +100,23 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 		if found && (cur.BatchID > s.BatchID || (cur.BatchID == s.BatchID && cur.Generation > s.Generation)) {
 			return fmt.Errorf("%w: batch %d generation %d holds it", ErrSliceSuperseded, cur.BatchID, cur.Generation)
 		}
+		// The slice's records are deleted before any record is read: a
+		// load blocked on the table shows no progress, so a draining
+		// worker gives it up when its grace ends.
+		if _, err := tx.Exec(ctx, deleteSliceSQL, s.TenantID, s.SourceScope); err != nil {
+			return err
+		}
 		rr := src.Records(ctx, objects)
 		defer rr.Close()
-		// A small folder (the usual upload) is read whole first and
-		// replaces the slice in one pipelined round trip: the delete, an
-		// INSERT of its records and the slice's stamp. A larger one is
-		// streamed with COPY, starting with what was read.
+		// A small folder (the usual upload) is read whole, then inserted
+		// and stamped in one pipelined round trip. A larger one is
+		// streamed with COPY, starting with the records already read.
 		head, whole := readHead(rr)
 		if err := rr.Err(); err != nil {
 			return err
 		}
-		b = &pgx.Batch{}
-		b.Queue(deleteSliceSQL, s.TenantID, s.SourceScope)
 		if whole {
+			b = &pgx.Batch{}
 			if len(head.keys) > 0 {
 				b.Queue(insertRecordsSQL, s.TenantID, s.SourceScope, s.BatchID, head.keys, head.lines, head.records).Fn =
 					func(br pgx.BatchResults) error {
@@ -128,9 +132,6 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 				return err
 			}
 		} else {
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
-				return err
-			}
 			n, err := tx.CopyFrom(ctx, pgx.Identifier{"curated", "fleet_records"}, recordColumns, &copySource{s: s, rr: rr, head: head})
 			if err != nil {
 				if rerr := rr.Err(); rerr != nil {
