@@ -369,7 +369,11 @@ func TestCommitAfterTheClientsDeadline(t *testing.T) {
 	require.Equal(t, int64(6), st.RecordCount)
 
 	// The next delivery's load of the batch settles on the stamp and
-	// cleans the staging up.
+	// cleans the staging up. It runs with time to spare: under the 300 ms
+	// deadline a loaded machine timed it out too, and it settled on the
+	// first commit's stamp (generation 1).
+	e.cfg.LoadTimeout = time.Minute
+	e.wh = e.warehouse(t, e.double.Client())
 	st, err = e.load(t, warehouse.Slice{TenantID: s.TenantID, SourceScope: s.SourceScope, BatchID: 8, Generation: 2}, map[string]string{"x.csv": csvRows("a", 6)})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), st.Generation)
