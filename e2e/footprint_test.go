@@ -17,14 +17,14 @@ import (
 )
 
 // TestWorkerConnectionFootprint: a worker at --concurrency 32 (default
-// --max-conns) holds at most 32/2 + 4 = 20 connections to PostgreSQL, busy
+// --max-conns) holds at most min(32/2, 8) + 4 = 12 connections to PostgreSQL, busy
 // or idle, while it works 200 trivial folders, and works them all. The
 // connections are counted at the server (pg_stat_activity of the test's
 // database, every 20 ms) by an observer that is the only other session.
 func TestWorkerConnectionFootprint(t *testing.T) {
 	t.Parallel()
 	const concurrency, folders = 32, 200
-	const bound = concurrency/2 + 4
+	const bound = min(concurrency/2, 8) + 4
 	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 

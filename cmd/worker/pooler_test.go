@@ -11,7 +11,7 @@ import (
 	"github.com/fleet/ingest/internal/warehouse/warehousecli"
 )
 
-// TestConnectionBudget: the default --max-conns is concurrency/2 + 4, and
+// TestConnectionBudget: the default --max-conns is min(concurrency/2, 8) + 4, and
 // the pools it is split into add up to it: one renewal connection, River's
 // LISTEN connection unless River polls, the PostgreSQL warehouse's loads
 // (none with Redshift) and the shared rest.
@@ -24,9 +24,10 @@ func TestConnectionBudget(t *testing.T) {
 	}{
 		{concurrency: 4, want: connBudget{Renewals: 1, Listener: 1, Loads: 2, Shared: 2}},
 		{concurrency: 4, pollOnly: true, want: connBudget{Renewals: 1, Loads: 2, Shared: 3}},
-		{concurrency: 32, want: connBudget{Renewals: 1, Listener: 1, Loads: 16, Shared: 2}},
-		{concurrency: 32, redshift: true, want: connBudget{Renewals: 1, Listener: 1, Shared: 18}},
-		{concurrency: 32, redshift: true, pollOnly: true, want: connBudget{Renewals: 1, Shared: 19}},
+		{concurrency: 16, want: connBudget{Renewals: 1, Listener: 1, Loads: 8, Shared: 2}},
+		{concurrency: 32, want: connBudget{Renewals: 1, Listener: 1, Loads: 8, Shared: 2}},
+		{concurrency: 32, redshift: true, want: connBudget{Renewals: 1, Listener: 1, Shared: 10}},
+		{concurrency: 32, redshift: true, pollOnly: true, want: connBudget{Renewals: 1, Shared: 11}},
 		{concurrency: 1, want: connBudget{Renewals: 1, Listener: 1, Loads: 1, Shared: 1}},
 		{concurrency: 8, maxConns: 40, want: connBudget{Renewals: 1, Listener: 1, Loads: 8, Shared: 30}},
 		{concurrency: 8, maxConns: 4, pollOnly: true, want: connBudget{Renewals: 1, Loads: 1, Shared: 2}},
@@ -39,7 +40,7 @@ func TestConnectionBudget(t *testing.T) {
 		require.Equal(t, tc.want, got, "%+v", tc)
 		wantTotal := tc.maxConns
 		if wantTotal == 0 {
-			wantTotal = tc.concurrency/2 + 4
+			wantTotal = min(tc.concurrency/2, 8) + 4
 		}
 		require.Equal(t, int32(wantTotal), got.Total(), "%+v", tc)
 	}

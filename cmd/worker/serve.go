@@ -51,7 +51,7 @@ type runCmd struct {
 	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
 	MaxColumns           int           `name:"max-columns" env:"MAX_COLUMNS" default:"4096" help:"Most columns of a CSV record; a folder with more fails failed_pre_commit."`
 	MaxRecordExpansion   int           `name:"max-record-expansion" env:"MAX_RECORD_EXPANSION" default:"32" help:"Most times its CSV bytes a CSV record, and a CSV object's records together, may become as JSON, plus 4 KiB (every record repeats the header's column names); a folder with more fails failed_pre_commit. Between 2 and 1024."`
-	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Most connections this process holds to PostgreSQL (or the pooler in front of it), busy or idle: one for lease renewals, one for River's LISTEN (none with --database-pooler transaction), the PostgreSQL warehouse's loads (--max-conns − 4, at most --concurrency, at least 1; none with Redshift: a load holds its connection for its whole transaction, so this bounds the loads in the database at once) and the rest shared by River, lease acquisitions and checks, pipeline writes, the sweeper and gauges. Default --concurrency / 2 + 4 (rounded down); at least 4."`
+	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Most connections this process holds to PostgreSQL (or the pooler in front of it), busy or idle: one for lease renewals, one for River's LISTEN (none with --database-pooler transaction), the PostgreSQL warehouse's loads (--max-conns − 4, at most --concurrency, at least 1; none with Redshift: a load holds its connection for its whole transaction, so this bounds the loads in the database at once) and the rest shared by River, lease acquisitions and checks, pipeline writes, the sweeper and gauges. Default --concurrency / 2 (rounded down, at most 8) + 4: 6 at concurrency 4, 12 from concurrency 16."`
 	PathPattern          string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company; a batch whose tenant, database or company differs from what its folder's path names is parked unread. Use the same pattern as enqueue serve."`
 	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
 	DevLocal             bool          `name:"dev-allow-local-folders" help:"Also read file:// and mem:// folders. Development only: a file:// batch loads a directory of this host into the warehouse. Without it such batches are parked unread."`
@@ -90,11 +90,19 @@ type connBudget struct {
 // Total is the most connections the worker holds.
 func (b connBudget) Total() int32 { return b.Renewals + b.Listener + b.Loads + b.Shared }
 
-// budget splits --max-conns (default concurrency/2 + 4) between the pools.
+// defaultMaxConns is --max-conns when none is given: half the concurrency,
+// at most 8, beside minMaxConns. More loads in the database at once did not
+// load more: on two cores, 20 connections per process at concurrency 32
+// (16 loads) carried 103–168 trivial batches/s at 1–4 processes against
+// 139–236 with 12 (8 loads), at 20–30% more PostgreSQL CPU per batch
+// (go run ./bench -only "end to end", MAX_CONNS 20 and 12 alternated).
+func defaultMaxConns(concurrency int) int { return min(concurrency/2, 8) + minMaxConns }
+
+// budget splits --max-conns (default defaultMaxConns) between the pools.
 func (r *runCmd) budget(pollOnly bool) connBudget {
 	total := r.MaxConns
 	if total == 0 {
-		total = r.Concurrency/2 + minMaxConns
+		total = defaultMaxConns(r.Concurrency)
 	}
 	b := connBudget{Renewals: 1, Listener: 1}
 	if pollOnly {
