@@ -345,13 +345,29 @@ func TestCommitSeenOnlyByTheStamp(t *testing.T) {
 	in.Reveal()
 }
 
+// waitEnded waits for a held fault's transaction to end after its Release,
+// failing after 30 s rather than hanging the package: under a deadline of
+// 200 ms a loaded machine once gave up on the load before the double had
+// applied the fault, and the test waited until go test's 30 min timeout.
+func waitEnded(t *testing.T, in *redshifttest.Injection) {
+	t.Helper()
+	select {
+	case <-in.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held transaction did not end within 30 s of its release")
+	}
+}
+
 // TestCommitAfterTheClientsDeadline: the transaction is still running when
 // the client's deadline passes: the load reports a transient failure of
 // unknown outcome (never "failed"), and the commit that follows shows in
 // the stamp.
 func TestCommitAfterTheClientsDeadline(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 300 * time.Millisecond })
+	// The deadline passes while the transaction is held (Hold), however
+	// long it is; long enough that a loaded machine's double reaches the
+	// hold before it.
+	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 2 * time.Second })
 	in := e.double.Inject(redshifttest.Fault{Match: swapMatch, Hold: true})
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://late/x", BatchID: 8, Generation: 1}
 	_, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 6)})
@@ -363,7 +379,7 @@ func TestCommitAfterTheClientsDeadline(t *testing.T) {
 	require.NotEmpty(t, e.stagingKeys(t), "staging stays while the statement may still run")
 
 	in.Release()
-	<-in.Done()
+	waitEnded(t, in)
 	st := mustStamp(t, e.wh, s)
 	require.Equal(t, int64(8), st.BatchID)
 	require.Equal(t, int64(6), st.RecordCount)
@@ -449,13 +465,15 @@ func TestDataAPIThrottling(t *testing.T) {
 // generation's staging is left alone.
 func TestPublishDeletesEveryStagedGenerationUpToItsOwn(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 200 * time.Millisecond })
+	// As in TestCommitAfterTheClientsDeadline: the deadline passes while
+	// the swap is held.
+	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 2 * time.Second })
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://cleanup/x", BatchID: 4, Generation: 1}
 	in := e.double.Inject(redshifttest.Fault{Match: swapMatch, Hold: true})
 	_, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 2)})
 	require.ErrorIs(t, err, warehouse.ErrTransient)
 	in.Release()
-	<-in.Done()
+	waitEnded(t, in)
 	e.s3.Put(t, stagingBucket, "fleet/staging/batch-4/gen-7/part-00000.ndjson.gz", []byte("a newer delivery's"))
 	e.s3.Put(t, stagingBucket, "fleet/staging/batch-40/gen-1/part-00000.ndjson.gz", []byte("another batch's"))
 
