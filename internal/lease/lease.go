@@ -430,31 +430,49 @@ const lockNotAvailable = "55P03"
 // the term's row lock for longer than the wait allowed.
 var ErrRowLocked = errors.New("batch row locked by another transaction")
 
-// EndedByTerminalWrite reports which of leases, no longer held, were ended
-// by their own holder's terminal write (the batch is Succeeded or Failed
-// under the same generation) rather than lost: a delivery that just
-// finished and has not yet stopped renewing. A cancel or a takeover moves the
-// generation on, so those terms are not in the result.
-func (s *Store) EndedByTerminalWrite(ctx context.Context, leases []Lease) (map[int64]bool, error) {
+// Ending says why a term that is no longer held ended without being lost.
+type Ending int
+
+const (
+	// EndedByHolder: the holder's own terminal write ended it (the batch is
+	// Succeeded or Failed under the same generation): a delivery that just
+	// finished and has not yet stopped renewing.
+	EndedByHolder Ending = iota + 1
+	// EndedByCancel: an operator's cancel revoked it (the batch is Failed
+	// and cancelled, its generation moved on by exactly the cancel).
+	EndedByCancel
+)
+
+// EndedWithoutLoss reports which of leases, no longer held, ended by their
+// own holder's terminal write or were revoked by an operator's cancel,
+// rather than lost to a takeover or an expiry. The others are not in the
+// result.
+func (s *Store) EndedWithoutLoss(ctx context.Context, leases []Lease) (map[int64]Ending, error) {
 	ids, gens := make([]int64, len(leases)), make([]int64, len(leases))
 	for i, l := range leases {
 		ids[i], gens[i] = l.BatchID, l.Generation
 	}
 	rows, err := s.db.Query(ctx, `
-		SELECT b.id FROM ingestion_batches b
-		JOIN unnest($1::bigint[], $2::bigint[]) AS t(id, generation)
-		  ON b.id = t.id AND b.execution_lease_generation = t.generation
-		WHERE b.status <> 'Running'`, ids, gens)
+		SELECT b.id, b.execution_lease_generation = t.generation FROM ingestion_batches b
+		JOIN unnest($1::bigint[], $2::bigint[]) AS t(id, generation) ON b.id = t.id
+		WHERE b.status <> 'Running'
+		  AND (b.execution_lease_generation = t.generation
+		       OR (b.cancelled_at IS NOT NULL AND b.execution_lease_generation = t.generation + 1))`, ids, gens)
 	if err != nil {
 		return nil, fmt.Errorf("reading ended leases: %w", err)
 	}
-	ended, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	out := make(map[int64]Ending)
+	var id int64
+	var own bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &own}, func() error {
+		out[id] = EndedByCancel
+		if own {
+			out[id] = EndedByHolder
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("reading ended leases: %w", err)
-	}
-	out := make(map[int64]bool, len(ended))
-	for _, id := range ended {
-		out[id] = true
 	}
 	return out, nil
 }

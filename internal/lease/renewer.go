@@ -26,6 +26,9 @@ const (
 	// through the renewal and its per-term retry: not renewed, not lost,
 	// unknown until a later renewal or its deadline.
 	RenewalBusy = "busy"
+	// RenewalRevoked is a term an operator's cancel revoked: not renewed,
+	// and not lost either (no takeover, no expiry: nothing to alert on).
+	RenewalRevoked = "revoked"
 )
 
 // RenewerConfig configures a Renewer.
@@ -48,8 +51,9 @@ type RenewerConfig struct {
 	// compared with a database timestamp.
 	Clock func() time.Time
 	// Observe, if set, is told how many terms each renewal attempt
-	// renewed, lost or failed to renew (RenewalRenewed, RenewalLost,
-	// RenewalError).
+	// renewed, lost, failed to renew, found locked or found revoked by a
+	// cancel (RenewalRenewed, RenewalLost, RenewalError, RenewalBusy,
+	// RenewalRevoked).
 	Observe func(outcome string, terms int)
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -297,8 +301,14 @@ func (h *Holding) Verify(ctx context.Context) error {
 		h.fence(fmt.Errorf("%w: term %d of batch %d has %s left, within its safety margin of %s", ErrLost, l.Generation, l.BatchID, checked.Remaining(), cfg.SafetyMargin))
 		return batch.ErrStaleLease
 	case !ok:
-		h.r.observe(RenewalLost, 1)
-		h.fence(fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID))
+		cause := fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID)
+		if ended, err := h.r.store.EndedWithoutLoss(context.WithoutCancel(rctx), []Lease{l}); err == nil && ended[l.BatchID] == EndedByCancel {
+			h.r.observe(RenewalRevoked, 1)
+			cause = fmt.Errorf("%w: term %d of batch %d was revoked by an operator's cancel", ErrLost, l.Generation, l.BatchID)
+		} else {
+			h.r.observe(RenewalLost, 1)
+		}
+		h.fence(cause)
 		return batch.ErrStaleLease
 	}
 	if !fresh {
@@ -533,15 +543,23 @@ func (r *Renewer) renew(ctx context.Context, holdings []*Holding) ([]*Holding, e
 	for k, i := range gone {
 		goneLeases[k] = res[i].Lease
 	}
-	ended, err := r.store.EndedByTerminalWrite(rctx, goneLeases)
+	ended, err := r.store.EndedWithoutLoss(rctx, goneLeases)
 	if err != nil {
 		ended = nil // unknown: treat every one as lost
 	}
-	lost := 0
+	lost, revoked := 0, 0
 	for _, i := range gone {
 		h, l := sortedHoldings[i], res[i].Lease
-		if ended[l.BatchID] {
+		switch ended[l.BatchID] {
+		case EndedByHolder:
 			h.fence(fmt.Errorf("term %d of batch %d ended with the batch's terminal write", l.Generation, l.BatchID))
+			continue
+		case EndedByCancel:
+			if !h.fence(fmt.Errorf("%w: term %d of batch %d was revoked by an operator's cancel", ErrLost, l.Generation, l.BatchID)) {
+				continue // closed by its delivery meanwhile
+			}
+			revoked++
+			r.cfg.Logger.Warn("lease revoked: the batch was cancelled by an operator; stopping work on the batch", "batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation)
 			continue
 		}
 		if !h.fence(fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID)) {
@@ -550,6 +568,7 @@ func (r *Renewer) renew(ctx context.Context, holdings []*Holding) ([]*Holding, e
 		lost++
 		r.cfg.Logger.Error("lease lost: stopping work on the batch", "batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation)
 	}
+	r.observe(RenewalRevoked, revoked)
 	r.observe(RenewalLost, lost)
 	return busy, nil
 }

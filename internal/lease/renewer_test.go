@@ -1,6 +1,7 @@
 package lease_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -225,14 +226,22 @@ func TestRenewerFencesATermWhoseRenewalsFail(t *testing.T) {
 // renewal round finds the term gone. That term ended; it was not lost: no
 // "lost" is counted (the renewals-failing alert reads that counter) and the
 // work's context does not carry ErrLost. A term an operator's cancel
-// revoked still counts as lost.
+// revoked is fenced (its context carries ErrLost) but is not lost either:
+// it is counted "revoked" and logged as a warning, not an error, whether a
+// renewal round or a lease check (Verify) finds it. Before, a cancel that
+// a renewal round saw before its delivery did was logged "lease lost" at
+// ERROR and counted lost.
 func TestRenewerDoesNotReportATermEndedByItsOwnTerminalWriteAsLost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
 	store := lease.NewStore(pool)
-	var obs observed
-	r, err := lease.NewRenewer(store, lease.RenewerConfig{TTL: time.Hour, Every: 50 * time.Minute, Observe: obs.observe})
+	var (
+		obs  observed
+		logs syncBuffer
+	)
+	r, err := lease.NewRenewer(store, lease.RenewerConfig{TTL: time.Hour, Every: 50 * time.Minute, Observe: obs.observe,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	require.NoError(t, err)
 
 	done := reserve(t, pool, "tenant-a", "s3://bucket/ended")
@@ -244,21 +253,41 @@ func TestRenewerDoesNotReportATermEndedByItsOwnTerminalWriteAsLost(t *testing.T)
 	_, err = batch.NewStore(pool).MarkSucceeded(ctx, finished.Lease().Fence(), d)
 	require.NoError(t, err)
 
-	cancelled := reserve(t, pool, "tenant-a", "s3://bucket/revoked")
-	_, revoked, err := r.Acquire(ctx, cancelled.ID, "delivery-revoked")
-	require.NoError(t, err)
-	res, err := batch.NewStore(pool).Cancel(ctx, batch.CancelRequest{BatchID: cancelled.ID, TenantID: "tenant-a", By: "ops"})
-	require.NoError(t, err)
-	require.Equal(t, batch.Cancelled, res.Outcome)
+	cancel := func(folder, delivery string) *lease.Holding {
+		b := reserve(t, pool, "tenant-a", folder)
+		_, h, err := r.Acquire(ctx, b.ID, delivery)
+		require.NoError(t, err)
+		res, err := batch.NewStore(pool).Cancel(ctx, batch.CancelRequest{BatchID: b.ID, TenantID: "tenant-a", By: "ops"})
+		require.NoError(t, err)
+		require.Equal(t, batch.Cancelled, res.Outcome)
+		return h
+	}
+	revoked := cancel("s3://bucket/revoked", "delivery-revoked")
 
 	require.NoError(t, r.RenewAll(ctx))
 	lost, _ := obs.get(lease.RenewalLost)
-	require.Equal(t, 1, lost, "only the revoked term is lost")
-	require.ErrorIs(t, context.Cause(revoked.Context()), lease.ErrLost)
+	require.Zero(t, lost, "neither the finished term nor the cancelled one is lost")
+	n, _ := obs.get(lease.RenewalRevoked)
+	require.Equal(t, 1, n, "the cancelled term is counted revoked")
+	require.ErrorIs(t, context.Cause(revoked.Context()), lease.ErrLost, "the cancelled term's work is fenced")
 	require.Error(t, context.Cause(finished.Context()), "the finished term is no longer renewed")
 	require.NotErrorIs(t, context.Cause(finished.Context()), lease.ErrLost)
 	finished.Close()
 	revoked.Close()
+
+	// A lease check finds the next cancel first.
+	checked := cancel("s3://bucket/revoked-at-a-check", "delivery-checked")
+	require.ErrorIs(t, checked.Verify(ctx), batch.ErrStaleLease)
+	require.ErrorIs(t, context.Cause(checked.Context()), lease.ErrLost)
+	checked.Close()
+	n, _ = obs.get(lease.RenewalRevoked)
+	require.Equal(t, 2, n, "the term a check found cancelled is counted revoked")
+	lost, _ = obs.get(lease.RenewalLost)
+	require.Zero(t, lost)
+
+	out := logs.String()
+	require.Contains(t, out, `"level":"WARN","msg":"lease revoked: the batch was cancelled by an operator; stopping work on the batch"`)
+	require.NotContains(t, out, `"level":"ERROR"`, "a cancel is an operator's decision, not an error")
 }
 
 // TestALockedRowDelaysOnlyItsOwnTerm: a process holds four terms; another
@@ -443,4 +472,22 @@ func TestRenewerDoesNotFenceATermBeforeItsTransactionCommits(t *testing.T) {
 	acquired := h.Lease().ExpiresAt
 	require.Eventually(t, func() bool { return h.Lease().ExpiresAt.After(acquired) }, 10*time.Second, every/5, "renewed once committed")
 	require.NoError(t, h.Context().Err())
+}
+
+// syncBuffer is a bytes.Buffer a logger may write to while a test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -26,7 +26,7 @@ var (
 	// ResumeOutcomes are how the resumed batches a worker finished ended.
 	ResumeOutcomes      = []string{"succeeded", "failed"}
 	AcquireOutcomes     = []string{"acquired", "taken_over", "contended", "terminal", "not_found"}
-	RenewalOutcomes     = []string{"renewed", "lost", "error", "busy"}
+	RenewalOutcomes     = []string{"renewed", "lost", "error", "busy", "revoked"}
 	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "snoozed_tenant_cap", "failed", "retry", "lease_lost", "cancelled", "parked"}
 	BatchOutcomes       = []string{"succeeded", "failed"}
 	Phases              = []string{"load", "publish"}
@@ -195,7 +195,7 @@ func build() (*Metrics, []prometheus.Collector) {
 		Name: "ingest_lease_acquisitions_total", Help: "Execution lease acquisition attempts by outcome (acquired, taken_over, contended, terminal, not_found).",
 	}, []string{"outcome"})
 	m.LeaseRenewals = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_lease_renewals_total", Help: "Execution lease heartbeat renewals by outcome (renewed, lost, error, busy: the batch row was locked by another transaction, so the term was neither renewed nor lost).",
+		Name: "ingest_lease_renewals_total", Help: "Execution lease heartbeat renewals by outcome (renewed, lost, error, busy: the batch row was locked by another transaction, so the term was neither renewed nor lost; revoked: an operator cancelled the batch).",
 	}, []string{"outcome"})
 	m.LeasesHeld = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ingest_leases_held", Help: "Execution leases this process holds now.",
