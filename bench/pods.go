@@ -54,8 +54,8 @@ func benchPods(e *env) error {
 
 func oneLineErr(err error) string {
 	s := strings.Join(strings.Fields(err.Error()), " ")
-	if len(s) > 1500 {
-		s = s[:1500] + "…"
+	if len(s) > 5000 {
+		s = s[:5000] + "…"
 	}
 	return s
 }
@@ -275,7 +275,8 @@ func benchPodsRun(e *env, podCount int) error {
 			}
 			close(sampling)
 			<-sampled
-			return fmt.Errorf("%d of %d batches succeeded in 3 minutes with %d pods: %s; PgBouncer's log (last 1.5 KiB): %s", done, podBatches, podCount, podsDiagnosis(e, pool, logs.Name()), tailString(bouncer.Logs(), 1536))
+			return fmt.Errorf("%d of %d batches succeeded in 3 minutes with %d pods: %s; PgBouncer's log (last 1 KiB): %s; the warehouse PgBouncer's log (last 1 KiB): %s",
+				done, podBatches, podCount, podsDiagnosis(e, pool, whPool, logs.Name()), tailString(bouncer.Logs(), 1024), tailString(whBouncer.Logs(), 1024))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -344,23 +345,32 @@ func scrapePods[P any](client *http.Client, pods []P, addr func(P) string) map[s
 func tailString(s string, n int) string { return s[max(len(s)-n, 0):] }
 
 // podsDiagnosis says where a stalled pods run stands: jobs and batches by
-// state, the server's sessions by state and wait, the pods' last log lines.
-func podsDiagnosis(e *env, pool *pgxpool.Pool, logFile string) string {
+// state, the operational and the warehouse server's sessions by state and
+// wait, the pods' last log lines.
+func podsDiagnosis(e *env, pool, whPool *pgxpool.Pool, logFile string) string {
 	var b strings.Builder
-	for _, q := range []string{
-		`SELECT string_agg(state::text || '=' || n, ' ') FROM (SELECT state, count(*) n FROM river_job GROUP BY state) x`,
-		`SELECT string_agg(status || '=' || n, ' ') FROM (SELECT status, count(*) n FROM ingestion_batches GROUP BY status) x`,
-		`SELECT string_agg(k || '=' || n, '; ') FROM (SELECT COALESCE(state, '-') || '/' || COALESCE(wait_event, '-') || '/' || left(regexp_replace(query, '\s+', ' ', 'g'), 60) k, count(*) n
-		   FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1 ORDER BY 2 DESC LIMIT 8) x`,
+	sessions := `SELECT string_agg(k || '=' || n, '; ') FROM (SELECT COALESCE(state, '-') || '/' || COALESCE(wait_event, '-') || '/' || left(regexp_replace(query, '\s+', ' ', 'g'), 60) k, count(*) n
+		   FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1 ORDER BY 2 DESC LIMIT 8) x`
+	for _, q := range []struct {
+		pool *pgxpool.Pool
+		sql  string
+	}{
+		{pool, `SELECT string_agg(state::text || '=' || n, ' ') FROM (SELECT state, count(*) n FROM river_job GROUP BY state) x`},
+		{pool, `SELECT string_agg(status || '=' || n, ' ') FROM (SELECT status, count(*) n FROM ingestion_batches GROUP BY status) x`},
+		{pool, sessions},
+		{whPool, sessions},
 	} {
+		if q.pool == whPool {
+			b.WriteString("warehouse: ")
+		}
 		var out *string
-		if err := pool.QueryRow(e.ctx, q).Scan(&out); err != nil {
+		if err := q.pool.QueryRow(e.ctx, q.sql).Scan(&out); err != nil {
 			fmt.Fprintf(&b, "[%v] ", err)
 		} else if out != nil {
 			fmt.Fprintf(&b, "[%s] ", *out)
 		}
 	}
 	tail, _ := os.ReadFile(logFile)
-	fmt.Fprintf(&b, "pods' log (last 1.5 KiB): %s", tail[max(len(tail)-1536, 0):])
+	fmt.Fprintf(&b, "pods' log (last 1 KiB): %s", tail[max(len(tail)-1024, 0):])
 	return b.String()
 }
