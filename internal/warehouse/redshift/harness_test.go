@@ -178,7 +178,7 @@ func (e *env) harness() warehousetest.Harness {
 			require.Error(t, <-errc, "a client that died does not learn its outcome")
 			return func() {
 				in.Release()
-				<-in.Done()
+				waitEnded(t, in)
 			}
 		},
 		OrphanCommits: true,

@@ -280,7 +280,7 @@ func TestEveryFailedStatementLeavesNothing(t *testing.T) {
 			require.ErrorAs(t, err, &se, "%s statement %d", tx.match, n)
 			require.Contains(t, se.Message, fmt.Sprintf("injected at %d", n))
 			require.False(t, pipeline.IsTransient(err), "%s statement %d: %v", tx.match, n, err)
-			<-in.Done()
+			waitEnded(t, in)
 			st := mustStamp(t, e.wh, base)
 			require.Equal(t, int64(1), st.BatchID, "%s statement %d: the old stamp stays", tx.match, n)
 			var total int64
@@ -345,7 +345,7 @@ func TestCommitSeenOnlyByTheStamp(t *testing.T) {
 	in.Reveal()
 }
 
-// waitEnded waits for a held fault's transaction to end after its Release,
+// waitEnded waits for an injected fault's transaction to end (a held one after its Release),
 // failing after 30 s rather than hanging the package: under a deadline of
 // 200 ms a loaded machine once gave up on the load before the double had
 // applied the fault, and the test waited until go test's 30 min timeout.
@@ -354,7 +354,7 @@ func waitEnded(t *testing.T, in *redshifttest.Injection) {
 	select {
 	case <-in.Done():
 	case <-time.After(30 * time.Second):
-		t.Fatal("the held transaction did not end within 30 s of its release")
+		t.Fatal("the injected transaction did not end within 30 s")
 	}
 }
 
