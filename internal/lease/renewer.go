@@ -301,14 +301,17 @@ func (h *Holding) Verify(ctx context.Context) error {
 		h.fence(fmt.Errorf("%w: term %d of batch %d has %s left, within its safety margin of %s", ErrLost, l.Generation, l.BatchID, checked.Remaining(), cfg.SafetyMargin))
 		return batch.ErrStaleLease
 	case !ok:
-		cause := fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID)
-		if ended, err := h.r.store.EndedWithoutLoss(context.WithoutCancel(rctx), []Lease{l}); err == nil && ended[l.BatchID] == EndedByCancel {
+		// rctx may be spent by now: the look-up gets a renewal period.
+		ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Every)
+		ended, err := h.r.store.EndedWithoutLoss(ectx, []Lease{l})
+		ecancel()
+		if err == nil && ended[l.BatchID] == EndedByCancel {
 			h.r.observe(RenewalRevoked, 1)
-			cause = fmt.Errorf("%w: term %d of batch %d was revoked by an operator's cancel", ErrLost, l.Generation, l.BatchID)
+			h.fence(revokedCause(l))
 		} else {
 			h.r.observe(RenewalLost, 1)
+			h.fence(goneCause(l))
 		}
-		h.fence(cause)
 		return batch.ErrStaleLease
 	}
 	if !fresh {
@@ -555,14 +558,14 @@ func (r *Renewer) renew(ctx context.Context, holdings []*Holding) ([]*Holding, e
 			h.fence(fmt.Errorf("term %d of batch %d ended with the batch's terminal write", l.Generation, l.BatchID))
 			continue
 		case EndedByCancel:
-			if !h.fence(fmt.Errorf("%w: term %d of batch %d was revoked by an operator's cancel", ErrLost, l.Generation, l.BatchID)) {
+			if !h.fence(revokedCause(l)) {
 				continue // closed by its delivery meanwhile
 			}
 			revoked++
 			r.cfg.Logger.Warn("lease revoked: the batch was cancelled by an operator; stopping work on the batch", "batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation)
 			continue
 		}
-		if !h.fence(fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID)) {
+		if !h.fence(goneCause(l)) {
 			continue // closed by its delivery meanwhile
 		}
 		lost++
@@ -571,6 +574,16 @@ func (r *Renewer) renew(ctx context.Context, holdings []*Holding) ([]*Holding, e
 	r.observe(RenewalRevoked, revoked)
 	r.observe(RenewalLost, lost)
 	return busy, nil
+}
+
+// goneCause is the fence cause of a term the database no longer holds.
+func goneCause(l Lease) error {
+	return fmt.Errorf("%w: the database no longer holds term %d of batch %d for %s", ErrLost, l.Generation, l.BatchID, l.HolderID)
+}
+
+// revokedCause is the fence cause of a term an operator's cancel revoked.
+func revokedCause(l Lease) error {
+	return fmt.Errorf("%w: term %d of batch %d was revoked by an operator's cancel", ErrLost, l.Generation, l.BatchID)
 }
 
 // renewLocked retries, each alone and at once, the terms (indexes of

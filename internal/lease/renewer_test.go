@@ -1,7 +1,6 @@
 package lease_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testproc"
 )
 
 // observed counts what a Renewer reports.
@@ -238,7 +238,7 @@ func TestRenewerDoesNotReportATermEndedByItsOwnTerminalWriteAsLost(t *testing.T)
 	store := lease.NewStore(pool)
 	var (
 		obs  observed
-		logs syncBuffer
+		logs testproc.SyncBuffer
 	)
 	r, err := lease.NewRenewer(store, lease.RenewerConfig{TTL: time.Hour, Every: 50 * time.Minute, Observe: obs.observe,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
@@ -472,22 +472,4 @@ func TestRenewerDoesNotFenceATermBeforeItsTransactionCommits(t *testing.T) {
 	acquired := h.Lease().ExpiresAt
 	require.Eventually(t, func() bool { return h.Lease().ExpiresAt.After(acquired) }, 10*time.Second, every/5, "renewed once committed")
 	require.NoError(t, h.Context().Err())
-}
-
-// syncBuffer is a bytes.Buffer a logger may write to while a test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
