@@ -174,3 +174,63 @@ func TestTenantCapHoldsAcrossConcurrentAcquisitions(t *testing.T) {
 		SELECT count(*) FROM ingestion_batches WHERE tenant_id = 'tenant-a' AND execution_lease_id IS NOT NULL`).Scan(&leased))
 	require.Equal(t, 2, leased)
 }
+
+// TestCappedAcquisitionStampsItsTermAfterTheTenantsLock is the audit's
+// repro of a capped acquisition whose lease expired before its holder
+// thought: the acquisition waits on the tenant's lock inside its
+// transaction, and the term used to be stamped from the transaction's
+// start (now()) while the holder's local deadline ran from after the
+// wait. Here the wait (3 s) is longer than the safety margin (1 s of a
+// 10 s term), so the old stamp put the local deadline about 2 s after the
+// database's expiry. The holder's local deadline must never be later than
+// the database's expiry (both read on this machine's clock).
+func TestCappedAcquisitionStampsItsTermAfterTheTenantsLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := cappedFixture(t, 1)
+	id := f.importBatch(t, "acme")
+
+	// Another acquisition of the tenant holds its lock (an injected hold).
+	holder, err := f.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) //nolint:errcheck
+	_, err = holder.Exec(ctx, fairnessLockSQL, id)
+	require.NoError(t, err)
+
+	type acquired struct {
+		a    lease.Acquisition
+		held *lease.Holding
+		err  error
+	}
+	done := make(chan acquired, 1)
+	go func() {
+		a, held, _, err := f.worker.acquireFair(ctx, id, "capped-holder")
+		done <- acquired{a, held, err}
+	}()
+	waitForLockWaiters(t, f.pool, "advisory", 1)
+	const wait = 3 * time.Second
+	time.Sleep(wait) // the hold: longer than the margin
+	require.NoError(t, holder.Commit(ctx))
+
+	var got acquired
+	select {
+	case got = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the capped acquisition did not return after the tenant's lock was released")
+	}
+	require.NoError(t, got.err)
+	require.Equal(t, lease.Acquired, got.a.Outcome)
+	require.NotNil(t, got.held)
+	defer got.held.Close()
+	deadline := got.held.Deadline()
+
+	var expires time.Time
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT execution_lease_expires_at FROM ingestion_batches WHERE id = $1`, id).Scan(&expires))
+	require.False(t, deadline.After(got.a.Lease.ExpiresAt),
+		"the holder's local deadline %s is later than the expiry the acquisition stamped %s (by %s)",
+		deadline.Format(time.RFC3339Nano), got.a.Lease.ExpiresAt.Format(time.RFC3339Nano), deadline.Sub(got.a.Lease.ExpiresAt))
+	require.False(t, deadline.After(expires), "the holder's local deadline is later than the database's expiry")
+	// The term runs from after the wait: a full term is left, not one
+	// shortened by the wait.
+	require.Greater(t, got.a.Lease.ExpiresAt.Sub(got.a.Now), 10*time.Second-time.Millisecond)
+}

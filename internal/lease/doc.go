@@ -4,7 +4,9 @@
 //
 // A lease is three columns of ingestion_batches: execution_lease_id (the
 // holder, unique per delivery), execution_lease_expires_at (always computed
-// from the database clock, now() + ttl, never from the caller's clock) and
+// from the database clock — now() + ttl for a renewal, clock_timestamp() +
+// ttl for an acquisition, which may have waited inside its transaction —
+// never from the caller's clock) and
 // execution_lease_generation (a fencing token that increases on every
 // acquisition and never decreases).
 //

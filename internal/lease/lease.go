@@ -125,6 +125,16 @@ var ErrInvalidTTL = errors.New("lease ttl must be positive")
 // READ COMMITTED a concurrent acquirer blocks on the row and then re-checks
 // them against the winner's committed version, so exactly one wins.
 //
+// The clock is read when the row is updated (clock_timestamp(), once per
+// row through the sub-select), not at the start of the transaction
+// (now()): an acquisition may wait inside its transaction first — on the
+// tenant's lock of a capped acquisition (package jobs), on the row lock of
+// a concurrent acquirer — and a term stamped from before that wait would
+// expire before its holder's local deadline, which runs from after it.
+// The returned time is that same reading, so the time left the holder
+// computes (expiry − now) is exactly the ttl, counted from a moment after
+// its request was sent.
+//
 // The term trail (execution_lease_terms) gets the new term appended, after
 // closing the term it takes over with that term's final expiry; it is
 // bounded to batch.AuditLimit terms. The details document is never touched.
@@ -133,22 +143,23 @@ var ErrInvalidTTL = errors.New("lease ttl must be positive")
 // expiry); released, the lease was free.
 var acquireSQL = `
 	UPDATE ingestion_batches b
-	SET execution_lease_id = $2::text,
-	    execution_lease_expires_at = now() + $3 * interval '1 microsecond',
-	    execution_lease_generation = b.execution_lease_generation + 1,
-	    execution_lease_renewed_at = now(),
-	    execution_lease_terms = jsonb_path_query_array(
-	        CASE WHEN b.execution_lease_id IS NULL THEN b.execution_lease_terms
-	             ELSE ` + batch.LeaseTermsClosed("b", false) + ` END
-	        || jsonb_build_array(jsonb_build_object(
-	            'leaseId', $2::text, 'generation', b.execution_lease_generation + 1,
-	            'at', now(), 'expiresAt', now() + $3 * interval '1 microsecond', 'closed', false)),
-	        '$[last - ` + strconv.Itoa(batch.AuditLimit-1) + ` to last]'),
-	    updated_at = now()
+	SET (execution_lease_id, execution_lease_expires_at, execution_lease_generation,
+	     execution_lease_renewed_at, execution_lease_terms, updated_at) = (
+	    SELECT $2::text, c.at + $3 * interval '1 microsecond', b.execution_lease_generation + 1,
+	           c.at,
+	           jsonb_path_query_array(
+	               CASE WHEN b.execution_lease_id IS NULL THEN b.execution_lease_terms
+	                    ELSE ` + batch.LeaseTermsClosed("b", false) + ` END
+	               || jsonb_build_array(jsonb_build_object(
+	                   'leaseId', $2::text, 'generation', b.execution_lease_generation + 1,
+	                   'at', c.at, 'expiresAt', c.at + $3 * interval '1 microsecond', 'closed', false)),
+	               '$[last - ` + strconv.Itoa(batch.AuditLimit-1) + ` to last]'),
+	           c.at
+	    FROM (SELECT clock_timestamp() AS at) c)
 	WHERE b.id = $1
 	  AND b.status = 'Running'
-	  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= now())
-	RETURNING b.execution_lease_generation, b.execution_lease_expires_at, b.execution_lease_terms->-2, now()`
+	  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= clock_timestamp())
+	RETURNING b.execution_lease_generation, b.execution_lease_expires_at, b.execution_lease_terms->-2, b.execution_lease_renewed_at`
 
 // maxAcquireAttempts bounds retries when the lease is released between the
 // acquisition attempt and the look-up that explains its failure.
@@ -190,7 +201,7 @@ func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl
 			now    time.Time
 		)
 		err = s.db.QueryRow(ctx, `
-			SELECT status, execution_lease_id, execution_lease_expires_at, now()
+			SELECT status, execution_lease_id, execution_lease_expires_at, clock_timestamp()
 			FROM ingestion_batches WHERE id = $1`, batchID).Scan(&status, &prevHolder, &prevExp, &now)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
