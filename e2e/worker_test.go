@@ -211,8 +211,12 @@ func TestPausedWorkerWritesNothingAfterTakeover(t *testing.T) {
 
 // TestSIGTERMLeavesBatchResumable stops a worker mid-load: it exits 0 after
 // its grace period, releases the lease, and another worker finishes the batch.
+// The load given up is no failure: its job is snoozed, which gives River's
+// attempt back, so a delivery interrupted on its last attempt is delivered
+// again (before, it was discarded and the batch waited for the sweeper).
 func TestSIGTERMLeavesBatchResumable(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
 	w := startWorker(t, dbURL, append([]string{"--shutdown-grace", "1s"}, fastLease...)...)
@@ -220,6 +224,9 @@ func TestSIGTERMLeavesBatchResumable(t *testing.T) {
 	folderURL := writeFolder(t, sample)
 	id := enqueueBatch(t, dbURL, "tenant-a", folderURL)
 	waitLoadBlocked(t, pool, id, w.name+"/")
+	// This delivery is the job's last attempt.
+	_, err := pool.Exec(ctx, `UPDATE river_job SET max_attempts = attempt WHERE (args->>'batch_id')::bigint = $1`, id)
+	require.NoError(t, err)
 
 	w.signal(syscall.SIGTERM)
 	require.Equal(t, 0, w.wait(20*time.Second), "a clean exit")
@@ -228,6 +235,15 @@ func TestSIGTERMLeavesBatchResumable(t *testing.T) {
 	require.Nil(t, b.LeaseID, "lease released on shutdown")
 	require.Equal(t, batch.PhaseLoading, d.Phase)
 	require.Contains(t, w.logs.String(), "draining: giving the load up", "a blocked load shows no progress: given up when the grace ends")
+	require.Contains(t, w.logs.String(), "the attempt is given back")
+	var (
+		state             string
+		attempt, maxTries int
+	)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state, attempt, max_attempts FROM river_job WHERE (args->>'batch_id')::bigint = $1`, id).
+		Scan(&state, &attempt, &maxTries))
+	require.Contains(t, []string{"scheduled", "available"}, state, "the interrupted job waits for the next worker, not discarded")
+	require.Less(t, attempt, maxTries, "the interrupted delivery used up no attempt")
 
 	release()
 	startWorker(t, dbURL, fastLease...)

@@ -105,6 +105,8 @@ func exitCode(outcome string) int {
 		return cli.ExitConflict
 	case jobs.OutcomeEnqueueFailed:
 		return cli.ExitEnqueueFail
+	case jobs.OutcomeResumable:
+		return cli.ExitResumable
 	default:
 		return cli.ExitNotResumable
 	}
@@ -224,19 +226,22 @@ func (i *importCmd) runFromFile(c *enqueueCLI, e *cli.Env) error {
 }
 
 // exitSeverity orders the exit codes of import outcomes, so a file of
-// imports exits with its worst: enqueue failed, invalid input, conflict.
+// imports exits with its worst: enqueue failed, invalid input, resumable,
+// conflict.
 func exitSeverity(code int) int {
 	switch code {
 	case cli.ExitOK:
 		return 0
 	case cli.ExitConflict:
 		return 1
-	case cli.ExitInvalidInput:
+	case cli.ExitResumable:
 		return 2
-	case cli.ExitEnqueueFail:
+	case cli.ExitInvalidInput:
 		return 3
+	case cli.ExitEnqueueFail:
+		return 4
 	}
-	return 4
+	return 5
 }
 
 // report returns a function that prints an outcome as the command's one

@@ -28,6 +28,12 @@ type Reservation struct {
 	// SkipIfSucceeded makes Reserve answer AlreadySucceeded, reserving
 	// nothing, when the newest batch of the tenant and scope succeeded.
 	SkipIfSucceeded bool
+	// SkipIfResumable, when positive, makes ReserveMany answer Resumable,
+	// reserving nothing, when the newest batch of the tenant and scope is
+	// a failed publication committed less than this long ago that can
+	// still be resumed (ResumablePublicationSQL): its load is committed,
+	// so the folder is resumed, never loaded a second time.
+	SkipIfResumable time.Duration
 }
 
 // Validate checks every field before anything touches the database. It
@@ -64,6 +70,10 @@ const (
 	// AlreadySucceeded means SkipIfSucceeded was set and the newest batch of
 	// the scope succeeded; nothing was reserved.
 	AlreadySucceeded
+	// Resumable means SkipIfResumable was set and the newest batch of the
+	// scope is a failed publication that can be resumed; nothing was
+	// reserved.
+	Resumable
 )
 
 func (o ReserveOutcome) String() string {
@@ -74,6 +84,8 @@ func (o ReserveOutcome) String() string {
 		return "conflict"
 	case AlreadySucceeded:
 		return "already_succeeded"
+	case Resumable:
+		return "resumable"
 	}
 	return "unknown"
 }

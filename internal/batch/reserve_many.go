@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -12,7 +13,8 @@ type ReserveManyResult struct {
 	Outcome ReserveOutcome
 	// BatchID is the new Running batch (Reserved), the Running batch that
 	// holds the scope (Conflict), or the newest batch of the scope, which
-	// succeeded (AlreadySucceeded).
+	// succeeded (AlreadySucceeded) or is a resumable failed publication
+	// (Resumable).
 	BatchID int64
 	// DuplicateOf is, for a reservation whose scope an earlier one of the
 	// same call named, the index of that earlier one, whose outcome this
@@ -25,28 +27,54 @@ type ReserveManyResult struct {
 	latestSucceeded bool
 }
 
+// ResumablePublicationSQL is the SQL condition, on the batch row named b,
+// that the batch is a failed publication an operator can still resume:
+// Failed in phase failed_publication (details of this build's version),
+// its warehouse commit done and its publication not, not cancelled, and
+// committed less than window ago by the database clock (window: an SQL
+// expression of type interval). It is the rule of Store.Resume that the
+// operational row alone can decide; Resume proves the warehouse slice
+// besides. A folder whose newest batch meets it is not loaded again by
+// an import (Reservation.SkipIfResumable): the data is committed, and
+// resuming publishes it.
+func ResumablePublicationSQL(b, window string) string {
+	return `(` + b + `.status = 'Failed' AND ` + b + `.cancelled_at IS NULL
+	    AND ` + b + `.details->>'version' = '` + strconv.Itoa(DetailsVersion) + `'
+	    AND ` + b + `.details->>'phase' = '` + string(PhaseFailedPublication) + `'
+	    AND ` + b + `.details->'redshiftCommitted' = 'true'::jsonb
+	    AND ` + b + `.details->'publication'->'completed' IS DISTINCT FROM 'true'::jsonb
+	    AND jsonb_typeof(` + b + `.details->'committedAt') = 'string'
+	    AND (` + b + `.details->>'committedAt')::timestamptz > now() - (` + window + `))`
+}
+
 // reserveManySQL reserves many scopes in one statement, with Reserve's
 // rules for each: a Running batch is inserted unless the reservation asks
-// to skip a scope whose newest batch succeeded, or one already holds the
-// scope (the unique partial index decides, ON CONFLICT DO NOTHING). Rows
+// to skip a scope whose newest batch succeeded, or to skip one whose newest
+// batch is a resumable failed publication (ResumablePublicationSQL, within
+// the request's window; 0: not skipped), or one already holds the scope
+// (the unique partial index decides, ON CONFLICT DO NOTHING). Rows
 // are inserted in (tenant, scope) order, so concurrent bursts over
 // overlapping scopes wait on each other in one order. It answers one row
 // per input, in input order: the new batch's id when one was inserted; the
 // scope's Running batch, found by the unique partial index (never inferred
 // from the newest batch: an older batch may be the Running one, after a
 // resume, while a newer one failed); and the scope's newest batch and its
-// status, both by the statement's snapshot.
-const reserveManySQL = `
+// status and whether it is a resumable failed publication, all by the
+// statement's snapshot.
+var reserveManySQL = `
 	WITH input AS (
 		SELECT *
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::text[], $9::bool[])
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::text[], $9::bool[], $10::bigint[])
 		     WITH ORDINALITY AS i(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
-		                          pipeline_stage, details, source_scope, skip_if_succeeded, ord)
+		                          pipeline_stage, details, source_scope, skip_if_succeeded, resumable_window_us, ord)
 	), known AS (
-		SELECT i.ord, l.id AS latest_id, l.status AS latest_status, r.id AS running_id
+		SELECT i.ord, l.id AS latest_id, l.status AS latest_status, l.resumable AS latest_resumable, r.id AS running_id
 		FROM input i
 		LEFT JOIN LATERAL (
-			SELECT b.id, b.status FROM ingestion_batches b
+			SELECT b.id, b.status,
+			       i.resumable_window_us > 0
+			       AND ` + ResumablePublicationSQL("b", "i.resumable_window_us * interval '1 microsecond'") + ` AS resumable
+			FROM ingestion_batches b
 			WHERE b.tenant_id = i.tenant_id AND b.source_scope = i.source_scope AND b.source_scope IS NOT NULL
 			-- The order of ix_ingestion_batches_scope: no other index can
 			-- answer without sorting every batch of the tenant, whatever
@@ -73,20 +101,22 @@ const reserveManySQL = `
 		       NULL, i.pipeline_stage, 'Running', i.details || jsonb_build_object('updatedAt', now()), i.source_scope
 		FROM input i JOIN known k ON k.ord = i.ord
 		WHERE NOT (i.skip_if_succeeded AND k.latest_status IS NOT DISTINCT FROM 'Succeeded')
+		  AND NOT coalesce(k.latest_resumable, false)
 		  AND k.running_id IS NULL
 		ORDER BY i.tenant_id, i.source_scope
 		ON CONFLICT (tenant_id, source_scope) WHERE status = 'Running' AND source_scope IS NOT NULL
 		DO NOTHING
 		RETURNING id, tenant_id, source_scope
 	)
-	SELECT i.ord, ins.id, k.running_id, k.latest_id, k.latest_status
+	SELECT i.ord, ins.id, k.running_id, k.latest_id, k.latest_status, coalesce(k.latest_resumable, false)
 	FROM input i
 	JOIN known k ON k.ord = i.ord
 	LEFT JOIN ins ON ins.tenant_id = i.tenant_id AND ins.source_scope = i.source_scope
 	ORDER BY i.ord`
 
 // ReserveMany reserves many scoped batches at once, each with Reserve's rules
-// and outcome (Reserved, Conflict with the Running batch, AlreadySucceeded),
+// and outcome (Reserved, Conflict with the Running batch, AlreadySucceeded,
+// Resumable),
 // answered in order: one statement for the whole burst in the common case.
 // Run it inside the caller's transaction (WithTx) to commit the burst with
 // its jobs. A scope named more than once is sent once: the first request
@@ -168,8 +198,9 @@ func scopeKey(r Reservation) [2]string { return [2]string{r.TenantID, r.SourceSc
 // earlier one reserved holds the scope (Conflict); the batch it met still
 // does (Conflict), unless the newest batch succeeded and the later one
 // does not ask for a re-import (AlreadySucceeded); a succeeded scope stays
-// succeeded for a request that does not ask for a re-import either. A
-// re-import after AlreadySucceeded is not answered here (false).
+// succeeded, and a resumable one resumable, for a request that does not
+// ask for a re-import either. A re-import after AlreadySucceeded or
+// Resumable is not answered here (false).
 func follow(earlier ReserveManyResult, later Reservation) (ReserveManyResult, bool) {
 	r := earlier
 	switch {
@@ -179,6 +210,7 @@ func follow(earlier ReserveManyResult, later Reservation) (ReserveManyResult, bo
 		r.Outcome, r.BatchID = AlreadySucceeded, earlier.latestID
 	case earlier.Outcome == Conflict:
 	case earlier.Outcome == AlreadySucceeded && later.SkipIfSucceeded:
+	case earlier.Outcome == Resumable && later.SkipIfResumable > 0:
 	default:
 		return ReserveManyResult{}, false
 	}
@@ -212,14 +244,16 @@ func (s *Store) reserveRound(ctx context.Context, rs []Reservation, details []st
 		mode, source, stage       = make([]string, n), make([]string, n), make([]string, n)
 		docs, scope               = make([]string, n), make([]string, n)
 		skip                      = make([]bool, n)
+		window                    = make([]int64, n)
 	)
 	for k, i := range idx {
 		r := rs[i]
 		company[k], tenant[k], database[k] = r.CompanyID, r.TenantID, r.TenantDatabase
 		mode[k], source[k], stage[k] = string(r.IngestionMode), string(r.SourceType), r.PipelineStage
 		docs[k], scope[k], skip[k] = details[i], r.SourceScope, r.SkipIfSucceeded
+		window[k] = max(r.SkipIfResumable, 0).Microseconds()
 	}
-	rows, err := s.db.Query(ctx, reserveManySQL, company, tenant, database, mode, source, stage, docs, scope, skip)
+	rows, err := s.db.Query(ctx, reserveManySQL, company, tenant, database, mode, source, stage, docs, scope, skip, window)
 	if err != nil {
 		return nil, fmt.Errorf("reserving %d scopes: %w", n, err)
 	}
@@ -230,8 +264,9 @@ func (s *Store) reserveRound(ctx context.Context, rs []Reservation, details []st
 			ord                           int64
 			reserved, runningID, latestID *int64
 			latestStatus                  *Status
+			latestResumable               bool
 		)
-		if err := rows.Scan(&ord, &reserved, &runningID, &latestID, &latestStatus); err != nil {
+		if err := rows.Scan(&ord, &reserved, &runningID, &latestID, &latestStatus, &latestResumable); err != nil {
 			return nil, fmt.Errorf("reserving %d scopes: %w", n, err)
 		}
 		i := idx[ord-1]
@@ -244,6 +279,10 @@ func (s *Store) reserveRound(ctx context.Context, rs []Reservation, details []st
 			out[i] = ReserveManyResult{Outcome: AlreadySucceeded, BatchID: *latestID, DuplicateOf: -1}
 		case runningID != nil:
 			out[i] = ReserveManyResult{Outcome: Conflict, BatchID: *runningID, DuplicateOf: -1}
+		case latestResumable:
+			// Its load is committed and only its publication failed: the
+			// folder is resumed, not loaded a second time.
+			out[i] = ReserveManyResult{Outcome: Resumable, BatchID: *latestID, DuplicateOf: -1}
 		default:
 			undecided = append(undecided, i)
 		}

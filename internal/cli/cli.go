@@ -32,6 +32,7 @@ const (
 	ExitEnqueueFail  = 4 // the job insert failed; the batch was recorded Failed
 	ExitNotResumable = 5 // refused: not resumable, retryable or cancellable, or batch not found
 	ExitLockTimeout  = 6 // worker migrate gave way to locks held by other sessions on every attempt
+	ExitResumable    = 7 // the folder's newest batch committed its load and failed publication: resume it; nothing was started
 )
 
 // Globals are the flags every command has.

@@ -31,9 +31,16 @@ const (
 	// OutcomeAlreadySucceeded: the folder's latest batch succeeded and the
 	// request did not ask for a re-import; nothing was started.
 	OutcomeAlreadySucceeded = "already_succeeded"
-	OutcomeCancelled        = "cancelled"
-	OutcomeNotCancellable   = "not_cancellable"
-	OutcomeNotRetryable     = "not_retryable"
+	// OutcomeResumable: the folder's newest batch (BatchID) committed its
+	// load to the warehouse and failed in publication, and can still be
+	// resumed; nothing was started. Loading the folder again would replace
+	// a committed slice that only needs publishing: an operator resumes
+	// it (enqueue resume), the rule enqueue retry applies too. A request
+	// asking for a re-import loads it anew.
+	OutcomeResumable      = "resumable"
+	OutcomeCancelled      = "cancelled"
+	OutcomeNotCancellable = "not_cancellable"
+	OutcomeNotRetryable   = "not_retryable"
 	// OutcomeInvalidInput: ImportMany refused this request before writing
 	// anything for it (Field and Error say why).
 	OutcomeInvalidInput = "invalid_input"
@@ -66,7 +73,8 @@ type ImportRequest struct {
 	CompanyID      string `json:"company_id"`
 	Folder         string `json:"folder"`
 	// Reimport starts a new batch even if the folder's latest batch
-	// succeeded. Without it such a request answers already_succeeded.
+	// succeeded, or is a failed publication that could be resumed.
+	// Without it such a request answers already_succeeded (resumable).
 	Reimport bool `json:"reimport,omitempty"`
 
 	// retryOf, if not zero, is the failed batch a retry starts this one
@@ -117,7 +125,9 @@ type Enqueuer struct {
 // Import reserves a batch for (tenant, folder) and inserts its job in the
 // same transaction. Outcomes: enqueued; conflict when a running batch holds
 // the scope; already_succeeded when the folder's latest batch succeeded and
-// req.Reimport is false; enqueue_failed when the job insert failed, in which
+// req.Reimport is false; resumable when the folder's newest batch is a
+// failed publication that can still be resumed (within PublicationWindow)
+// and req.Reimport is false; enqueue_failed when the job insert failed, in which
 // case the batch is recorded Failed with failed_enqueue and the scope is
 // free. Invalid input returns an *InputError and writes nothing; other
 // errors are infrastructure failures and leave nothing behind.
@@ -141,7 +151,7 @@ const MaxBurst = 1000
 // MaxBurst of them: one statement reserves every scope and one InsertManyTx
 // inserts every job, so the burst pays for one commit. Each request keeps
 // its own outcome, in order, as Import would answer it alone: enqueued,
-// conflict, already_succeeded, or invalid_input (with Field and Error;
+// conflict, already_succeeded, resumable, or invalid_input (with Field and Error;
 // nothing is written for it). If the job insert fails, every batch the burst
 // reserved is recorded Failed with failed_enqueue (enqueue_failed, scope
 // free). A folder named twice is reserved once; the second request answers
@@ -184,8 +194,10 @@ func (e *Enqueuer) logResults(reqs []ImportRequest, results []Result) {
 }
 
 // reservation turns an import request into the batch reservation it asks
-// for, or an *InputError.
-func reservation(req ImportRequest) (batch.Reservation, error) {
+// for, or an *InputError. Unless it asks for a re-import, a folder whose
+// newest batch succeeded or is a resumable failed publication (committed
+// less than window ago) is not loaded again.
+func reservation(req ImportRequest, window time.Duration) (batch.Reservation, error) {
 	f, err := folder.Canonicalize(req.Folder)
 	if err != nil {
 		return batch.Reservation{}, inputError(err)
@@ -195,6 +207,9 @@ func reservation(req ImportRequest) (batch.Reservation, error) {
 		SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
 		PipelineStage: batch.PipelineStageFleet, SourceScope: f.Scope(), Details: batch.NewDetails(f.String()),
 		SkipIfSucceeded: !req.Reimport,
+	}
+	if !req.Reimport {
+		r.SkipIfResumable = cmp.Or(window, batch.DefaultPublicationWindow)
 	}
 	r.Details.RetryOf = req.retryOf
 	if err := r.Validate(); err != nil {
@@ -219,7 +234,7 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 		idx []int // rs[k] is reqs[idx[k]]
 	)
 	for i, req := range reqs {
-		r, err := reservation(req)
+		r, err := reservation(req, e.PublicationWindow)
 		var in *InputError
 		if errors.As(err, &in) {
 			results[i] = Result{Outcome: OutcomeInvalidInput, Field: in.Field, Error: in.Reason}
@@ -254,6 +269,9 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 				results[i] = Result{Outcome: OutcomeConflict, RunningBatchID: rr.BatchID, SourceScope: scope}
 			case batch.AlreadySucceeded:
 				results[i] = Result{Outcome: OutcomeAlreadySucceeded, BatchID: rr.BatchID, SourceScope: scope}
+			case batch.Resumable:
+				results[i] = Result{Outcome: OutcomeResumable, BatchID: rr.BatchID, SourceScope: scope,
+					Status: string(batch.StatusFailed), Phase: string(batch.PhaseFailedPublication), Reason: ReasonResumeInstead}
 			case batch.Reserved:
 				results[i] = Result{Outcome: OutcomeEnqueued, BatchID: rr.BatchID, SourceScope: scope}
 				reservedRs, reservedIdx = append(reservedRs, rs[k]), append(reservedIdx, i)
@@ -607,6 +625,8 @@ func (e *Enqueuer) observeReservation(outcome string) {
 		label = "conflict"
 	case OutcomeEnqueueFailed:
 		label = "enqueue_failed"
+	case OutcomeResumable:
+		label = "resumable"
 	default:
 		return
 	}
@@ -623,7 +643,7 @@ func (e *Enqueuer) logger() *slog.Logger {
 // ValidateImport checks an import request without touching the database.
 // It returns an *InputError naming the first field refused.
 func ValidateImport(req ImportRequest) error {
-	_, err := reservation(req)
+	_, err := reservation(req, 0)
 	return err
 }
 

@@ -21,7 +21,7 @@ import (
 func gate(t *testing.T, f *fixture, folder string) (release func()) {
 	t.Helper()
 	ctx := context.Background()
-	r, err := reservation(importReq(folder))
+	r, err := reservation(importReq(folder), 0)
 	require.NoError(t, err)
 	tx, err := f.pool.Begin(ctx)
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
@@ -152,6 +153,99 @@ func TestRetryGoesOnWhenTheNewerFailedPublicationIsNoLongerResumable(t *testing.
 	require.NoError(t, err)
 
 	res, err := f.enqueuer.Retry(ctx, RetryRequest{BatchID: a, TenantID: "tenant-a"})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeEnqueued, res.Outcome, "%+v", res)
+}
+
+// TestImportOfAResumableFolderAnswersItsBatch: the rule of retry holds
+// for every import. Folder F's newest batch B committed its load and
+// failed its publication (resumable): an import of F — alone, in a burst
+// naming it twice, beside another folder — answers resumable naming B and
+// reserves nothing (before, it reserved a second load of the same data,
+// whose commit would have made B unresumable). A re-import asks for a new
+// load and gets one; once B's commit is older than the publication window
+// it is not resumable and an import loads F again.
+func TestImportOfAResumableFolderAnswersItsBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	wh := &failingPublish{Postgres: warehouse.NewPostgres(pool).WithBatchFence()}
+	f := newFixtureOn(t, pool, &fleet.Pipeline{AllowLocalFolders: true, Warehouse: wh, Logger: slog.New(slog.DiscardHandler)})
+	f.enqueuer.PublicationWindow = time.Hour
+	bucket := fmt.Sprintf("jobs-test-resumable-%d", memSeq.Add(1))
+	require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "f/a.csv", []byte("k,v\n1,a\n"), nil))
+	require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "g/a.csv", []byte("k,v\n1,a\n"), nil))
+	req := func(dir string, reimport bool) ImportRequest {
+		return ImportRequest{TenantID: "tenant-a", TenantDatabase: "db", CompanyID: "c", Folder: "mem://" + bucket + "/" + dir, Reimport: reimport}
+	}
+	batches := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingestion_batches WHERE source_scope LIKE '%' || $1 || '/f'`, bucket).Scan(&n))
+		return n
+	}
+
+	wh.fail.Store(true)
+	res, err := f.enqueuer.Import(ctx, req("f", false))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeEnqueued, res.Outcome)
+	b := res.BatchID
+	f.work(t, b)
+	got, err := batch.NewStore(pool).Get(ctx, b)
+	require.NoError(t, err)
+	d, err := batch.ParseDetails(got.Details)
+	require.NoError(t, err)
+	require.Equal(t, batch.PhaseFailedPublication, d.Phase)
+	require.True(t, d.RedshiftCommitted)
+
+	res, err = f.enqueuer.Import(ctx, req("f", false))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeResumable, res.Outcome, "%+v", res)
+	require.Equal(t, b, res.BatchID)
+	require.Equal(t, string(batch.PhaseFailedPublication), res.Phase)
+	require.Zero(t, res.JobID)
+
+	results, err := f.enqueuer.ImportMany(ctx, []ImportRequest{req("f", false), req("g", false), req("f/", false)})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeResumable, results[0].Outcome, "%+v", results[0])
+	require.Equal(t, b, results[0].BatchID)
+	require.Equal(t, OutcomeEnqueued, results[1].Outcome, "another folder of the burst is imported")
+	require.Equal(t, OutcomeResumable, results[2].Outcome, "%+v", results[2])
+	require.Equal(t, b, results[2].BatchID)
+	require.Equal(t, 1, batches(), "nothing new was reserved for the resumable folder")
+	require.Equal(t, 3.0, testutil.ToFloat64(f.metrics.Reservations.WithLabelValues(string(batch.SourceTypeFleetS3), "resumable")),
+		"one counted per request answered resumable")
+
+	// The resumed batch is the folder's load: it publishes.
+	wh.fail.Store(false)
+	resumed, err := f.enqueuer.Resume(ctx, ResumeRequest{BatchID: b, TenantID: "tenant-a"})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeResumed, resumed.Outcome, "%+v", resumed)
+	f.work(t, b)
+	got, err = batch.NewStore(pool).Get(ctx, b)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusSucceeded, got.Status)
+
+	// A failed publication older than the window is not resumable: an
+	// import loads the folder again; a re-import always does.
+	wh.fail.Store(true)
+	res, err = f.enqueuer.Import(ctx, req("f", true))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeEnqueued, res.Outcome)
+	c := res.BatchID
+	f.work(t, c)
+	res, err = f.enqueuer.Import(ctx, req("f", false))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeResumable, res.Outcome, "%+v", res)
+	require.Equal(t, c, res.BatchID)
+	res, err = f.enqueuer.Import(ctx, req("f", true))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeEnqueued, res.Outcome, "a re-import asks for a new load")
+	f.work(t, res.BatchID)
+	_, err = pool.Exec(ctx, `
+		UPDATE ingestion_batches SET details = jsonb_set(details, '{committedAt}', to_jsonb(now() - interval '2 hours'))
+		WHERE id = $1`, res.BatchID)
+	require.NoError(t, err)
+	res, err = f.enqueuer.Import(ctx, req("f", false))
 	require.NoError(t, err)
 	require.Equal(t, OutcomeEnqueued, res.Outcome, "%+v", res)
 }

@@ -367,15 +367,20 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 		log.Warn("job cancelled remotely, lease lost (an operator cancelled the batch, or the sweeper re-delivered it after the lease expired): stopped without further writes", "error", res.Err)
 		return river.JobCancel(fmt.Errorf("cancelled remotely: %w", res.Err))
 	}
+	// A stopping worker's delivery failed nothing: it was stopped. It is
+	// snoozed, which gives River's attempt back, so a batch interrupted on
+	// its last attempt is delivered again at once instead of being
+	// discarded to wait for the sweeper, and restarts never use up the
+	// attempts meant for failures.
 	if errors.Is(context.Cause(ctx), drain.ErrWillNotFinish) {
-		m.Deliveries.WithLabelValues("retry").Inc()
-		log.Info("delivery given up by the draining worker: batch left resumable", "error", res.Err)
-		return fmt.Errorf("interrupted: %w", res.Err)
+		m.Deliveries.WithLabelValues("interrupted").Inc()
+		log.Info("delivery given up by the draining worker: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze", minSnoozeDefault)
+		return river.JobSnooze(minSnoozeDefault)
 	}
 	if ctx.Err() != nil {
-		m.Deliveries.WithLabelValues("retry").Inc()
-		log.Info("delivery interrupted by shutdown: batch left resumable", "error", res.Err)
-		return fmt.Errorf("interrupted: %w", res.Err)
+		m.Deliveries.WithLabelValues("interrupted").Inc()
+		log.Info("delivery interrupted by shutdown: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze", minSnoozeDefault)
+		return river.JobSnooze(minSnoozeDefault)
 	}
 	if job.Attempt >= job.MaxAttempts {
 		return w.giveUp(ctx, job, res, log)

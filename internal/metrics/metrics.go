@@ -22,12 +22,12 @@ import (
 
 // Label values, initialised at start.
 var (
-	ReservationOutcomes = []string{"reserved", "conflict", "enqueue_failed"}
+	ReservationOutcomes = []string{"reserved", "conflict", "enqueue_failed", "resumable"}
 	// ResumeOutcomes are how the resumed batches a worker finished ended.
 	ResumeOutcomes      = []string{"succeeded", "failed"}
 	AcquireOutcomes     = []string{"acquired", "taken_over", "contended", "terminal", "not_found"}
 	RenewalOutcomes     = []string{"renewed", "lost", "error", "busy", "revoked"}
-	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "snoozed_tenant_cap", "failed", "retry", "lease_lost", "cancelled", "parked"}
+	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "snoozed_tenant_cap", "failed", "retry", "lease_lost", "cancelled", "parked", "interrupted"}
 	BatchOutcomes       = []string{"succeeded", "failed"}
 	Phases              = []string{"load", "publish"}
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
@@ -59,7 +59,7 @@ var SQSLeftReasons = []string{"malformed", "unmapped", "bucket_not_allowed", "in
 
 // ReconcileOutcomes label ingest_reconcile_folders_total: what reconcile
 // found for each completed folder.
-var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue"}
+var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "resumable", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue"}
 
 // Metrics are the coordinator's Prometheus metrics.
 type Metrics struct {
@@ -186,7 +186,7 @@ func build() (*Metrics, []prometheus.Collector) {
 	m := &Metrics{Registry: reg}
 
 	m.Reservations = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_reservations_total", Help: "Batch reservations by source type and outcome (reserved, conflict, enqueue_failed).",
+		Name: "ingest_reservations_total", Help: "Batch reservations by source type and outcome (reserved, conflict, enqueue_failed, resumable: the folder's newest batch is a failed publication to resume, nothing reserved).",
 	}, []string{"source_type", "outcome"})
 	m.Resumes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_resumes_total", Help: "Batches an operator resumed (enqueue resume) that this worker finished, by outcome (succeeded: published; failed).",

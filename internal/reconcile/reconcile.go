@@ -11,6 +11,9 @@
 // of every other door. A burst of folders is looked up in the database:
 //
 //	a Running batch            → running (not enqueued)
+//	newest: a failed publication that can still be resumed
+//	                           → resumable, with its id (resume it; a
+//	                             folder committed once is not loaded again)
 //	a Succeeded batch          → already_succeeded
 //	only Failed batches        → failed, reported with the newest one's id
 //	                             and phase; enqueued only with
@@ -50,6 +53,7 @@ const (
 	OutcomeRunning          = "running"
 	OutcomeAlreadySucceeded = "already_succeeded"
 	OutcomeFailed           = "failed"
+	OutcomeResumable        = "resumable"
 	OutcomeConflict         = "conflict"
 	OutcomeUnmapped         = "unmapped"
 	OutcomeInvalidInput     = "invalid_input"
@@ -90,6 +94,10 @@ type Config struct {
 	// the newest before its warehouse commit (failed_pre_commit or
 	// failed_enqueue). Never a failed publication (resume it) or a cancel.
 	RetryFailedPreCommit bool
+	// PublicationWindow is how long after its warehouse commit a failed
+	// publication may still be resumed: a folder whose newest batch is
+	// one is reported resumable. Defaults to batch.DefaultPublicationWindow.
+	PublicationWindow time.Duration
 	// BurstSize is how many folders are looked up and enqueued together
 	// (at most jobs.MaxBurst). Defaults to BurstSizeDefault.
 	BurstSize int
@@ -362,7 +370,7 @@ func (s *scan) flush(ctx context.Context) error {
 			f.Outcome, f.Field, f.Reason = OutcomeInvalidInput, p.Field, p.Reason
 		}
 	}
-	states, err := lookup(ctx, s.cfg.Pool, keys)
+	states, err := lookup(ctx, s.cfg.Pool, keys, cmp.Or(s.cfg.PublicationWindow, batch.DefaultPublicationWindow))
 	if err != nil {
 		return fmt.Errorf("looking up %d folders' batches: %w", len(keys), err)
 	}
@@ -374,6 +382,8 @@ func (s *scan) flush(ctx context.Context) error {
 		switch {
 		case st.running != 0:
 			f.Outcome, f.RunningBatchID = OutcomeRunning, st.running
+		case st.resumable:
+			f.Outcome, f.BatchID, f.Phase = OutcomeResumable, st.failed, st.failedPhase
 		case st.succeeded != 0:
 			f.Outcome, f.BatchID = OutcomeAlreadySucceeded, st.succeeded
 		case st.failed != 0 && !(s.cfg.RetryFailedPreCommit && preCommit(st.failedPhase)):
@@ -401,6 +411,8 @@ func (s *scan) flush(ctx context.Context) error {
 				f.Outcome = OutcomeConflict
 			case jobs.OutcomeAlreadySucceeded:
 				f.Outcome = OutcomeAlreadySucceeded
+			case jobs.OutcomeResumable:
+				f.Outcome, f.Phase = OutcomeResumable, r.Phase
 			case jobs.OutcomeInvalidInput:
 				f.Outcome, f.Field, f.Reason = OutcomeInvalidInput, r.Field, r.Error
 			default:

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fleet/ingest/internal/batch"
 )
 
 // scopeKey names a folder's batches: tenant and source scope.
@@ -17,11 +19,16 @@ type scopeState struct {
 	// failed is the newest Failed batch, failedPhase its phase.
 	failed      int64
 	failedPhase string
+	// resumable: the folder's newest batch is a failed publication that
+	// can still be resumed (batch.ResumablePublicationSQL); it is failed.
+	resumable bool
 }
 
-// lookup reads, for each folder, its Running and Succeeded batches and its
-// newest Failed one, in one statement (index ix_ingestion_batches_scope).
-func lookup(ctx context.Context, pool *pgxpool.Pool, keys []scopeKey) (map[scopeKey]scopeState, error) {
+// lookup reads, for each folder, its Running and Succeeded batches, its
+// newest Failed one, and whether its newest batch is a failed publication
+// committed less than window ago that can still be resumed, in one
+// statement (index ix_ingestion_batches_scope).
+func lookup(ctx context.Context, pool *pgxpool.Pool, keys []scopeKey, window time.Duration) (map[scopeKey]scopeState, error) {
 	out := make(map[scopeKey]scopeState, len(keys))
 	if len(keys) == 0 {
 		return out, nil
@@ -36,10 +43,11 @@ func lookup(ctx context.Context, pool *pgxpool.Pool, keys []scopeKey) (map[scope
 		       coalesce(max(b.id) FILTER (WHERE b.status = 'Running'), 0),
 		       coalesce(max(b.id) FILTER (WHERE b.status = 'Succeeded'), 0),
 		       coalesce((array_agg(b.id ORDER BY b.id DESC) FILTER (WHERE b.status = 'Failed'))[1], 0),
-		       coalesce((array_agg(b.details->>'phase' ORDER BY b.id DESC) FILTER (WHERE b.status = 'Failed'))[1], '')
+		       coalesce((array_agg(b.details->>'phase' ORDER BY b.id DESC) FILTER (WHERE b.status = 'Failed'))[1], ''),
+		       coalesce((array_agg(`+batch.ResumablePublicationSQL("b", "$3 * interval '1 microsecond'")+` ORDER BY b.id DESC))[1], false)
 		FROM unnest($1::text[], $2::text[]) AS r(tenant_id, source_scope)
 		JOIN ingestion_batches b ON b.tenant_id = r.tenant_id AND b.source_scope = r.source_scope
-		GROUP BY r.tenant_id, r.source_scope`, tenants, scopes)
+		GROUP BY r.tenant_id, r.source_scope`, tenants, scopes, window.Microseconds())
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +55,7 @@ func lookup(ctx context.Context, pool *pgxpool.Pool, keys []scopeKey) (map[scope
 	for rows.Next() {
 		var k scopeKey
 		var st scopeState
-		if err := rows.Scan(&k.tenant, &k.scope, &st.running, &st.succeeded, &st.failed, &st.failedPhase); err != nil {
+		if err := rows.Scan(&k.tenant, &k.scope, &st.running, &st.succeeded, &st.failed, &st.failedPhase, &st.resumable); err != nil {
 			return nil, err
 		}
 		out[k] = st

@@ -609,7 +609,7 @@ func (c *Consumer) importBurst(ctx context.Context, r *round) error {
 				continue
 			}
 			switch res := results[k]; res.Outcome {
-			case jobs.OutcomeEnqueued, jobs.OutcomeConflict, jobs.OutcomeAlreadySucceeded:
+			case jobs.OutcomeEnqueued, jobs.OutcomeConflict, jobs.OutcomeAlreadySucceeded, jobs.OutcomeResumable:
 			case jobs.OutcomeInvalidInput:
 				m.leave(LeftInvalidInput, fmt.Sprintf("%s: %s: %s", r.burst[k].Folder, res.Field, res.Error))
 			default:

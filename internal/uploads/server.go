@@ -375,7 +375,7 @@ func statusOf(outcome string) int {
 	switch outcome {
 	case jobs.OutcomeEnqueued:
 		return http.StatusAccepted
-	case jobs.OutcomeConflict:
+	case jobs.OutcomeConflict, jobs.OutcomeResumable:
 		return http.StatusConflict
 	case jobs.OutcomeEnqueueFailed:
 		return http.StatusInternalServerError
