@@ -57,7 +57,9 @@ func runEnqueueEnv(t *testing.T, dbURL string, env []string, args ...string) (st
 func TestPgBouncerWithoutThePoolerSettingFails(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
-	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 1})
+	// Without the documented server reset, which would deallocate the
+	// first process's statements before the second gets the connection.
+	b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 1, NoServerReset: true})
 	bURL := b.URL(t, dbURL)
 
 	failed := 0
@@ -307,4 +309,51 @@ func TestSQSAndReconcileThroughPgBouncer(t *testing.T) {
 
 	consumer.signal(syscall.SIGTERM)
 	require.Equal(t, 0, consumer.wait(15*time.Second))
+}
+
+// TestAForeignSessionSettingDoesNotReachTheNextClient: in transaction
+// mode PgBouncer hands a server connection to the next client as the last
+// one left it. A client of the same login that runs SET statement_timeout
+// = 1 outside a transaction leaves it on the server connection, and the
+// next enqueue import on it failed with 57014 (the red team's repro, shown
+// here with server_reset_query_always = 0). With the documented settings
+// (server_reset_query = DISCARD ALL, server_reset_query_always = 1) the
+// setting is gone before anyone else gets the connection.
+func TestAForeignSessionSettingDoesNotReachTheNextClient(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	for _, c := range []struct {
+		name    string
+		noReset bool
+	}{{"server_reset_query_always=0", true}, {"documented settings", false}} {
+		// One server connection: every client gets the one the foreign
+		// client used.
+		b := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 1, NoServerReset: c.noReset})
+		bURL := b.URL(t, dbURL)
+		cfg, err := pgx.ParseConfig(bURL)
+		require.NoError(t, err)
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+		foreign, err := pgx.ConnectConfig(ctx, cfg)
+		require.NoError(t, err)
+		_, err = foreign.Exec(ctx, `SET statement_timeout = 1`)
+		require.NoError(t, err)
+		require.NoError(t, foreign.Close(ctx))
+
+		probe, err := pgx.ConnectConfig(ctx, cfg)
+		require.NoError(t, err)
+		var timeout string
+		require.NoError(t, probe.QueryRow(ctx, `SHOW statement_timeout`).Scan(&timeout))
+		require.NoError(t, probe.Close(ctx))
+		if c.noReset {
+			// Whether the import then fails depends on how fast its
+			// statements are; the setting it would run under does not.
+			require.Equal(t, "1ms", timeout, "%s: the harness's PgBouncer hands the foreign setting on", c.name)
+			continue
+		}
+		require.Equal(t, "0", timeout, "%s: the foreign SET reached the next client", c.name)
+		out, code := runEnqueueEnv(t, bURL, pooled, importArgs("tenant-a", writeFolder(t, sample))...)
+		require.Equal(t, 0, code, "%s: %s", c.name, out)
+		require.Equal(t, "enqueued", outcome(t, out)["outcome"])
+	}
 }

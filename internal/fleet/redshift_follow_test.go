@@ -58,7 +58,10 @@ func TestALoadPastLoadTimeoutIsNotSettledAsAPreCommitFailure(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	p, double, wh := redshiftPipeline(t, func(c *redshift.Config) { c.LoadTimeout = 300 * time.Millisecond })
+	// The deadline passes while the statement is held, however long it
+	// is; it is long enough for the first, unheld delivery on a loaded
+	// machine.
+	p, double, wh := redshiftPipeline(t, func(c *redshift.Config) { c.LoadTimeout = 3 * time.Second })
 	folderURL := e.folder(sampleFiles)
 	first := e.reserve("tenant-a", folderURL)
 	require.Equal(t, pipeline.Succeeded, e.deliver(first.ID, p).Outcome)
@@ -113,7 +116,9 @@ func TestAPublicationPastQueryTimeoutIsNotSettledAsFailed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	p, double, _ := redshiftPipeline(t, func(c *redshift.Config) { c.QueryTimeout = 300 * time.Millisecond })
+	// As above: the held publication outlasts the deadline, the other
+	// statements of the delivery finish well within it when loaded.
+	p, double, _ := redshiftPipeline(t, func(c *redshift.Config) { c.QueryTimeout = 3 * time.Second })
 	b := e.reserve("tenant-a", e.folder(sampleFiles))
 	in := double.Inject(redshifttest.Fault{Match: "UPDATE curated.fleet_slices SET published_at", Hold: true})
 	res := e.deliver(b.ID, p)

@@ -442,8 +442,11 @@ func TestRenewerDoesNotFenceATermBeforeItsTransactionCommits(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t)
 	var obs observed
-	const every = 50 * time.Millisecond
-	r, err := lease.NewRenewer(lease.NewStore(pool), lease.RenewerConfig{TTL: 10 * time.Second, Every: every, Observe: obs.observe, Logger: slog.New(slog.DiscardHandler)})
+	// The period is also each renewal statement's timeout: at 50 ms a
+	// loaded machine (load average ~15) timed every round out, and no
+	// round counted as renewed within 10 s.
+	const every = time.Second
+	r, err := lease.NewRenewer(lease.NewStore(pool), lease.RenewerConfig{TTL: 20 * time.Second, Every: every, Observe: obs.observe, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 
 	// Another term keeps the renewal rounds running.
@@ -462,7 +465,7 @@ func TestRenewerDoesNotFenceATermBeforeItsTransactionCommits(t *testing.T) {
 	defer h.Close()
 	rounds := func() int { _, calls := obs.get(lease.RenewalRenewed); return calls }
 	before := rounds()
-	require.Eventually(t, func() bool { return rounds() >= before+4 }, 10*time.Second, every/5, "renewal rounds ran while the acquisition was uncommitted")
+	require.Eventually(t, func() bool { return rounds() >= before+3 }, time.Minute, every/5, "renewal rounds ran while the acquisition was uncommitted")
 	require.NoError(t, h.Context().Err(), "fenced before its transaction committed: %v", context.Cause(h.Context()))
 	lost, _ := obs.get(lease.RenewalLost)
 	require.Zero(t, lost)
@@ -470,6 +473,6 @@ func TestRenewerDoesNotFenceATermBeforeItsTransactionCommits(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	h.Committed()
 	acquired := h.Lease().ExpiresAt
-	require.Eventually(t, func() bool { return h.Lease().ExpiresAt.After(acquired) }, 10*time.Second, every/5, "renewed once committed")
+	require.Eventually(t, func() bool { return h.Lease().ExpiresAt.After(acquired) }, time.Minute, every/5, "renewed once committed")
 	require.NoError(t, h.Context().Err())
 }

@@ -50,6 +50,13 @@ type Options struct {
 	PoolSize int
 	// MaxClientConn is max_client_conn. Defaults to 2000.
 	MaxClientConn int
+	// NoServerReset leaves server connections as their last client left
+	// them (server_reset_query_always = 0), as PgBouncer does by default
+	// in transaction mode. Without it a PgBouncer runs the configuration
+	// the README documents: DISCARD ALL whenever a server connection goes
+	// back to the pool, so no client's session state (a SET, a prepared
+	// statement, a temporary table) reaches the next client.
+	NoServerReset bool
 }
 
 // Bouncer is a running PgBouncer.
@@ -236,8 +243,13 @@ func launch(bin string, server *pgconn.Config, opts Options) (*Bouncer, func(), 
 
 // config is the pgbouncer.ini of a PgBouncer on port in front of server:
 // transaction pooling, every database passed through as the server's user
-// (auth_type any: tests connect over loopback without a password).
+// (auth_type any: tests connect over loopback without a password), server
+// connections reset after every transaction unless opts.NoServerReset.
 func config(server *pgconn.Config, port int, opts Options) string {
+	reset := "server_reset_query = DISCARD ALL\nserver_reset_query_always = 1"
+	if opts.NoServerReset {
+		reset = "server_reset_query =\nserver_reset_query_always = 0"
+	}
 	conn := fmt.Sprintf("host=%s port=%d user=%s", server.Host, server.Port, server.User)
 	if server.Password != "" {
 		conn += " password=" + server.Password
@@ -253,12 +265,12 @@ auth_type = any
 pool_mode = transaction
 default_pool_size = %d
 max_client_conn = %d
-server_reset_query =
+%s
 ignore_startup_parameters = extra_float_digits
 server_login_retry = 1
 log_connections = 0
 log_disconnections = 0
-`, conn, port, opts.PoolSize, opts.MaxClientConn)
+`, conn, port, opts.PoolSize, opts.MaxClientConn, reset)
 }
 
 func postgresUser() (*syscall.Credential, error) {

@@ -134,11 +134,13 @@ func (k *killableTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // mortal returns a warehouse whose Data API client kt can kill; once dead,
-// its requests fail until its short LoadTimeout passes.
+// its requests fail until its LoadTimeout passes. The deadline is short,
+// but long enough for a loaded machine to reach the held statement before
+// it (tests hold the statement, then kill the client).
 func (e *env) mortal(t *testing.T, kt *killableTransport) *redshift.Warehouse {
 	t.Helper()
 	cfg := e.cfg
-	cfg.LoadTimeout, cfg.QueryTimeout = 500*time.Millisecond, 500*time.Millisecond
+	cfg.LoadTimeout, cfg.QueryTimeout = 3*time.Second, 3*time.Second
 	wh, err := redshift.New(cfg, e.mortalClient(kt), e.s3.Client())
 	require.NoError(t, err)
 	return wh

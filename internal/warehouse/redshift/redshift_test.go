@@ -334,7 +334,11 @@ func TestConflictsAreRetriedWithoutRestaging(t *testing.T) {
 // finds the commit.
 func TestCommitSeenOnlyByTheStamp(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 300 * time.Millisecond })
+	// The client never sees the outcome, so the load waits its whole
+	// deadline and then reads the stamp: the deadline must outlast the
+	// commit on a loaded machine (under 300 ms it once passed before the
+	// double committed, in make test at load average ~10).
+	e := newEnv(t, func(c *redshift.Config) { c.LoadTimeout = 3 * time.Second })
 	in := e.double.Inject(redshifttest.Fault{Match: swapMatch, HideOutcome: true})
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://hidden/x", BatchID: 3, Generation: 2}
 	st, err := e.load(t, s, map[string]string{"x.csv": csvRows("a", 4)})
