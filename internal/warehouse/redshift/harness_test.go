@@ -177,7 +177,7 @@ func (e *env) harness() warehousetest.Harness {
 				t.Fatalf("the load ended before its transaction was held: %v", err)
 			}
 			kt.dead.Store(true)
-			require.Error(t, <-errc, "a client that died does not learn its outcome")
+			require.Error(t, redshifttest.Await(t, errc, "the dead client's load to end"), "a client that died does not learn its outcome")
 			return func() {
 				in.Release()
 				waitEnded(t, in)

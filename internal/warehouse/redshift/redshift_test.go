@@ -413,9 +413,9 @@ func TestCancelledLoadCancelsItsStatement(t *testing.T) {
 		_, err := e.wh.Load(ctx, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 1}, src, objs, nil)
 		errc <- err
 	}()
-	<-in.Held()
+	redshifttest.Await(t, in.Held(), "the swap to be held")
 	cancel(batch.ErrStaleLease)
-	err := <-errc
+	err := redshifttest.Await(t, errc, "the cancelled load to end")
 	require.ErrorIs(t, err, batch.ErrStaleLease)
 	select {
 	case <-in.Done():
