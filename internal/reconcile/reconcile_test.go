@@ -324,3 +324,23 @@ func TestReconcileCheckpointOnASkippedKey(t *testing.T) {
 	require.Equal(t, 1200, batches)
 	require.Equal(t, 1200, scopes)
 }
+
+// TestReconcileLogsSkippedKeysUpToABound: a bucket full of keys no door
+// reads cannot flood the log: a scan logs the first MaxSkippedKeysLogged
+// one by one and the rest as one count, and counts them all.
+func TestReconcileLogsSkippedKeysUpToABound(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	const n = reconcile.MaxSkippedKeysLogged + 5
+	for i := range n {
+		f.s3.Put(t, bucket, fmt.Sprintf("tenants/t9/db/company-1/upload-%05d/\x01", i), nil)
+	}
+	var logs testproc.SyncBuffer
+	f.cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	sum, err := reconcile.Scan(context.Background(), f.cfg, "")
+	require.NoError(t, err)
+	require.Equal(t, n, sum.KeysSkipped)
+	require.Equal(t, map[string]int{"enqueued": 1}, sum.Outcomes)
+	require.Equal(t, reconcile.MaxSkippedKeysLogged, strings.Count(logs.String(), `"msg":"reconcile: skipped an object key that no door reads"`))
+	require.Contains(t, logs.String(), fmt.Sprintf(`"msg":"reconcile: more object keys skipped than logged one by one","keys_skipped":%d,"not_logged":5`, n))
+}
