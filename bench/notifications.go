@@ -18,6 +18,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -346,7 +347,9 @@ func benchReconcile(e *env) error {
 		store.SlowListing(bucket, latency)
 		start := time.Now()
 		listed := 0
-		pages := s3.NewListObjectsV2Paginator(store.Client(), &s3.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String("tenants/")})
+		// The request reconcile makes: URL-encoded keys (they are only
+		// counted here, not decoded).
+		pages := s3.NewListObjectsV2Paginator(store.Client(), &s3.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String("tenants/"), EncodingType: s3types.EncodingTypeUrl})
 		for pages.HasMorePages() {
 			page, err := pages.NextPage(e.ctx)
 			if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/s3test"
@@ -227,4 +228,72 @@ func TestReconcileEveryInTwoReplicas(t *testing.T) {
 	b.signal(syscall.SIGTERM)
 	require.Equal(t, 0, a.wait(15*time.Second))
 	require.Equal(t, 0, b.wait(15*time.Second))
+}
+
+// TestReconcileAndWorkerSurviveAControlCharacterKey: one tenant's folder
+// holds a key with U+0001 (S3 accepts any Unicode key; unencoded, its
+// listing page cannot be decoded) and another tenant's completed folder
+// had its notification lost. A periodic "enqueue reconcile" process
+// completes its passes: it skips the key, counts it and logs it escaped,
+// and enqueues both folders (the first one's marker is readable); a
+// worker process then fails the first tenant's batch before any warehouse
+// write, naming the key escaped, and loads the other tenant's folder.
+func TestReconcileAndWorkerSurviveAControlCharacterKey(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	s3 := s3test.Start(t)
+	const bucket = "fleet-ctl-keys"
+	s3.CreateBucket(t, bucket)
+	acme := "tenants/acme/db_acme/company-1/upload-1/"
+	globex := "tenants/globex/db_globex/company-1/upload-1/"
+	badKey := acme + "trips\x01.csv"
+	for _, prefix := range []string{acme, globex} {
+		s3.Put(t, bucket, prefix+"trips.csv", []byte("vehicle,km\nV1,10\n"))
+		s3.Put(t, bucket, prefix+"_SUCCESS", nil)
+	}
+	s3.Put(t, bucket, badKey, []byte("vehicle,km\nV9,90\n"))
+
+	worker := startWorkerEnv(t, dbURL, s3.Env(), fastLease...)
+	rec := startProcess(t, "reconcile", "enqueue",
+		[]string{"reconcile", "--bucket", bucket, "--prefix", "tenants/", "--every", "1s", "--admin-listen", "127.0.0.1:0"},
+		append([]string{"DATABASE_URL=" + dbURL}, s3.Env()...), `"msg":"reconciling periodically"`)
+	line := rec.waitLog(`"msg":"reconcile: skipped an object key that no door reads"`, 30*time.Second)
+	var logged struct{ Level, Key string }
+	require.NoError(t, json.Unmarshal([]byte(line), &logged))
+	require.Equal(t, "WARN", logged.Level)
+	require.Equal(t, `"tenants/acme/db_acme/company-1/upload-1/trips\x01.csv"`, logged.Key)
+	rec.waitLog(`"msg":"reconcile period finished"`, 30*time.Second)
+
+	ids := map[string]int64{}
+	require.Eventually(t, func() bool {
+		rows, err := pool.Query(context.Background(), `SELECT tenant_id, id FROM ingestion_batches`)
+		require.NoError(t, err)
+		defer rows.Close()
+		for rows.Next() {
+			var tenant string
+			var id int64
+			require.NoError(t, rows.Scan(&tenant, &id))
+			ids[tenant] = id
+		}
+		return len(ids) == 2
+	}, 30*time.Second, 50*time.Millisecond, "both folders enqueued")
+	waitStatus(t, pool, ids["globex"], batch.StatusSucceeded, 60*time.Second)
+	failed := waitStatus(t, pool, ids["acme"], batch.StatusFailed, 60*time.Second)
+	_, d := getBatch(t, pool, failed.ID)
+	require.Equal(t, batch.PhaseFailedPreCommit, d.Phase)
+	require.NotNil(t, d.LastError)
+	require.Contains(t, d.LastError.Message, `unreadable object key: "tenants/acme/db_acme/company-1/upload-1/trips\x01.csv" holds a control character (U+0001)`)
+	total, _ := recordCopies(t, pool, failed.Scope())
+	require.Zero(t, total, "nothing of the failed folder reached the warehouse")
+	total, _ = recordCopies(t, pool, "fleet_s3:s3://"+bucket+"/"+strings.TrimSuffix(globex, "/"))
+	require.Equal(t, 1, total)
+
+	require.GreaterOrEqual(t, rec.metric(`ingest_reconcile_keys_skipped_total`), 1.0)
+	require.Equal(t, 2.0, rec.metric(`ingest_reconcile_missed_total`))
+	require.Zero(t, rec.metric(`ingest_reconcile_scans_total{outcome="failed"}`))
+	require.NotContains(t, rec.logs.String(), "illegal character", "no page failed to decode")
+	require.NotContains(t, worker.logs.String(), "illegal character")
+	rec.signal(syscall.SIGTERM)
+	require.Equal(t, 0, rec.wait(15*time.Second))
 }

@@ -118,7 +118,7 @@ func (r *reconcileCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	sum, err := reconcile.Scan(e.Ctx, cfg, "")
 	printJSON(e.Stdout, map[string]any{"summary": sum})
-	e.Logger.Info("reconcile finished", "objects_listed", sum.ObjectsListed, "folders", sum.Folders, "outcomes", sum.Outcomes,
+	e.Logger.Info("reconcile finished", "objects_listed", sum.ObjectsListed, "keys_skipped", sum.KeysSkipped, "folders", sum.Folders, "outcomes", sum.Outcomes,
 		"complete", sum.Complete, "duration", time.Duration(sum.DurationSeconds*float64(time.Second)))
 	if err != nil {
 		return err
@@ -175,7 +175,7 @@ func (r *reconcileCmd) periodic(e *cli.Env, cfg reconcile.Config, pool *pgxpool.
 		default:
 			cfg.Metrics.ReconcileScans.WithLabelValues("scanned").Inc()
 			s := p.Summary
-			e.Logger.Info("reconcile period finished", "start_after", p.StartAfter, "since", p.Since, "objects_listed", s.ObjectsListed,
+			e.Logger.Info("reconcile period finished", "start_after", p.StartAfter, "since", p.Since, "objects_listed", s.ObjectsListed, "keys_skipped", s.KeysSkipped,
 				"folders", s.Folders, "outcomes", s.Outcomes, "complete", s.Complete, "last_key", s.LastKey,
 				"duration", time.Duration(s.DurationSeconds*float64(time.Second)))
 		}

@@ -72,6 +72,41 @@ func TestS3ThrottlingIsRetriedNotFailed(t *testing.T) {
 	require.Equal(t, 5, total)
 }
 
+// TestS3ControlCharacterKeyFailsOnlyItsOwnBatch: a folder holding an
+// object whose key has U+0001 (S3 accepts it; gocloud could not read it)
+// fails its batch at listing time, terminally (failed_pre_commit), before
+// any warehouse write, with a reason naming the key escaped; another
+// tenant's folder of the same bucket loads.
+func TestS3ControlCharacterKeyFailsOnlyItsOwnBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s3srv.CreateBucket(t, "fleet-ctl-keys")
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		for k, v := range sampleFiles {
+			s3srv.Put(t, "fleet-ctl-keys", "tenants/"+tenant+"/tenant_db/company-1/upload/"+k, []byte(v))
+		}
+	}
+	s3srv.Put(t, "fleet-ctl-keys", "tenants/tenant-a/tenant_db/company-1/upload/late\x01.csv", []byte("vehicle,km\nV9,90\n"))
+	a := e.reserve("tenant-a", "s3://fleet-ctl-keys/tenants/tenant-a/tenant_db/company-1/upload")
+	b := e.reserve("tenant-b", "s3://fleet-ctl-keys/tenants/tenant-b/tenant_db/company-1/upload")
+
+	res := e.deliver(a.ID, e.pipeline)
+	require.Equal(t, pipeline.Failed, res.Outcome, "%v", res.Err)
+	require.Equal(t, batch.PhaseFailedPreCommit, res.Phase)
+	got, d := e.details(a.ID)
+	require.Equal(t, batch.StatusFailed, got.Status)
+	require.False(t, d.RedshiftCommitted)
+	require.NotNil(t, d.LastError)
+	require.Contains(t, d.LastError.Message, `unreadable object key: "tenants/tenant-a/tenant_db/company-1/upload/late\x01.csv" holds a control character (U+0001)`)
+	total, _, _ := e.sliceRecords("tenant-a", a.Scope())
+	require.Zero(t, total, "nothing reached the warehouse")
+
+	res = e.deliver(b.ID, e.pipeline)
+	require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
+	total, _, _ = e.sliceRecords("tenant-b", b.Scope())
+	require.Equal(t, 5, total)
+}
+
 // TestPipelineOnRedshift runs the Fleet pipeline with Redshift as the
 // warehouse (the Data API double, staging in the S3 server): an s3://
 // folder is loaded, published, and its staging removed. (A load whose

@@ -127,3 +127,46 @@ func TestS3SlowDownIsTransient(t *testing.T) {
 	require.True(t, pipeline.IsTransient(rr.Err()), "a throttled read is transient: %v", rr.Err())
 	require.NoError(t, rr.Close())
 }
+
+// TestS3FolderWithAControlCharacterKey: S3 is asked for URL-encoded keys,
+// so a key holding U+0001 fails its own folder's listing with an error
+// that names it escaped and is not retried — instead of an undecodable
+// listing page — while another folder of the same bucket lists and reads,
+// keys with a space, "+", "%" and non-ASCII characters exactly. A key
+// gocloud would read as another (its __0x…__ escapes) is refused too.
+func TestS3FolderWithAControlCharacterKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s3srv.CreateBucket(t, "ctl-keys")
+	s3srv.Put(t, "ctl-keys", "tenants/t1/up/part\x01.csv", []byte("id\n1\n"))
+	s3srv.Put(t, "ctl-keys", "tenants/t1/up/a.csv", []byte("id\n1\n"))
+	s3srv.Put(t, "ctl-keys", "tenants/t1/up/_SUCCESS", nil)
+	odd := []string{"tenants/t2/up/a b+c%41.csv", "tenants/t2/up/\u00e9t\u00e9 (1).ndjson"}
+	s3srv.Put(t, "ctl-keys", odd[0], []byte("id\nspace-plus-percent\n"))
+	s3srv.Put(t, "ctl-keys", odd[1], []byte(`{"id":"accents"}`+"\n"))
+	s3srv.Put(t, "ctl-keys", "tenants/t3/up/a__0x41__.csv", []byte("id\n1\n"))
+	s3srv.Put(t, "ctl-keys", "tenants/t3/up/aA.csv", []byte("id\nnot-this-one\n"))
+
+	_, err := openS3(t, "s3://ctl-keys/tenants/t1/up").Objects(ctx)
+	require.ErrorIs(t, err, folder.ErrUnreadableKey)
+	require.ErrorContains(t, err, `"tenants/t1/up/part\x01.csv" holds a control character (U+0001)`)
+	require.False(t, pipeline.IsTransient(err), "%v", err)
+
+	src := openS3(t, "s3://ctl-keys/tenants/t2/up")
+	objs, err := src.Objects(ctx)
+	require.NoError(t, err)
+	require.Len(t, objs, 2)
+	require.Equal(t, odd, []string{objs[0].Key, objs[1].Key})
+	rr := src.Records(ctx, objs)
+	defer rr.Close()
+	var got []string
+	for rr.Next() {
+		got = append(got, rr.Record().ObjectKey+" "+string(rr.Record().JSON))
+	}
+	require.NoError(t, rr.Err())
+	require.Equal(t, []string{odd[0] + ` {"id":"space-plus-percent"}`, odd[1] + ` {"id":"accents"}`}, got)
+
+	_, err = openS3(t, "s3://ctl-keys/tenants/t3/up").Objects(ctx)
+	require.ErrorIs(t, err, folder.ErrUnreadableKey)
+	require.ErrorContains(t, err, `"tenants/t3/up/a__0x41__.csv" holds an escape of gocloud.dev/blob`)
+}

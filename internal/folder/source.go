@@ -9,10 +9,14 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/fileblob"
 	"gocloud.dev/blob/memblob"
@@ -139,7 +143,15 @@ func (s *Source) Close() error {
 // Objects lists the folder's data objects recursively, in key order,
 // skipping markers. It returns ErrEmpty when there are none, an error
 // wrapping ErrUnsupportedObject for an object that is neither data nor a
-// marker, and the storage error when the folder cannot be listed.
+// marker, an error wrapping ErrUnreadableKey, naming the key escaped, for
+// an object of the folder (a marker too) whose key cannot be read as
+// itself (CheckKey; on S3 also a key gocloud's s3blob would read as
+// another, one holding its "__0x2f__" escapes), and the storage error
+// when the folder cannot be listed.
+//
+// S3 is asked for URL-encoded keys (EncodingType url), so that a key
+// holding a character XML does not allow (U+0001) fails its own folder
+// here, with that error, instead of making the listing page undecodable.
 func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 	if s.Folder.Scheme == SchemeFile {
 		// fileblob's listing skips directories it cannot read, which would
@@ -149,7 +161,15 @@ func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 		}
 	}
 	var objects []Object
-	it := s.bucket.List(&blob.ListOptions{Prefix: s.keyPrefix})
+	encoded := false // set once S3 was asked for URL-encoded keys
+	it := s.bucket.List(&blob.ListOptions{Prefix: s.keyPrefix, BeforeList: func(as func(any) bool) error {
+		var in *s3.ListObjectsV2Input
+		if as(&in) {
+			in.EncodingType = s3types.EncodingTypeUrl
+			encoded = true
+		}
+		return nil
+	}})
 	for {
 		o, err := it.Next(ctx)
 		if errors.Is(err, io.EOF) {
@@ -161,20 +181,57 @@ func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 			}
 			return nil, fmt.Errorf("listing %s: %w", s.Folder, err)
 		}
-		if o.IsDir || IsMarker(strings.TrimPrefix(o.Key, s.keyPrefix)) {
+		key := o.Key
+		if encoded {
+			key, err = listedKey(o)
+		} else {
+			err = CheckKey(key)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listing %s: %w", s.Folder, err)
+		}
+		if o.IsDir || IsMarker(strings.TrimPrefix(key, s.keyPrefix)) {
 			continue
 		}
-		format, ok := FormatOf(o.Key)
+		format, ok := FormatOf(key)
 		if !ok {
-			return nil, fmt.Errorf("%w: %s (want .csv, .ndjson or .jsonl; markers start with _ or .)", ErrUnsupportedObject, o.Key)
+			return nil, fmt.Errorf("%w: %s (want .csv, .ndjson or .jsonl; markers start with _ or .)", ErrUnsupportedObject, key)
 		}
-		objects = append(objects, Object{Key: o.Key, Size: o.Size, Format: format})
+		objects = append(objects, Object{Key: key, Size: o.Size, Format: format})
 	}
 	if len(objects) == 0 {
 		return nil, fmt.Errorf("%w: %s", ErrEmpty, s.Folder)
 	}
 	sort.Slice(objects, func(i, j int) bool { return objects[i].Key < objects[j].Key })
 	return objects, nil
+}
+
+// listedKey decodes the key of an object of a URL-encoded S3 listing and
+// returns it as gocloud names it, the name Records reads it by. It refuses,
+// wrapping ErrUnreadableKey, a key that does not decode or CheckKey
+// refuses, and a key that gocloud names differently from S3 (s3blob
+// unescapes "__0x2f__"-like sequences in listed keys and escapes ASCII
+// 0–31 in the keys it reads): a read by that name would be of another
+// object, or of none.
+func listedKey(o *blob.ListObject) (string, error) {
+	var raw s3types.Object
+	if !o.As(&raw) {
+		return "", fmt.Errorf("%w: %s is not an S3 listing's object", ErrUnreadableKey, strconv.Quote(o.Key))
+	}
+	key, err := DecodeListedKey(aws.ToString(raw.Key))
+	if err != nil {
+		return "", err
+	}
+	if err := CheckKey(key); err != nil {
+		return "", err
+	}
+	// o.Key is gocloud's unescaping of the encoded key; the encoding
+	// leaves its escapes (letters, digits, "_") as they are.
+	named, err := DecodeListedKey(o.Key)
+	if err != nil || named != key {
+		return "", fmt.Errorf("%w: %s holds an escape of gocloud.dev/blob (__0x…__), so it would be read as another key", ErrUnreadableKey, strconv.Quote(key))
+	}
+	return key, nil
 }
 
 // FullKey returns the object's key as recorded with its records: the key in

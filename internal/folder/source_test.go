@@ -115,8 +115,17 @@ func TestRecordsRefuseBadData(t *testing.T) {
 		require.ErrorContains(t, err, tt.want, tt.name)
 	}
 
+	// A key this project does not read fails its folder, a marker too,
+	// on every scheme (S3's listing: TestS3FolderWithAControlCharacterKey).
+	writeMem(t, "bad-keys", map[string]string{"f/a.csv": "a\n1\n", "f/b\x1b[2J.csv": "a\n1\n", "g/a.csv": "a\n1\n", "g/_SUCCESS\u0085": ""})
+	_, err := readAll(t, "mem://bad-keys/f")
+	require.ErrorIs(t, err, ErrUnreadableKey)
+	require.ErrorContains(t, err, `"f/b\x1b[2J.csv" holds a control character (U+001B)`)
+	_, err = readAll(t, "mem://bad-keys/g")
+	require.ErrorContains(t, err, `"g/_SUCCESS\u0085" holds a control character (U+0085)`)
+
 	writeMem(t, "bad-objects", map[string]string{"f/data.parquet": "x", "g/_SUCCESS": ""})
-	_, err := readAll(t, "mem://bad-objects/f")
+	_, err = readAll(t, "mem://bad-objects/f")
 	require.ErrorIs(t, err, ErrUnsupportedObject)
 	_, err = readAll(t, "mem://bad-objects/g")
 	require.ErrorIs(t, err, ErrEmpty, "markers alone are not data")

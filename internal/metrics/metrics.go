@@ -118,6 +118,7 @@ type Metrics struct {
 	ReconcileFolders       *prometheus.CounterVec
 	ReconcileMissed        prometheus.Counter
 	ReconcileObjectsListed prometheus.Counter
+	ReconcileKeysSkipped   prometheus.Counter
 	ReconcileScanDuration  prometheus.Histogram
 	ReconcileScans         *prometheus.CounterVec
 
@@ -161,9 +162,9 @@ func NewSQS() *Metrics {
 }
 
 // NewReconcile creates the metrics enqueue reconcile exports: the scans'
-// (folders by outcome, missed uploads, objects listed, scan durations), the
-// reservations it makes, build info and the Go and process collectors; not
-// the worker's.
+// (folders by outcome, missed uploads, objects listed, keys skipped, scan
+// durations), the reservations it makes, build info and the Go and process
+// collectors; not the worker's.
 func NewReconcile() *Metrics {
 	m, _ := build()
 	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations}, m.reconcile...))
@@ -364,6 +365,9 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 	m.ReconcileObjectsListed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_reconcile_objects_listed_total", Help: "Objects reconcile listed (ListObjectsV2).",
 	})
+	m.ReconcileKeysSkipped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_reconcile_keys_skipped_total", Help: "Listed object keys reconcile skipped because no door reads them (invalid UTF-8, a control character, an encoding that does not decode); each is logged escaped.",
+	})
 	m.ReconcileScanDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "ingest_reconcile_scan_duration_seconds", Help: "Duration of reconcile scans.",
 		Buckets: prometheus.ExponentialBuckets(0.1, 3, 10),
@@ -371,7 +375,7 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 	m.ReconcileScans = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_reconcile_scans_total", Help: "Reconcile periods by outcome (scanned; skipped: another replica holds the lock or scanned this period; failed).",
 	}, []string{"outcome"})
-	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileScanDuration, m.ReconcileScans}
+	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans}
 	for _, c := range m.reconcile {
 		f(c)
 	}

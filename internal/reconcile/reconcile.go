@@ -24,6 +24,16 @@
 // The reservation makes a race with the notification paths harmless: a
 // folder the SQS consumer reserves between the look-up and the burst
 // answers conflict (or already_succeeded), never a second batch.
+//
+// S3 accepts any Unicode key, and a key holding a character XML 1.0 does
+// not allow (U+0001) makes a listing page undecodable. So the listing asks
+// for URL-encoded keys (EncodingType url) and decodes them; a key that
+// does not decode, is not valid UTF-8 or holds a control character
+// (folder.CheckKey) is skipped — counted in Summary.KeysSkipped and
+// ingest_reconcile_keys_skipped_total, and logged escaped (the first
+// MaxSkippedKeysLogged of a scan) — and the page goes on: every other
+// folder on it and after it is reconciled. The worker refuses a folder
+// holding such a key (folder.ErrUnreadableKey).
 package reconcile
 
 import (
@@ -32,10 +42,14 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fleet/ingest/internal/batch"
@@ -65,6 +79,11 @@ const (
 	BurstSizeDefault = 500
 	MarkerDefault    = "_SUCCESS"
 )
+
+// MaxSkippedKeysLogged bounds the skipped keys a scan logs one by one; the
+// rest are counted and logged as one number at the scan's end, so a bucket
+// full of such keys cannot flood the log.
+const MaxSkippedKeysLogged = 20
 
 // Importer reserves and enqueues a burst of folders; *jobs.Enqueuer is one.
 type Importer interface {
@@ -165,12 +184,15 @@ type Folder struct {
 
 // Summary counts what a scan did: the last JSON line of enqueue reconcile.
 type Summary struct {
-	Bucket        string         `json:"bucket"`
-	Prefix        string         `json:"prefix"`
-	ObjectsListed int            `json:"objects_listed"`
-	Pages         int            `json:"pages"`
-	Folders       int            `json:"folders"`
-	Outcomes      map[string]int `json:"outcomes"`
+	Bucket        string `json:"bucket"`
+	Prefix        string `json:"prefix"`
+	ObjectsListed int    `json:"objects_listed"`
+	// KeysSkipped counts the listed keys skipped because no door reads
+	// them (folder.CheckKey, or an encoding that does not decode).
+	KeysSkipped int            `json:"keys_skipped"`
+	Pages       int            `json:"pages"`
+	Folders     int            `json:"folders"`
+	Outcomes    map[string]int `json:"outcomes"`
 	// Complete: the listing reached its end. Otherwise LastKey is where
 	// the next scan starts (StartAfter).
 	Complete        bool    `json:"complete"`
@@ -209,7 +231,9 @@ func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
 	defer metrics.ObserveSince(cfg.Metrics.ReconcileScanDuration, start)
 	s := &scan{cfg: cfg, sum: Summary{Bucket: cfg.Bucket, Prefix: cfg.Prefix, Outcomes: map[string]int{}, DryRun: cfg.DryRun}}
 	work := context.WithoutCancel(ctx)
-	in := &s3.ListObjectsV2Input{Bucket: aws.String(cfg.Bucket)}
+	// URL-encoded keys: a key with a character XML does not allow would
+	// make its page undecodable (the AWS SDK does not decode them).
+	in := &s3.ListObjectsV2Input{Bucket: aws.String(cfg.Bucket), EncodingType: types.EncodingTypeUrl}
 	if cfg.Prefix != "" {
 		in.Prefix = aws.String(cfg.Prefix)
 	}
@@ -254,8 +278,21 @@ func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
 			for _, obj := range page.Contents {
 				s.sum.ObjectsListed++
 				cfg.Metrics.ReconcileObjectsListed.Inc()
-				key := aws.ToString(obj.Key)
-				s.lastListed = key
+				key, err := folder.DecodeListedKey(aws.ToString(obj.Key))
+				if err != nil {
+					s.skip(aws.ToString(obj.Key), err)
+					continue
+				}
+				if utf8.ValidString(key) && !strings.ContainsRune(key, 0) {
+					// Where the next scan may start (a text column; S3's
+					// StartAfter): skipped keys too, so that each is met
+					// once per pass.
+					s.lastListed = key
+				}
+				if err := folder.CheckKey(key); err != nil {
+					s.skip(key, err)
+					continue
+				}
 				if path.Base(key) != cfg.Marker || (!cfg.Since.IsZero() && aws.ToTime(obj.LastModified).Before(cfg.Since)) {
 					continue
 				}
@@ -280,6 +317,9 @@ func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
 		s.sum.LastKey = ""
 		return nil
 	}()
+	if n := s.sum.KeysSkipped - MaxSkippedKeysLogged; n > 0 {
+		cfg.Logger.Warn("reconcile: more object keys skipped than logged one by one", "keys_skipped", s.sum.KeysSkipped, "not_logged", n)
+	}
 	s.sum.DurationSeconds = time.Since(start).Seconds()
 	return s.sum, err
 }
@@ -317,6 +357,16 @@ type scan struct {
 	sum        Summary
 	pending    []marker
 	lastListed string
+}
+
+// skip counts a listed key no door reads and logs it escaped, the first
+// MaxSkippedKeysLogged of the scan.
+func (s *scan) skip(key string, reason error) {
+	s.sum.KeysSkipped++
+	s.cfg.Metrics.ReconcileKeysSkipped.Inc()
+	if s.sum.KeysSkipped <= MaxSkippedKeysLogged {
+		s.cfg.Logger.Warn("reconcile: skipped an object key that no door reads", "key", strconv.Quote(key), "error", reason.Error())
+	}
 }
 
 func (s *scan) report(f Folder) {

@@ -2,9 +2,12 @@ package reconcile_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +21,7 @@ import (
 	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/reconcile"
 	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/testproc"
 )
 
 const bucket = "fleet-uploads"
@@ -231,4 +235,112 @@ func TestReconcileListsTheNextPageWhileReconciling(t *testing.T) {
 	require.GreaterOrEqual(t, sum.Pages, 1)
 	require.LessOrEqual(t, sum.Pages, 3)
 	require.Equal(t, sum.Pages*1000, sum.ObjectsListed)
+}
+
+// TestReconcileSkipsKeysNoDoorReads: one tenant's folder holds a key with
+// U+0001 (S3 accepts any Unicode key; without URL-encoded keys its page
+// cannot be decoded), a folder name holds one too, and a later page holds
+// a key with DEL, while every other tenant's completed folder had its
+// notification lost. The pass completes: the bad keys are skipped,
+// counted and logged escaped, and every folder on their pages and after
+// them is enqueued (the bad tenant's own folder too: its marker is
+// readable, and the worker refuses the folder).
+func TestReconcileSkipsKeysNoDoorReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, 1500) // two pages
+	bad := []string{
+		"tenants/bad\x01/db/company-1/upload-x/_SUCCESS",
+		folderKey(0) + "/trips\x01.csv",
+		folderKey(1497) + "/trips\x7f.csv",
+	}
+	for _, k := range bad {
+		f.s3.Put(t, bucket, k, []byte("x"))
+	}
+	var logs testproc.SyncBuffer
+	f.cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	sum, err := reconcile.Scan(ctx, f.cfg, "")
+	require.NoError(t, err)
+	require.True(t, sum.Complete)
+	require.Equal(t, 2, sum.Pages)
+	require.Equal(t, 1500+1+len(bad), sum.ObjectsListed)
+	require.Equal(t, len(bad), sum.KeysSkipped)
+	require.Equal(t, float64(len(bad)), testutil.ToFloat64(f.cfg.Metrics.ReconcileKeysSkipped))
+	require.Equal(t, map[string]int{"enqueued": 1500}, sum.Outcomes)
+	batches, scopes := f.batches(t)
+	require.Equal(t, 1500, batches)
+	require.Equal(t, 1500, scopes)
+
+	var logged []string
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
+		if m["msg"] == "reconcile: skipped an object key that no door reads" {
+			require.Equal(t, "WARN", m["level"])
+			logged = append(logged, m["key"].(string))
+		}
+	}
+	require.Equal(t, []string{
+		`"tenants/bad\x01/db/company-1/upload-x/_SUCCESS"`,
+		strconv.Quote(folderKey(0) + "/trips\x01.csv"),
+		strconv.Quote(folderKey(1497) + "/trips\x7f.csv"),
+	}, logged, "each skipped key logged once, escaped")
+	require.NotContains(t, logs.String(), `\u0001`, "no raw control character reaches the log")
+}
+
+// TestReconcileCheckpointOnASkippedKey: a period that ends on a key with
+// U+0001 (the last of its 1,000) stores it as the checkpoint, and the next
+// period lists from after it: the key is skipped once per pass and every
+// folder is enqueued once.
+func TestReconcileCheckpointOnASkippedKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, 1200)
+	var keys []string
+	for i := range 1200 {
+		keys = append(keys, folderKey(i)+"/_SUCCESS")
+	}
+	keys = append(keys, stray)
+	slices.Sort(keys)
+	badKey := keys[998] + "\x01" // sorts right after keys[998]: the 1,000th key
+	f.s3.Put(t, bucket, badKey, []byte("x"))
+	f.cfg.MaxObjects = 1000
+
+	p, err := reconcile.RunPeriod(ctx, f.cfg, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, "scanned", p.Outcome)
+	require.False(t, p.Summary.Complete)
+	require.Equal(t, badKey, p.Summary.LastKey)
+	require.Equal(t, 1, p.Summary.KeysSkipped)
+	_, err = f.pool.Exec(ctx, `UPDATE ingest_reconcile_checkpoints SET last_run_at = now() - interval '2 hours'`)
+	require.NoError(t, err)
+
+	p, err = reconcile.RunPeriod(ctx, f.cfg, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, badKey, p.StartAfter)
+	require.True(t, p.Summary.Complete)
+	require.Zero(t, p.Summary.KeysSkipped, "the key is met once per pass")
+	batches, scopes := f.batches(t)
+	require.Equal(t, 1200, batches)
+	require.Equal(t, 1200, scopes)
+}
+
+// TestReconcileLogsSkippedKeysUpToABound: a bucket full of keys no door
+// reads cannot flood the log: a scan logs the first MaxSkippedKeysLogged
+// one by one and the rest as one count, and counts them all.
+func TestReconcileLogsSkippedKeysUpToABound(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	const n = reconcile.MaxSkippedKeysLogged + 5
+	for i := range n {
+		f.s3.Put(t, bucket, fmt.Sprintf("tenants/t9/db/company-1/upload-%05d/\x01", i), nil)
+	}
+	var logs testproc.SyncBuffer
+	f.cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	sum, err := reconcile.Scan(context.Background(), f.cfg, "")
+	require.NoError(t, err)
+	require.Equal(t, n, sum.KeysSkipped)
+	require.Equal(t, map[string]int{"enqueued": 1}, sum.Outcomes)
+	require.Equal(t, reconcile.MaxSkippedKeysLogged, strings.Count(logs.String(), `"msg":"reconcile: skipped an object key that no door reads"`))
+	require.Contains(t, logs.String(), fmt.Sprintf(`"msg":"reconcile: more object keys skipped than logged one by one","keys_skipped":%d,"not_logged":5`, n))
 }

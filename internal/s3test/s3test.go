@@ -16,10 +16,25 @@
 // made to a bucket by S3 operation, so tests can see multipart uploads and
 // list pages; Reads counts the reads of one object.
 //
+// Listings (ListObjectsV2) are answered by this package from gofakes3's
+// backend, as Amazon S3 writes them, because gofakes3 ignores encoding-type
+// and its XML encoder turns a control character into U+FFFD. Without
+// encoding-type=url a key holding a character XML 1.0 does not allow
+// (U+0001) is written as a character reference (&#x1;), which Go's XML
+// decoder, like any conforming parser, refuses ("illegal character code
+// U+0001"): the page cannot be read, exactly as with S3 (aws-sdk-go#1914).
+// With encoding-type=url, Key, Prefix, StartAfter, Delimiter and
+// CommonPrefixes are URL-encoded as S3 encodes them (a form value, "/"
+// left as it is: url.QueryUnescape reverses it) and the page says
+// <EncodingType>url</EncodingType>; any other encoding-type is refused
+// 400 InvalidArgument. Paging is gofakes3's (see listObjectsV2). The
+// owner (fetch-owner) is never listed.
+//
 // What it does not emulate: authentication (any credentials are accepted),
 // bucket policies and ownership, regions and redirects, storage classes,
-// eventual consistency, and S3's own request rate limits (only the injected
-// SlowDown answers).
+// eventual consistency, S3's own request rate limits (only the injected
+// SlowDown answers), and URL-encoded keys in the older ListObjects (v1),
+// which gofakes3 answers itself and which nothing here uses.
 package s3test
 
 import (
@@ -48,7 +63,8 @@ type Server struct {
 	// URL is the server's base URL (http://127.0.0.1:port).
 	URL string
 
-	srv *httptest.Server
+	srv     *httptest.Server
+	backend gofakes3.Backend // what the listings are answered from
 
 	mu       sync.Mutex
 	throttle map[string]int            // bucket → requests left to answer 503 SlowDown
@@ -61,7 +77,8 @@ type Server struct {
 // New starts a server; Close stops it. Tests use Start.
 func New() *Server {
 	s := &Server{throttle: map[string]int{}, slow: map[string]time.Duration{}, slowList: map[string]time.Duration{}, requests: map[string]map[string]int{}, reads: map[string]int{}}
-	fake := gofakes3.New(s3mem.New(), gofakes3.WithLogger(gofakes3.DiscardLog()))
+	s.backend = s3mem.New()
+	fake := gofakes3.New(s.backend, gofakes3.WithLogger(gofakes3.DiscardLog()))
 	inner := fake.Server()
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		bucket, op := classify(r)
@@ -94,6 +111,9 @@ func New() *Server {
 			w.Header().Set("Content-Type", "application/xml")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message><RequestId>s3test</RequestId></Error>`)
+			return
+		}
+		if op == "ListObjectsV2" && s.listObjectsV2(w, r, bucket) {
 			return
 		}
 		inner.ServeHTTP(w, r)

@@ -83,6 +83,22 @@ func mustStamp(t *testing.T, wh warehouse.Warehouse, s warehouse.Slice) warehous
 	return st
 }
 
+// TestStagingCleanupUnderAnEncodedPrefix: the staging listing asks for
+// URL-encoded keys, which S3 returns with "=" as %3D; they are decoded
+// before they are matched to the batch and deleted, so a staging prefix
+// holding "=" is cleaned up too.
+func TestStagingCleanupUnderAnEncodedPrefix(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *redshift.Config) { c.Staging = "s3://" + stagingBucket + "/fleet/env=test/" })
+	src, objs, scope := warehousetest.Source(t, map[string]string{"a.csv": "id\n1\n"})
+	var seen []string
+	_, err := e.wh.Load(context.Background(), warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 42, Generation: 1}, src, objs,
+		func(context.Context) error { seen = e.stagingKeys(t); return nil })
+	require.NoError(t, err)
+	require.Contains(t, seen, "fleet/env=test/batch-42/gen-1/manifest.json")
+	require.Empty(t, e.stagingKeys(t), "staging is deleted once the commit is confirmed")
+}
+
 // TestStagingManifestAndCleanup: a load stages gzip NDJSON parts and a
 // manifest naming exactly those parts (mandatory, with their sizes) under
 // batch-{id}/gen-{generation}/, sends one transaction to the configured

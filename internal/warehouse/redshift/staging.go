@@ -409,7 +409,10 @@ func (w *Warehouse) deleteStaging(ctx context.Context, batchID, upTo int64) {
 	defer done()
 	prefix := w.batchPrefix(batchID)
 	var keys []s3types.ObjectIdentifier
-	pages := s3.NewListObjectsV2Paginator(w.s3, &s3.ListObjectsV2Input{Bucket: aws.String(w.bucket), Prefix: aws.String(prefix)})
+	// URL-encoded keys, as every listing of the project asks: the staging
+	// prefix holds only keys this package wrote, but a page is never left
+	// to a key XML cannot carry.
+	pages := s3.NewListObjectsV2Paginator(w.s3, &s3.ListObjectsV2Input{Bucket: aws.String(w.bucket), Prefix: aws.String(prefix), EncodingType: s3types.EncodingTypeUrl})
 	for pages.HasMorePages() {
 		page, err := pages.NextPage(ctx)
 		if err != nil {
@@ -417,9 +420,14 @@ func (w *Warehouse) deleteStaging(ctx context.Context, batchID, upTo int64) {
 			return
 		}
 		for _, o := range page.Contents {
-			gen, ok := generationOf(strings.TrimPrefix(aws.ToString(o.Key), prefix))
+			key, err := folder.DecodeListedKey(aws.ToString(o.Key))
+			if err != nil {
+				w.cfg.Logger.Warn("listing staging objects", "batch_id", batchID, "prefix", prefix, "error", err)
+				continue
+			}
+			gen, ok := generationOf(strings.TrimPrefix(key, prefix))
 			if ok && (upTo == 0 || gen <= upTo) {
-				keys = append(keys, s3types.ObjectIdentifier{Key: o.Key})
+				keys = append(keys, s3types.ObjectIdentifier{Key: aws.String(key)})
 			}
 		}
 	}
