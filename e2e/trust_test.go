@@ -207,7 +207,11 @@ func TestHostileFoldersFailClosedInAWorker(t *testing.T) {
 // worker limited to 256 file descriptors (where 1,008 idle
 // connections used to exhaust a worker's descriptors, kill /healthz and
 // fail a valid batch because its directory could not be listed). /healthz
-// still answers, the worker keeps its descriptors, and a batch loads.
+// still answers, the worker keeps its descriptors, and a batch loads. The
+// probe waits its turn behind the connections queued before it: at the
+// cap of 32, a slot changes hands once its connection has been idle for
+// 100 ms (httpserver.EvictableAfterProbes), so about (600 - 32) / 32 / 10
+// s; with the public port's second it would be ten times that.
 func TestIdleConnectionsDoNotKillWorkerHealthz(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabaseURL(t)
@@ -240,10 +244,14 @@ func TestIdleConnectionsDoNotKillWorkerHealthz(t *testing.T) {
 		}
 	}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	probed := time.Now()
 	resp, err := client.Get("http://" + w.addr + "/healthz")
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "/healthz answers under the flood")
+	waited := time.Since(probed)
+	t.Logf("/healthz answered after %s, behind %d idle connections", waited.Round(time.Millisecond), idle)
+	require.Less(t, waited, 10*time.Second, "a slot of the probes' listener changes hands every 100 ms at most: about (600 - 32) / 32 / 10 s")
 
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", w.cmd.Process.Pid))
 	require.NoError(t, err)

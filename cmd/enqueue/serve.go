@@ -33,7 +33,7 @@ type serveCmd struct {
 	PathPattern       string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
 	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). Give the worker the same list."`
 	MaxBodyBytes      int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
-	MaxHTTPConns      int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open HTTP connections; beyond it the longest-idle one is closed."`
+	MaxHTTPConns      int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open connections to the public listener (--listen), a cap of its own (the admin listener has 64). At the cap a new connection closes the one idle, or waiting for its request body, longest, once it has been so for a second; until then it waits in the kernel's accept queue."`
 	SNSTopicARNs      []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
 	SNSAutoConfirm    bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
 	DevLocal          bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
@@ -302,6 +302,7 @@ func (s *serveCmd) startAdmin(srv *uploads.Server, operator *http.ServeMux, m *m
 	}
 	admin, err := httpserver.Listen(httpserver.Config{
 		Addr: s.AdminListen, Handler: httpserver.Observe(mux, observeDoor(m, e)), MaxConns: adminMaxConns, Logger: e.Logger,
+		EvictableAfter: httpserver.EvictableAfterProbes,
 	})
 	if err != nil {
 		return nil, nil, cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--admin-listen: %w", err)}

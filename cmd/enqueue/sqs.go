@@ -168,7 +168,8 @@ func startProbes(addr string, m *metrics.Metrics, pool *pgxpool.Pool, ready *ato
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
-	srv, err := httpserver.Listen(httpserver.Config{Addr: addr, Handler: mux, MaxConns: adminMaxConns, RefuseBodies: true, Logger: e.Logger})
+	srv, err := httpserver.Listen(httpserver.Config{Addr: addr, Handler: mux, MaxConns: adminMaxConns, RefuseBodies: true,
+		EvictableAfter: httpserver.EvictableAfterProbes, Logger: e.Logger})
 	if err != nil {
 		return nil, nil, refuseSetting(e, "admin_listen", fmt.Errorf("--admin-listen: %w", err))
 	}

@@ -32,7 +32,7 @@ import (
 
 type runCmd struct {
 	MetricsAddr          string        `name:"metrics-addr" env:"METRICS_ADDR" default:":9090" help:"Address of the HTTP listener serving /metrics, /healthz and /readyz (Prometheus and kubelet probes). It refuses request bodies (413), so no client can hold a connection by sending one slowly."`
-	MetricsMaxConns      int           `name:"metrics-max-conns" env:"METRICS_MAX_CONNS" default:"64" help:"Most open connections to the metrics listener; beyond it the longest-idle one is closed."`
+	MetricsMaxConns      int           `name:"metrics-max-conns" env:"METRICS_MAX_CONNS" default:"64" help:"Most open connections to the metrics listener, a cap of its own. At the cap a new connection closes the one idle longest, once it has been idle 100 ms; until then it waits."`
 	LeaseTTL             time.Duration `name:"lease-ttl" env:"LEASE_TTL" default:"30s" help:"Execution lease duration, on the database clock."`
 	LeaseRenewEvery      time.Duration `name:"lease-renew-every" env:"LEASE_RENEW_EVERY" default:"10s" help:"Heartbeat period; must be shorter than --lease-ttl."`
 	LeaseSafetyMargin    time.Duration `name:"lease-safety-margin" env:"LEASE_SAFETY_MARGIN" help:"How long before its lease's expiry (as its last renewal reported it) a delivery stops working, and how much of its term must be left, by the database clock, for a warehouse commit to start. Default (0): a tenth of --lease-ttl, at least a quarter of --lease-renew-every (3s with the defaults). Must be shorter than --lease-ttl minus --lease-renew-every."`
@@ -284,7 +284,8 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	var ready atomic.Bool
 	srv, err := httpserver.Listen(httpserver.Config{
 		Addr: r.MetricsAddr, Handler: healthMux(m, pool, &ready), MaxConns: r.MetricsMaxConns, Logger: log,
-		RefuseBodies: true, // none of its routes takes a body
+		RefuseBodies:   true, // none of its routes takes a body
+		EvictableAfter: httpserver.EvictableAfterProbes,
 	})
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--metrics-addr: %w", err)}

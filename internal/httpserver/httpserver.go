@@ -15,22 +15,45 @@
 //     RefuseBodies: a request with a body is answered 413 and its
 //     connection closed at once, so no client can keep a connection there
 //     busy by sending a body slowly;
-//   - a cap on open connections, far below the process's file descriptor
-//     limit, so a flood of connections cannot starve the process of the
-//     descriptors its database pools and source folders need.
+//   - a cap on open connections of its own, far below the process's file
+//     descriptor limit (which Go raises to the hard limit at start), so a
+//     flood of connections cannot starve the process of the descriptors
+//     its database pools and source folders need, and a flood of one
+//     listener never takes the connections of another.
 //
 // At the cap, a new connection closes the connection that has been idle
-// longest (one that has sent nothing yet, or is between requests), or else
-// the one whose request has waited longest, a second at least, for more of
-// its body; never one whose handler is at work. Only when every connection
-// is busy that way does it wait for one to finish. So a flood of idle
-// connections cannot lock out a kubelet probe or a Prometheus scrape: they
-// get the slot of the oldest idle connection; nor can a flood of slow
-// senders, whose connections are evictable while they stall and cut by the
-// body rate floor anyway. On a listener that refuses bodies no connection
-// is busy for longer than its handler runs. Probes belong on such a listener, apart from any
-// port the public reaches: enqueue serve's --admin-listen, the worker's
-// --metrics-addr.
+// longest (one that has not sent a whole request head yet, or is between
+// requests), or else the one whose request has waited longest for more of
+// its body — but only once it has been so for Config.EvictableAfter;
+// never one whose handler is at work. Until one has, the new connection
+// waits, unread, and those behind it wait in the kernel's accept queue,
+// costing nothing. So a flood of idle connections cannot lock out a
+// kubelet probe or a Prometheus scrape for long: they get the slot of the
+// oldest idle connection; nor can a flood of slow senders, whose
+// connections are evictable while they stall and cut by the body rate
+// floor anyway. On a listener that refuses bodies no connection is busy
+// for longer than its handler runs. Probes belong on such a listener,
+// apart from any port the public reaches: enqueue serve's --admin-listen,
+// the worker's --metrics-addr.
+//
+// EvictableAfter is what keeps a flood from turning eviction into a loop.
+// When any idle connection could be closed at once (a new one counting as
+// idle until its request head is whole), a flood whose clients reconnect
+// as soon as they are cut had each new connection cut another, whose
+// client came back and cut the next: up to thousands of connections a
+// second on two cores, whose CPU (the server's, the kernel's, and on one
+// machine the clients') slowed every listener of the machine, and which
+// cut the port's own probes before the server had read them. With
+// EvictableAfterDefault (a second), for a port the public reaches, a slot
+// changes hands at most once a second, so a flood of any size opens at
+// most MaxConns connections a second; the price is that a caller of that
+// port queued behind a flood of F connections waits about
+// (F - MaxConns) / MaxConns seconds. A listener of probes and scrapes,
+// reached from inside the cluster only, uses EvictableAfterProbes
+// (100 ms) instead: time for the server to read a probe's request before
+// a newcomer may cut it, and idle connections held against it are cleared
+// ten times faster than with a second, at the price of more churn under a
+// flood aimed at it.
 package httpserver
 
 import (
@@ -55,7 +78,13 @@ const (
 	MaxConnsDefault          = 256
 	BodyStallTimeoutDefault  = 3 * time.Second
 	MinBodyRateDefault       = 1 << 10
+	EvictableAfterDefault    = time.Second
 )
+
+// EvictableAfterProbes is Config.EvictableAfter for a listener of probes
+// and scrapes that only the cluster reaches; see the package
+// documentation.
+const EvictableAfterProbes = 100 * time.Millisecond
 
 // ErrSlowBody is the error a request body's Read returns once the body
 // arrives more slowly than the listener's floor (Config.BodyStallTimeout,
@@ -81,8 +110,15 @@ type Config struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds request headers. Defaults to 64 KiB.
 	MaxHeaderBytes int
-	// MaxConns caps open connections. Defaults to 256.
+	// MaxConns caps open connections, of this listener alone. Defaults to
+	// 256.
 	MaxConns int
+	// EvictableAfter is how long, at the cap, a connection must have been
+	// idle (without a whole request head yet, or between requests), or
+	// its request must have waited for more of its body, before it may be
+	// closed for a new one. Defaults to EvictableAfterDefault (1 s); see
+	// the package documentation.
+	EvictableAfter time.Duration
 	// BodyStallTimeout bounds each wait for the next bytes of a request
 	// body, and is the grace before MinBodyRate applies. A handler that
 	// never reads the body leaves its client this long to send the rest
@@ -118,15 +154,15 @@ func Listen(cfg Config) (*Server, error) {
 	if cfg.Handler == nil {
 		return nil, errors.New("httpserver: Handler is required")
 	}
-	if cfg.MaxConns < 0 || cfg.MaxHeaderBytes < 0 || cfg.MinBodyRate < 0 || cfg.BodyStallTimeout < 0 {
-		return nil, errors.New("httpserver: MaxConns, MaxHeaderBytes, MinBodyRate and BodyStallTimeout must not be negative")
+	if cfg.MaxConns < 0 || cfg.MaxHeaderBytes < 0 || cfg.MinBodyRate < 0 || cfg.BodyStallTimeout < 0 || cfg.EvictableAfter < 0 {
+		return nil, errors.New("httpserver: MaxConns, MaxHeaderBytes, MinBodyRate, BodyStallTimeout and EvictableAfter must not be negative")
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return nil, err
 	}
 	logger := cmp.Or(cfg.Logger, slog.Default())
-	ll := newLimitListener(ln, cmp.Or(cfg.MaxConns, MaxConnsDefault))
+	ll := newLimitListener(ln, cmp.Or(cfg.MaxConns, MaxConnsDefault), cmp.Or(cfg.EvictableAfter, EvictableAfterDefault))
 	s := &Server{
 		ln: ll, logger: logger,
 		stall: cmp.Or(cfg.BodyStallTimeout, BodyStallTimeoutDefault),
@@ -166,8 +202,8 @@ func (s *Server) Serve() error {
 // in flight until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error { return s.http.Shutdown(ctx) }
 
-// Evicted returns how many idle connections were closed to make room for
-// new ones.
+// Evicted returns how many connections, idle or stalled, were closed to
+// make room for new ones.
 func (s *Server) Evicted() int64 { return s.ln.evicted.Load() }
 
 // SlowBodiesCut returns how many request bodies were cut, as their handler
@@ -180,18 +216,20 @@ func (s *Server) SlowBodiesCut() int64 { return s.slowBodies.Load() }
 type limitListener struct {
 	net.Listener
 	max     int
+	grace   time.Duration // Config.EvictableAfter
 	freed   chan struct{} // a connection closed (buffered 1: Accept is the only waiter)
 	done    chan struct{} // the listener closed
 	once    sync.Once
 	evicted atomic.Int64
+	waited  atomic.Int64 // times a new connection waited at the cap
 
 	mu    sync.Mutex
 	conns map[*trackedConn]struct{}
 }
 
-func newLimitListener(ln net.Listener, max int) *limitListener {
+func newLimitListener(ln net.Listener, max int, grace time.Duration) *limitListener {
 	return &limitListener{
-		Listener: ln, max: max,
+		Listener: ln, max: max, grace: grace,
 		freed: make(chan struct{}, 1), done: make(chan struct{}),
 		conns: make(map[*trackedConn]struct{}, max),
 	}
@@ -285,16 +323,17 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			l.mu.Unlock()
 			return tc, nil
 		}
-		victim, recheck := l.victimLocked()
+		victim, recheck := l.victimLocked(time.Now())
 		l.mu.Unlock()
 		if victim != nil {
 			l.evicted.Add(1)
 			_ = victim.Close()
 			continue
 		}
+		l.waited.Add(1)
 		select {
 		case <-l.freed:
-		case <-time.After(recheck): // a stalled body becomes evictable
+		case <-time.After(recheck): // a connection becomes evictable
 		case <-l.done:
 			_ = c.Close()
 			return nil, net.ErrClosed
@@ -302,17 +341,13 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	}
 }
 
-// StalledBodyEvictable is how long a request must have waited for more of
-// its body before, at the cap, its connection may be closed for a new one.
-const StalledBodyEvictable = time.Second
-
 // victimLocked returns the connection to close for a new one: the one idle
-// the longest (new and silent, or between requests), else the one whose
-// request has waited longest, at least StalledBodyEvictable, for more of
-// its body. When every connection is busy otherwise it returns nil and how
-// long to wait, unless one closes before, for the next stalled body to
-// become evictable.
-func (l *limitListener) victimLocked() (*trackedConn, time.Duration) {
+// the longest, else the one whose request has waited longest for more of
+// its body, if that one has been so for the grace (Config.EvictableAfter).
+// Otherwise it returns nil and how long to wait, unless a connection
+// closes before, for the next one to become evictable (at most the grace:
+// a connection whose handler is at work may become idle meanwhile).
+func (l *limitListener) victimLocked(now time.Time) (*trackedConn, time.Duration) {
 	var idle, stalled *trackedConn
 	for c := range l.conns {
 		switch {
@@ -326,16 +361,22 @@ func (l *limitListener) victimLocked() (*trackedConn, time.Duration) {
 			}
 		}
 	}
-	switch {
-	case idle != nil:
-		return idle, 0
-	case stalled == nil:
-		return nil, StalledBodyEvictable
+	wait := l.grace
+	if idle != nil {
+		left := l.grace - now.Sub(idle.since)
+		if left <= 0 {
+			return idle, 0
+		}
+		wait = min(wait, left)
 	}
-	if wait := StalledBodyEvictable - time.Since(stalled.waitingBody); wait > 0 {
-		return nil, wait
+	if stalled != nil {
+		left := l.grace - now.Sub(stalled.waitingBody)
+		if left <= 0 {
+			return stalled, 0
+		}
+		wait = min(wait, left)
 	}
-	return stalled, 0
+	return nil, wait
 }
 
 // waitBody records that c's handler waits for more of the request body

@@ -73,12 +73,14 @@ func get(t *testing.T, addr, path string) int {
 
 // TestIdleConnectionsDoNotStarveHealthz opens ten times more silent
 // connections than the cap (with timeouts far longer than the test) and
-// expects /healthz to answer at once, the server never holding more than
-// its cap.
+// expects /healthz to answer, the server never holding more than its cap:
+// a silent connection is evicted once it has been so for EvictableAfter
+// (here EvictableAfterProbes, as on the listeners of probes).
 func TestIdleConnectionsDoNotStarveHealthz(t *testing.T) {
 	t.Parallel()
 	const max = 8
-	s := start(t, Config{Handler: healthMux(nil), MaxConns: max, ReadHeaderTimeout: time.Hour, IdleTimeout: time.Hour})
+	s := start(t, Config{Handler: healthMux(nil), MaxConns: max, ReadHeaderTimeout: time.Hour, IdleTimeout: time.Hour,
+		EvictableAfter: EvictableAfterProbes})
 	addr := s.Addr().String()
 	dial(t, addr, 10*max)
 	require.Eventually(t, func() bool { return s.Evicted() >= 9*max }, 30*time.Second, 10*time.Millisecond,
@@ -127,6 +129,41 @@ func TestBusyConnectionsAreNeverEvicted(t *testing.T) {
 	require.Equal(t, http.StatusOK, <-health, "the waiting connection is served once a slot frees")
 }
 
+// TestNewConnectionsAreNotEvictedAtOnce: at the cap, a connection that
+// has not sent its whole request head yet is evictable only once it has
+// been so for EvictableAfter (here an hour), so a newcomer cannot cut a
+// client, a probe say, before the server has read its request — the
+// first link of the churn a reconnecting flood made of eviction. The
+// newcomer waits, unread, until a slot frees.
+func TestNewConnectionsAreNotEvictedAtOnce(t *testing.T) {
+	t.Parallel()
+	s := start(t, Config{Handler: healthMux(nil), MaxConns: 1, EvictableAfter: time.Hour})
+	addr := s.Addr().String()
+	first := dial(t, addr, 1)[0]
+	_, err := io.WriteString(first, "GET /healthz HTTP/1.1\r\n") // half a head
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return s.ln.open() == 1 }, 30*time.Second, 10*time.Millisecond)
+
+	second := make(chan int, 1)
+	go func() { second <- get(t, addr, "/healthz") }()
+	require.Eventually(t, func() bool { return s.ln.waited.Load() >= 1 }, 30*time.Second, 10*time.Millisecond,
+		"the newcomer waits at the cap instead of evicting the connection whose head is under way")
+	_, err = io.WriteString(first, "Host: x\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(first), nil)
+	require.NoError(t, err, "the first connection was not cut")
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Zero(t, s.Evicted())
+	select {
+	case <-second:
+		t.Fatal("served beyond the cap")
+	default:
+	}
+	first.Close()
+	require.Equal(t, http.StatusOK, <-second, "the newcomer is served once the slot frees")
+}
+
 // TestSlowClientsAreCutOff: a client that never finishes its headers is
 // disconnected after ReadHeaderTimeout; oversized headers are refused.
 func TestSlowClientsAreCutOff(t *testing.T) {
@@ -160,6 +197,7 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, MaxConnsDefault, s.ln.max)
 	require.Equal(t, BodyStallTimeoutDefault, s.stall)
 	require.Equal(t, MinBodyRateDefault, s.rate)
+	require.Equal(t, EvictableAfterDefault, s.ln.grace)
 	_, err := Listen(Config{Addr: "127.0.0.1:0"})
 	require.ErrorContains(t, err, "Handler is required")
 	_, err = Listen(Config{Addr: "127.0.0.1:0", Handler: healthMux(nil), MinBodyRate: -1})
@@ -341,7 +379,7 @@ func TestStalledBodiesAreEvictedAtTheCap(t *testing.T) {
 	started := time.Now()
 	require.Equal(t, http.StatusOK, get(t, addr, "/healthz"))
 	took := time.Since(started)
-	require.Less(t, took, StalledBodyEvictable+5*time.Second)
+	require.Less(t, took, EvictableAfterDefault+5*time.Second)
 	require.EqualValues(t, 1, s.Evicted(), "one stalled connection made room")
 	select {
 	case <-closed:
