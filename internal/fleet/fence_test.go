@@ -11,6 +11,7 @@ import (
 	"github.com/fleet/ingest/internal/fleet"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 )
 
@@ -100,7 +101,7 @@ func TestStaleHolderCannotPublishAfterItsSuccessorFailed(t *testing.T) {
 		require.NoError(t, err)
 		stale <- res
 	}()
-	<-gate.entered // committed, recorded publishing, now "paused"
+	testproc.Await(t, gate.entered, "the stale holder's publication") // committed, recorded publishing, now "paused"
 
 	// Its term runs out while it is paused.
 	short, ok, err := e.leases.Renew(ctx, a.Lease, time.Microsecond)
@@ -116,7 +117,7 @@ func TestStaleHolderCannotPublishAfterItsSuccessorFailed(t *testing.T) {
 	e.failPublications(false)
 
 	close(gate.release) // the paused holder wakes and publishes
-	got := <-stale
+	got := testproc.Await(t, stale, "the stale holder's delivery to end")
 	require.Equal(t, pipeline.LeaseLost, got.Outcome, "%v", got.Err)
 	n, _ := e.publications(b.Scope())
 	require.Zero(t, n, "the stale holder published nothing")

@@ -17,6 +17,7 @@ import (
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 )
 
@@ -607,7 +608,7 @@ func TestTransientWarehouseErrorIsRetriedNotFailed(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, blocker.Rollback(ctx))
 
-	res := <-done
+	res := testproc.Await(t, done, "the delivery whose backend was terminated")
 	require.Equal(t, pipeline.Retry, res.Outcome, "%v", res.Err)
 	require.True(t, pipeline.IsTransient(res.Err), "%v", res.Err)
 	got, d := e.details(b.ID)

@@ -15,6 +15,7 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 )
 
@@ -82,7 +83,7 @@ func TestLoadProgressIsRecorded(t *testing.T) {
 	p := &fleet.Pipeline{AllowLocalFolders: true, Warehouse: wh, Metrics: m, ProgressEvery: 20 * time.Millisecond}
 	done := make(chan pipeline.Result, 1)
 	go func() { done <- e.deliver(b.ID, p) }()
-	<-wh.firstDone
+	testproc.Await(t, wh.firstDone, "the first object's load")
 
 	var mid batch.Details
 	require.Eventually(t, func() bool {
@@ -95,7 +96,7 @@ func TestLoadProgressIsRecorded(t *testing.T) {
 	require.Equal(t, float64(300), testutil.ToFloat64(m.RecordsLoaded))
 
 	close(wh.goOn)
-	res := <-done
+	res := testproc.Await(t, done, "the delivery to end")
 	require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
 	_, d := e.details(b.ID)
 	require.Equal(t, batch.PhasePublished, d.Phase)

@@ -14,6 +14,7 @@ import (
 	"github.com/fleet/ingest/internal/fleet"
 	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse/redshift"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
 )
@@ -70,8 +71,8 @@ func TestALoadPastLoadTimeoutIsNotSettledAsAPreCommitFailure(t *testing.T) {
 	in := double.Inject(redshifttest.Fault{Match: "INSERT INTO curated.fleet_records", Hold: true})
 	res := e.deliver(second.ID, p)
 	require.Equal(t, pipeline.Retry, res.Outcome, "%v", res.Err)
-	swapID := redshifttest.Await(t, in.Matched(), "the swap to be submitted")
-	redshifttest.Await(t, in.Held(), "the swap to be held")
+	swapID := testproc.Await(t, in.Matched(), "the swap to be submitted")
+	testproc.Await(t, in.Held(), "the swap to be held")
 	b, d := e.details(second.ID)
 	require.Equal(t, batch.StatusRunning, b.Status)
 	require.NotNil(t, d.WarehouseStatement, "the running statement is recorded with the batch")
@@ -123,8 +124,8 @@ func TestAPublicationPastQueryTimeoutIsNotSettledAsFailed(t *testing.T) {
 	in := double.Inject(redshifttest.Fault{Match: "UPDATE curated.fleet_slices SET published_at", Hold: true})
 	res := e.deliver(b.ID, p)
 	require.Equal(t, pipeline.Retry, res.Outcome, "%v", res.Err)
-	pubID := redshifttest.Await(t, in.Matched(), "the publication to be submitted")
-	redshifttest.Await(t, in.Held(), "the publication to be held")
+	pubID := testproc.Await(t, in.Matched(), "the publication to be submitted")
+	testproc.Await(t, in.Held(), "the publication to be held")
 	b, d := e.details(b.ID)
 	require.True(t, d.RedshiftCommitted)
 	require.NotNil(t, d.WarehouseStatement)

@@ -13,6 +13,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/testproc"
 )
 
 // TestSweeperLeavesALiveTakeoverAlone reproduces the race of a sweep that
@@ -97,7 +98,7 @@ func TestSweeperLeavesALiveTakeoverAlone(t *testing.T) {
 	}, 30*time.Second, 5*time.Millisecond)
 	require.NoError(t, blocker.Rollback(ctx))
 
-	res := <-swept
+	res := testproc.Await(t, swept, "the sweep")
 	require.NoError(t, res.err)
 	if took.a.Outcome == 0 && took.err == nil {
 		took = <-acquired

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/redshift"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
@@ -73,6 +74,6 @@ func TestNoTenantWaitsOnAnotherTenantsCopy(t *testing.T) {
 	}
 	require.Less(t, time.Since(copyStarted), copyHeld, "all of this happened while A's COPY was held")
 
-	require.NoError(t, redshifttest.Await(t, aDone, "the first load to end"))
+	require.NoError(t, testproc.Await(t, aDone, "the first load to end"))
 	require.Equal(t, int64(101), mustStamp(t, e.wh, sliceA).BatchID)
 }

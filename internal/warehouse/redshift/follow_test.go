@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/redshift"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
@@ -77,10 +78,10 @@ func TestAKilledWorkersLoadIsFollowedNotResubmitted(t *testing.T) {
 		_, err := mortal.Load(warehouse.WithJournal(context.Background(), j), s, src, objs, nil)
 		errc <- err
 	}()
-	swapID := redshifttest.Await(t, in.Matched(), "the swap to be submitted")
-	redshifttest.Await(t, in.Held(), "the swap to be held")
+	swapID := testproc.Await(t, in.Matched(), "the swap to be submitted")
+	testproc.Await(t, in.Held(), "the swap to be held")
 	kt.dead.Store(true)
-	require.Error(t, redshifttest.Await(t, errc, "the dead worker's load to end"), "the dead worker never learns its outcome")
+	require.Error(t, testproc.Await(t, errc, "the dead worker's load to end"), "the dead worker never learns its outcome")
 	rec, ok := j.Pending()
 	require.True(t, ok, "the statement was recorded before it was awaited")
 	require.Equal(t, swapID, rec.ID)
@@ -109,7 +110,7 @@ func TestAKilledWorkersLoadIsFollowedNotResubmitted(t *testing.T) {
 	require.Len(t, e.double.Submissions(), submitted, "nothing is submitted while the followed statement runs")
 
 	in.Release()
-	r := redshifttest.Await(t, done, "the next delivery's load to end")
+	r := testproc.Await(t, done, "the next delivery's load to end")
 	require.NoError(t, r.err)
 	require.Equal(t, int64(7), r.st.BatchID)
 	require.Equal(t, int64(1), r.st.Generation, "the followed statement's commit is the outcome")
@@ -138,10 +139,10 @@ func TestAKilledWorkersCopyIsFollowedBeforeStagingAgain(t *testing.T) {
 		_, err := mortal.Load(warehouse.WithJournal(context.Background(), j), s, src, objs, nil)
 		errc <- err
 	}()
-	copyID := redshifttest.Await(t, in.Matched(), "the COPY to be submitted")
-	redshifttest.Await(t, in.Copying(), "the COPY to start")
+	copyID := testproc.Await(t, in.Matched(), "the COPY to be submitted")
+	testproc.Await(t, in.Copying(), "the COPY to start")
 	kt.dead.Store(true)
-	require.Error(t, redshifttest.Await(t, errc, "the dead worker's load to end"))
+	require.Error(t, testproc.Await(t, errc, "the dead worker's load to end"))
 
 	src2, objs2, _ := warehousetest.Source(t, files)
 	st, err := e.wh.Load(warehouse.WithJournal(context.Background(), j), warehouse.Slice{TenantID: s.TenantID, SourceScope: s.SourceScope, BatchID: 8, Generation: 2}, src2, objs2, nil)
@@ -187,7 +188,7 @@ func TestASubmissionRecordedWithoutItsIDIsRepeatedWithItsToken(t *testing.T) {
 	mortal := e.mortal(t, kt)
 	_, err := mortal.Load(warehouse.WithJournal(context.Background(), j), s, src, objs, nil)
 	require.Error(t, err)
-	swapID := redshifttest.Await(t, in.Matched(), "the swap to be submitted")
+	swapID := testproc.Await(t, in.Matched(), "the swap to be submitted")
 	rec, ok := j.Pending()
 	require.True(t, ok)
 	require.Equal(t, "redshift-load-swap", rec.Kind)
@@ -205,7 +206,7 @@ func TestASubmissionRecordedWithoutItsIDIsRepeatedWithItsToken(t *testing.T) {
 	require.Eventually(t, func() bool { rec, _ := j.Pending(); return rec.ID == swapID }, 10*time.Second, 5*time.Millisecond,
 		"the token's answer is the running statement, now recorded")
 	in.Release()
-	require.NoError(t, redshifttest.Await(t, done, "the repeated load to end"))
+	require.NoError(t, testproc.Await(t, done, "the repeated load to end"))
 	require.Equal(t, 1, e.submissionsNamed("fleet-load-swap-"), "one swap ran")
 	require.Equal(t, int64(1), mustStamp(t, e.wh, s).Generation)
 }
@@ -223,8 +224,8 @@ func TestDescribeFailuresAreAskedAgain(t *testing.T) {
 		_, err := e.wh.Load(context.Background(), warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 3, Generation: 1}, src, objs, nil)
 		done <- err
 	}()
-	redshifttest.Await(t, in.Held(), "the swap to be held")
+	testproc.Await(t, in.Held(), "the swap to be held")
 	e.double.Throttle(12) // more than the SDK's three attempts, several times over
 	in.Release()
-	require.NoError(t, redshifttest.Await(t, done, "the load to end"))
+	require.NoError(t, testproc.Await(t, done, "the load to end"))
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/redshift"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
@@ -177,7 +178,7 @@ func (e *env) harness() warehousetest.Harness {
 				t.Fatalf("the load ended before its transaction was held: %v", err)
 			}
 			kt.dead.Store(true)
-			require.Error(t, redshifttest.Await(t, errc, "the dead client's load to end"), "a client that died does not learn its outcome")
+			require.Error(t, testproc.Await(t, errc, "the dead client's load to end"), "a client that died does not learn its outcome")
 			return func() {
 				in.Release()
 				waitEnded(t, in)

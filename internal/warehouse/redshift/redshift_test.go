@@ -21,6 +21,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/redshift"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
@@ -429,9 +430,9 @@ func TestCancelledLoadCancelsItsStatement(t *testing.T) {
 		_, err := e.wh.Load(ctx, warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 1, Generation: 1}, src, objs, nil)
 		errc <- err
 	}()
-	redshifttest.Await(t, in.Held(), "the swap to be held")
+	testproc.Await(t, in.Held(), "the swap to be held")
 	cancel(batch.ErrStaleLease)
-	err := redshifttest.Await(t, errc, "the cancelled load to end")
+	err := testproc.Await(t, errc, "the cancelled load to end")
 	require.ErrorIs(t, err, batch.ErrStaleLease)
 	select {
 	case <-in.Done():

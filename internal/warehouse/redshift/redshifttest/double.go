@@ -1021,23 +1021,3 @@ func (d *Double) cancel(body []byte) (any, error) {
 	cancel()
 	return map[string]any{"Status": true}, nil
 }
-
-// AwaitLimit bounds Await.
-const AwaitLimit = 2 * time.Minute
-
-// Await receives from ch (an Injection's signal, or a test's own channel
-// of a load's end) within AwaitLimit, and fails the test naming what it
-// waited for otherwise: a signal that never comes — the load under test
-// ended before it reached the fault, say — fails that test instead of
-// hanging its package until go test's timeout.
-func Await[T any](t testing.TB, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(AwaitLimit):
-		t.Fatalf("waited %s for %s", AwaitLimit, what)
-	}
-	var zero T
-	return zero
-}
