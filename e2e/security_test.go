@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,35 +27,16 @@ import (
 var roleSeq atomic.Int64
 
 // loginAs creates a login role that is a member of group and returns dbURL
-// rewritten to connect as it. The role is dropped when the test ends.
+// rewritten to connect as it (pgtest.LoginAs).
 func loginAs(t *testing.T, admin *pgxpool.Pool, dbURL, group string) string {
 	t.Helper()
-	ctx := context.Background()
-	name := fmt.Sprintf("e2e_%s_%d_%d", group, os.Getpid(), roleSeq.Add(1))
-	_, err := admin.Exec(ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN IN ROLE %s`, name, group))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), fmt.Sprintf(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '%s'`, name))
-		_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+name)
-	})
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	u.User = url.User(name)
-	return u.String()
+	return pgtest.LoginAs(t, admin, dbURL, group)
 }
 
-// rolesMu serialises applying roles.sql: its roles are cluster-wide, and
-// two databases creating them at once would race on CREATE ROLE.
-var rolesMu sync.Mutex
-
+// applyRoles runs deploy/postgres/roles.sql (pgtest.ApplyRoles).
 func applyRoles(t *testing.T, admin *pgxpool.Pool) {
 	t.Helper()
-	sql, err := os.ReadFile("../deploy/postgres/roles.sql")
-	require.NoError(t, err)
-	rolesMu.Lock()
-	defer rolesMu.Unlock()
-	_, err = admin.Exec(context.Background(), string(sql))
-	require.NoError(t, err)
+	pgtest.ApplyRoles(t, admin)
 }
 
 // requireDenied runs sql and expects SQLSTATE 42501 (insufficient
