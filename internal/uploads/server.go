@@ -79,7 +79,13 @@ const (
 
 // Config configures the listener.
 type Config struct {
+	// Enqueuer imports the folders of the import and event routes.
 	Enqueuer *jobs.Enqueuer
+	// Operator runs the operator routes' actions (the cancel route), on a
+	// login allowed to change batches (fleet_operator in
+	// deploy/postgres/roles.sql); the door's login may not. Defaults to
+	// Enqueuer.
+	Operator *jobs.Enqueuer
 	// Pool is pinged by /readyz and holds the replay records of signed
 	// requests. Required when HMACSecret or SNS is set.
 	Pool *pgxpool.Pool
@@ -242,6 +248,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Operator == nil {
+		cfg.Operator = cfg.Enqueuer
 	}
 	s := &Server{cfg: cfg, door: newDoorLimiter(cfg.RateLimit, cfg.RateBurst)}
 	s.imports = jobs.NewGrouper(cfg.Enqueuer, jobs.GroupConfig{
