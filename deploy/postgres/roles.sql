@@ -314,8 +314,7 @@ BEGIN
         USING ERRCODE = 'insufficient_privilege', TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
 END
 $$;
-DROP TRIGGER IF EXISTS fleet_river_job_insert_only ON public.river_job;
-CREATE TRIGGER fleet_river_job_insert_only BEFORE UPDATE ON public.river_job
+CREATE OR REPLACE TRIGGER fleet_river_job_insert_only BEFORE UPDATE ON public.river_job
     FOR EACH ROW
     WHEN (NOT pg_catalog.has_column_privilege('public.river_job'::regclass, 'state', 'UPDATE')
           AND OLD IS DISTINCT FROM NEW)
