@@ -145,7 +145,7 @@ func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 	}
 	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing",
 		"FleetIngestNoLiveWorker", "FleetIngestFailedBatchRateHigh", "FleetIngestParkedBatch",
-		"FleetIngestSQSMessagesFailing", "FleetIngestSQSReceiveFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing",
+		"FleetIngestSQSMessagesFailing", "FleetIngestSQSReceiveFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing", "FleetIngestReconcileCheckpointAhead",
 		"FleetIngestDoorDown", "FleetIngestDoorErrors"} {
 		require.True(t, alerts[want], "missing alert %s", want)
 	}

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,35 +28,16 @@ import (
 var roleSeq atomic.Int64
 
 // loginAs creates a login role that is a member of group and returns dbURL
-// rewritten to connect as it. The role is dropped when the test ends.
+// rewritten to connect as it (pgtest.LoginAs).
 func loginAs(t *testing.T, admin *pgxpool.Pool, dbURL, group string) string {
 	t.Helper()
-	ctx := context.Background()
-	name := fmt.Sprintf("e2e_%s_%d_%d", group, os.Getpid(), roleSeq.Add(1))
-	_, err := admin.Exec(ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN IN ROLE %s`, name, group))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), fmt.Sprintf(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '%s'`, name))
-		_, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+name)
-	})
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	u.User = url.User(name)
-	return u.String()
+	return pgtest.LoginAs(t, admin, dbURL, group)
 }
 
-// rolesMu serialises applying roles.sql: its roles are cluster-wide, and
-// two databases creating them at once would race on CREATE ROLE.
-var rolesMu sync.Mutex
-
+// applyRoles runs deploy/postgres/roles.sql (pgtest.ApplyRoles).
 func applyRoles(t *testing.T, admin *pgxpool.Pool) {
 	t.Helper()
-	sql, err := os.ReadFile("../deploy/postgres/roles.sql")
-	require.NoError(t, err)
-	rolesMu.Lock()
-	defer rolesMu.Unlock()
-	_, err = admin.Exec(context.Background(), string(sql))
-	require.NoError(t, err)
+	pgtest.ApplyRoles(t, admin)
 }
 
 // requireDenied runs sql and expects SQLSTATE 42501 (insufficient
@@ -77,11 +58,14 @@ func requirePermissionDenied(t *testing.T, pool *pgxpool.Pool, sql string) {
 }
 
 // TestLeastPrivilegeRoles runs both binaries as the roles of
-// deploy/postgres/roles.sql, end to end (CLI import and resume, enqueue
-// serve with a signed request and its replay, the worker), and checks each
+// deploy/postgres/roles.sql, end to end (CLI import as the door's login;
+// resume, cancel and retry as the operator's, which the door's may not do;
+// enqueue serve as the door with its cancel route and River UI as the
+// operator, a signed request and its replay; the worker), and checks each
 // thing those roles may not do: no DDL, no re-tenanting or re-scoping of a
 // batch, no success declared by enqueue, no temporary objects, no session
-// for a role that is not theirs.
+// for a role that is not theirs. deploy/postgres holds each forbidden write
+// per login.
 func TestLeastPrivilegeRoles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -91,13 +75,15 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	applyRoles(t, admin) // idempotent
 	workerURL := loginAs(t, admin, dbURL, "fleet_worker")
 	enqueueURL := loginAs(t, admin, dbURL, "fleet_enqueue")
+	operatorURL := loginAs(t, admin, dbURL, "fleet_operator")
 
 	startWorker(t, workerURL, fastLease...)
 	folderURL := writeFolder(t, sample)
 	id := enqueueBatch(t, enqueueURL, "tenant-a", folderURL)
 	waitStatus(t, admin, id, batch.StatusSucceeded, 30*time.Second)
 
-	// Resume as the enqueue role, after a publication failure.
+	// Resume as the operator role, after a publication failure; the door's
+	// role may not.
 	_, err := admin.Exec(ctx, `
 		CREATE FUNCTION curated.fail_publication() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'down'; END $$;
 		CREATE TRIGGER fail_publication BEFORE INSERT ON curated.fleet_publications FOR EACH ROW EXECUTE FUNCTION curated.fail_publication();`)
@@ -108,32 +94,44 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	_, err = admin.Exec(ctx, `DROP TRIGGER fail_publication ON curated.fleet_publications`)
 	require.NoError(t, err)
 	out, code := runEnqueue(t, enqueueURL, "resume", "--batch-id", itoa(id2), "--tenant-id", "tenant-a", "--folder", other)
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "permission denied", "the door's role resumes nothing")
+	require.Contains(t, out, "fleet_operator", "the error names the login to use")
+	out, code = runEnqueue(t, operatorURL, "resume", "--batch-id", itoa(id2), "--tenant-id", "tenant-a", "--folder", other)
 	require.Equal(t, 0, code, out)
 	waitStatus(t, admin, id2, batch.StatusSucceeded, 30*time.Second)
 	out, code = runEnqueue(t, enqueueURL, "status", "--batch-id", itoa(id2), "--json")
 	require.Equal(t, 0, code, out)
 
-	// Cancel and retry as the enqueue role (the worker role parks).
+	// Cancel and retry as the operator role (the worker role parks); the
+	// door's role may do neither.
 	cancelled := writeFolder(t, sample)
 	blocked := blockLoads(t, admin)
 	id3 := enqueueBatch(t, enqueueURL, "tenant-a", cancelled)
 	waitLoadBlocked(t, admin, id3, "w")
 	out, code = runEnqueue(t, enqueueURL, "cancel", "--batch-id", itoa(id3), "--tenant-id", "tenant-a", "--reason", "least privilege")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "permission denied", "the door's role cancels nothing")
+	out, code = runEnqueue(t, operatorURL, "cancel", "--batch-id", itoa(id3), "--tenant-id", "tenant-a", "--reason", "least privilege")
 	require.Equal(t, 0, code, out)
 	require.Equal(t, "cancelled", outcome(t, out)["outcome"])
 	blocked()
-	out, code = runEnqueue(t, enqueueURL, "retry", "--batch-id", itoa(id3), "--tenant-id", "tenant-a")
+	out, code = runEnqueue(t, operatorURL, "retry", "--batch-id", itoa(id3), "--tenant-id", "tenant-a")
 	require.Equal(t, 0, code, out)
 	retried := int64(outcome(t, out)["batch_id"].(float64))
 	waitStatus(t, admin, retried, batch.StatusSucceeded, 30*time.Second)
 
 	// enqueue serve as the enqueue role: an import the worker completes,
-	// and a signed notification accepted once across two replicas.
+	// and a signed notification accepted once across two replicas. Its
+	// operator surfaces act as the operator role: the cancel route cancels
+	// and the River UI reads River's tables.
 	secretFile := filepath.Join(t.TempDir(), "hmac")
 	require.NoError(t, os.WriteFile(secretFile, []byte("roles-secret"), 0o600))
 	serveArgs := []string{"--hmac-secret-file", secretFile, "--dev-allow-local-folders"}
-	_, baseA := startServe(t, enqueueURL, []string{"ENQUEUE_AUTH_TOKEN=tok"}, serveArgs...)
-	_, baseB := startServe(t, enqueueURL, []string{"ENQUEUE_AUTH_TOKEN=tok"}, serveArgs...)
+	serveA, baseA := startServe(t, enqueueURL, []string{"ENQUEUE_AUTH_TOKEN=tok", "ENQUEUE_OPERATOR_TOKEN=op-tok", "OPERATOR_DATABASE_URL=" + operatorURL}, serveArgs...)
+	serveB, baseB := startServe(t, enqueueURL, []string{"ENQUEUE_AUTH_TOKEN=tok", "ENQUEUE_OPERATOR_TOKEN=op-tok"}, serveArgs...)
+	require.NotContains(t, serveA.logs.String(), "may not cancel batches")
+	serveB.waitLog("the operator surfaces' database login may not cancel batches", 10*time.Second)
 	third := writeFolder(t, sample)
 	status, body := postJSON(t, baseA+"/v1/imports", "tok", map[string]any{"tenant_id": "tenant-b", "tenant_database": "db", "company_id": "c", "folder": third})
 	require.Equal(t, http.StatusAccepted, status, body)
@@ -144,6 +142,26 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	require.Equal(t, http.StatusAccepted, status)
 	status, _ = postSigned(t, baseB, event, sig, ts)
 	require.Equal(t, http.StatusUnauthorized, status, "the replay is refused by the other replica")
+
+	blocked = blockLoads(t, admin)
+	id4 := enqueueBatch(t, enqueueURL, "tenant-a", writeFolder(t, sample))
+	waitLoadBlocked(t, admin, id4, "w")
+	opAdmin := "http://" + adminAddr(t, serveA)
+	status, body = postJSON(t, opAdmin+"/v1/batches/"+itoa(id4)+"/cancel", "op-tok", map[string]any{"tenant_id": "tenant-a", "reason": "as the operator login"})
+	require.Equal(t, http.StatusOK, status, body)
+	require.Equal(t, "cancelled", body["outcome"])
+	blocked()
+	waitStatus(t, admin, id4, batch.StatusFailed, 30*time.Second)
+	req, err := http.NewRequest(http.MethodGet, opAdmin+"/riverui/api/jobs?state=completed&limit=100", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer op-tok")
+	resp, err := httpClient.Do(req)
+	require.NoError(t, err)
+	page, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the River UI reads as the operator role: %s", page)
+	require.Contains(t, string(page), `"kind":"fleet_ingest"`)
 
 	// The worker role's sweeper records its sweeps (ingest_sweeps), so the
 	// fleet sweeps once per period: a missing grant would fail every sweep.
@@ -156,6 +174,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	// What the roles may not do.
 	w := pgtest.Pool(t, workerURL)
 	e := pgtest.Pool(t, enqueueURL)
+	o := pgtest.Pool(t, operatorURL)
 	for _, sql := range []string{
 		`CREATE TABLE sneaky (i int)`,
 		`CREATE TABLE curated.sneaky (i int)`,
@@ -177,11 +196,22 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		`INSERT INTO curated.fleet_records (tenant_id, source_scope, batch_id, object_key, line_number, record) VALUES ('t','s',1,'k',1,'{}')`,
 		`UPDATE curated.fleet_slices SET published_at = now()`,
 		`SELECT count(*) FROM curated.fleet_records`,
+		`UPDATE river_job SET state = 'cancelled'`,
 	} {
 		requirePermissionDenied(t, e, sql)
 	}
-	// Neither role can change what a batch is for, whatever its status.
-	for _, role := range []*pgxpool.Pool{w, e} {
+	for _, sql := range []string{
+		`CREATE TABLE sneaky (i int)`,
+		`CREATE TEMP TABLE sneaky (i int)`,
+		`DELETE FROM ingestion_batches`,
+		`INSERT INTO curated.fleet_records (tenant_id, source_scope, batch_id, object_key, line_number, record) VALUES ('t','s',1,'k',1,'{}')`,
+		`UPDATE ingest_sweeps SET swept_at = now()`,
+		`DELETE FROM ingest_seen_signatures`,
+	} {
+		requirePermissionDenied(t, o, sql)
+	}
+	// No role can change what a batch is for, whatever its status.
+	for _, role := range []*pgxpool.Pool{w, e, o} {
 		for _, set := range []string{
 			`tenant_id = 'evil'`, `source_scope = 'fleet_s3:s3://evil/x'`, `company_id = 'evil'`,
 			`tenant_database = 'evil'`, `source_type = 'KdsCdc'`, `ingestion_mode = 'Api'`, `pipeline_stage = 'x'`,
@@ -190,10 +220,15 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 			requireDenied(t, role, "permission denied", `UPDATE ingestion_batches SET `+set+` WHERE id = $1`, id)
 		}
 	}
-	// Enqueue can only ever set Running or Failed: never declare success,
-	// by update or by insert.
-	requireDenied(t, e, "row-level security", `UPDATE ingestion_batches SET status = 'Succeeded' WHERE id = $1`, id2)
-	requireDenied(t, e, "row-level security", `UPDATE ingestion_batches SET status = 'Succeeded', details = details WHERE status <> 'Succeeded'`)
+	// The door changes no batch; the operator only ever sets Running or
+	// Failed, and never touches a Succeeded batch: neither declares or
+	// undoes success, by update or by insert.
+	requireDenied(t, e, "permission denied", `UPDATE ingestion_batches SET status = 'Failed' WHERE id = $1`, id2)
+	requireDenied(t, o, "row-level security", `UPDATE ingestion_batches SET status = 'Succeeded' WHERE id = $1`, id3)
+	requireDenied(t, o, "row-level security", `UPDATE ingestion_batches SET status = 'Succeeded', details = details WHERE status <> 'Succeeded'`)
+	tag, err := o.Exec(ctx, `UPDATE ingestion_batches SET status = 'Failed', completed_at = now() WHERE id = $1`, id2)
+	require.NoError(t, err)
+	require.Zero(t, tag.RowsAffected(), "a Succeeded batch is hidden from the operator's updates")
 	requireDenied(t, e, "row-level security", `
 		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, business_date, pipeline_stage, status, details, source_scope)
 		VALUES ('c', 't', 'd', 'FileUpload', 'FleetS3', NULL, 'fleet_s3_direct_to_curated', 'Succeeded', '{}', 'fleet_s3:s3://b/x')`)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fleet/ingest/internal/cli"
@@ -61,10 +62,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return coded.Code
 	}
-	err = cli.MigrateHint(err)
+	err = privilegeHint(cli.MigrateHint(err))
 	e.Logger.Error(err.Error())
 	printJSON(stdout, map[string]string{"outcome": "error", "error": err.Error()})
 	return cli.ExitInfra
+}
+
+// privilegeHint names the login an error of insufficient privilege (SQLSTATE
+// 42501) calls for: each kind of caller has its own (deploy/postgres/roles.sql).
+// Other errors are returned as they are.
+func privilegeHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return fmt.Errorf("the database login of DATABASE_URL may not do this (%s): imports need the doors' login (fleet_enqueue); cancel, retry and resume the operators' (fleet_operator): %w", pgErr.Message, err)
+	}
+	return err
 }
 
 // printJSON prints v as one line of JSON, inert on a terminal (inertJSON).

@@ -40,6 +40,8 @@ type serveCmd struct {
 	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
 	NoRiverUI         bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI (at /riverui/ on the admin listener)."`
 	MaxConns          int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within --timeout. Size it for the concurrent requests expected, within the server's max_connections."`
+	// The operator surfaces' own login.
+	OperatorDatabaseURL string `name:"operator-database-url" env:"OPERATOR_DATABASE_URL" help:"PostgreSQL connection string of the operator login (fleet_operator, deploy/postgres/roles.sql), used by the operator surfaces only, the cancel route and the River UI, in a pool of its own (at most 4 connections). Without it they use --database-url, which in production is the door's login (fleet_enqueue), which may not change a batch or a job. Needs --operator-token-file."`
 
 	// The door: how much an authenticated caller may ask for, and how
 	// much an unauthenticated one can make the listener read.
@@ -159,6 +161,14 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		return uploads.Config{}, refuseSetting(e, "signed_max_body_bytes", errors.New("--signed-max-body-bytes must be at least 1"))
 	case s.SNSAutoConfirm && sns == nil:
 		return uploads.Config{}, refuseSetting(e, "sns_auto_confirm", errors.New("--sns-auto-confirm needs --sns-topic-arn"))
+	case s.OperatorDatabaseURL != "" && operator == "":
+		return uploads.Config{}, refuseSetting(e, "operator_database_url",
+			errors.New("--operator-database-url needs --operator-token-file: without the operator token no operator surface is served"))
+	}
+	if s.OperatorDatabaseURL != "" {
+		if err := cli.CheckDatabaseURL(s.OperatorDatabaseURL); err != nil {
+			return uploads.Config{}, refuseSetting(e, "operator_database_url", fmt.Errorf("--operator-database-url: %w", err))
+		}
 	}
 	cfg := uploads.Config{
 		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorToken: operator, HMACSecret: []byte(hmacSecret), SNS: sns,
@@ -188,7 +198,14 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	defer pool.Close()
 	enq.Metrics = metrics.NewServe() // not the worker's gauges, frozen at zero here
-	cfg.Enqueuer, cfg.Pool, cfg.Metrics = enq, pool, enq.Metrics
+	opPool, opEnq, err := s.connectOperator(c, e, pool, enq, cfg.OperatorToken != "")
+	if err != nil {
+		return err
+	}
+	if opPool != pool {
+		defer opPool.Close()
+	}
+	cfg.Enqueuer, cfg.Operator, cfg.Pool, cfg.Metrics = enq, opEnq, pool, enq.Metrics
 	srv, err := uploads.New(cfg)
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
@@ -219,10 +236,10 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if !s.NoRiverUI {
 		ui := http.NotFoundHandler() // not reached without an operator token: OperatorOnly answers
 		if cfg.OperatorToken != "" {
-			if ui, err = riverUI(e.Ctx, enq.River, e.Logger); err != nil {
+			if ui, err = riverUI(e.Ctx, opEnq.River, e.Logger); err != nil {
 				return fmt.Errorf("river UI: %w", err)
 			}
-			ui = &uiActions{ui: ui, enq: enq, pool: pool, log: e.Logger}
+			ui = &uiActions{ui: ui, enq: opEnq, pool: opPool, log: e.Logger}
 		}
 		operator.Handle(riverUIPrefix+"/", srv.OperatorOnly("the River UI", ui))
 	}
@@ -267,6 +284,47 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	e.Logger.Info("stopped")
 	return nil
+}
+
+// operatorMaxConns bounds the operator surfaces' pool: a person's cancels
+// and the River UI's pages.
+const operatorMaxConns = 4
+
+// connectOperator opens the pool and enqueuer of the operator surfaces on
+// --operator-database-url, or returns the door's without it. When they are
+// served (an operator token) it warns when their login may not cancel a batch (the
+// door's login, in production, may not): the cancel route and the River
+// UI's actions would then fail with permission errors.
+func (s *serveCmd) connectOperator(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, enq *jobs.Enqueuer, served bool) (*pgxpool.Pool, *jobs.Enqueuer, error) {
+	opPool, opEnq := pool, enq
+	if s.OperatorDatabaseURL != "" {
+		var err error
+		opPool, err = cli.Connect(e.Ctx, s.OperatorDatabaseURL, c.DatabasePooler, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = operatorMaxConns })
+		if err != nil {
+			return nil, nil, fmt.Errorf("--operator-database-url: %w", err)
+		}
+		if opEnq, err = newEnqueuer(c, e, opPool, nil, 0); err != nil {
+			opPool.Close()
+			return nil, nil, err
+		}
+		opEnq.Metrics = enq.Metrics
+	}
+	if !served {
+		return opPool, opEnq, nil
+	}
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
+	defer cancel()
+	var login string
+	var mayCancel bool
+	err := opPool.QueryRow(ctx, `SELECT current_user, has_column_privilege('ingestion_batches', 'cancelled_at', 'UPDATE')`).Scan(&login, &mayCancel)
+	switch {
+	case err != nil:
+		e.Logger.Warn("could not check the operator surfaces' database login", "error", err)
+	case !mayCancel:
+		e.Logger.Warn("the operator surfaces' database login may not cancel batches: the cancel route and the River UI's actions will fail; set --operator-database-url (OPERATOR_DATABASE_URL) to the operator login (fleet_operator)",
+			"login", login, "operator_database_url", s.OperatorDatabaseURL != "")
+	}
+	return opPool, opEnq, nil
 }
 
 // observeDoor is how enqueue serve's listeners log and measure each

@@ -52,6 +52,8 @@ func TestServeChecksEverySettingBeforeStarting(t *testing.T) {
 		"marker":                             {append(base, "--marker", "a/_SUCCESS"), "marker", "object name"},
 		"SNS topic":                          {append(base, "--sns-topic-arn", "fleet-uploads"), "sns_topic_arn", "not an SNS topic ARN"},
 		"SNS auto-confirm without a topic":   {append(base, "--sns-auto-confirm"), "sns_auto_confirm", "needs --sns-topic-arn"},
+		"operator database without a token":  {[]string{"serve", "--auth-token-file", importToken, "--operator-database-url", "postgres://op@127.0.0.1:1/x"}, "operator_database_url", "needs --operator-token-file"},
+		"operator database URL unparsable":   {append(base, "--operator-database-url", "postgres://op:operator-token-2@127.0.0.1:notaport/x"), "operator_database_url", "invalid database URL"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), append(tc.args, "--database-url", unreachable), &stdout, &stderr)

@@ -261,8 +261,10 @@ func TestChartNetworkPolicies(t *testing.T) {
 // TestChartOperatorToken: the operator token (cancel route, River UI) is
 // optional; when its key is given it is a file in the same volume as the
 // import token, wired to --operator-token-file, never an environment
-// variable; without it enqueue gets no --operator-token-file and serves
-// neither route.
+// variable, and the operator login's URL (OPERATOR_DATABASE_URL, from the
+// same Secret) goes with it: the chart refuses one without the other;
+// without them enqueue gets no --operator-token-file and serves neither
+// route.
 func TestChartOperatorToken(t *testing.T) {
 	t.Parallel()
 	c := pods(t, mustRender(t, nil)).enqueue
@@ -270,7 +272,13 @@ func TestChartOperatorToken(t *testing.T) {
 	require.False(t, ok, "no operator token by default")
 	require.Equal(t, []corev1.KeyToPath{{Key: "token", Path: "token"}}, c.Volumes[0].Secret.Items)
 
-	p := pods(t, mustRender(t, map[string]any{"secrets": map[string]any{"enqueue": map[string]any{"operatorTokenKey": "operator"}}})).enqueue
+	for _, enqueue := range []map[string]any{{"operatorTokenKey": "operator"}, {"operatorDatabaseURLKey": "operator-url"}} {
+		_, err := render(t, map[string]any{"secrets": map[string]any{"enqueue": enqueue}})
+		require.ErrorContains(t, err, "needs secrets.enqueue.", "%v: the operator token and the operator login go together", enqueue)
+	}
+
+	all := pods(t, mustRender(t, map[string]any{"secrets": map[string]any{"enqueue": map[string]any{"operatorTokenKey": "operator", "operatorDatabaseURLKey": "operator-url"}}}))
+	p := all.enqueue
 	container := p.Containers[0]
 	operatorFile, ok := argValue(container.Args, "--operator-token-file")
 	require.True(t, ok)
@@ -285,10 +293,21 @@ func TestChartOperatorToken(t *testing.T) {
 	require.Equal(t, mount.Name, p.Volumes[0].Name)
 	require.Equal(t, "fleet-ingest-enqueue", p.Volumes[0].Secret.SecretName)
 	require.Equal(t, []corev1.KeyToPath{{Key: "token", Path: "token"}, {Key: "operator", Path: "operator-token"}}, p.Volumes[0].Secret.Items)
+	urls := map[string]string{}
 	for _, e := range container.Env {
 		require.NotContains(t, e.Name, "OPERATOR_TOKEN", "the operator token is a file, never environment")
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			urls[e.Name] = e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
+		}
 	}
+	require.Equal(t, "fleet-ingest-enqueue/url", urls["DATABASE_URL"], "the doors act as the enqueue login")
+	require.Equal(t, "fleet-ingest-enqueue/operator-url", urls["OPERATOR_DATABASE_URL"], "the operator surfaces as the operator login")
 	require.Equal(t, []string{"fleet-ingest-enqueue"}, secretsOf(p))
+	for name, pod := range map[string]corev1.PodSpec{"worker": all.worker, "migrate": all.migrate} {
+		for _, e := range pod.Containers[0].Env {
+			require.NotEqual(t, "OPERATOR_DATABASE_URL", e.Name, "%s never gets the operator login", name)
+		}
+	}
 }
 
 // TestChartRequiresUploadBuckets: the chart refuses to render without

@@ -1,24 +1,40 @@
 -- Least-privilege roles for the Fleet ingestion coordinator.
 --
--- Run as a superuser (or a role with CREATEROLE that owns the database) in
+-- Run as a superuser (or the role that owns the tables, with CREATEROLE) in
 -- the operational database, after "worker migrate" has created the tables
--- (the migrating role owns them and is the only one with DDL rights):
+-- (the migrating role owns them and is the only one with DDL rights; it
+-- also owns the functions migration 00080 made to own the door's writes):
 --
 --   psql "$ADMIN_URL" -v ON_ERROR_STOP=1 -f deploy/postgres/roles.sql
---   CREATE ROLE fleet_worker_login LOGIN PASSWORD '…' IN ROLE fleet_worker;
---   CREATE ROLE fleet_enqueue_login LOGIN PASSWORD '…' IN ROLE fleet_enqueue;
+--   CREATE ROLE fleet_worker_login   LOGIN PASSWORD '…' IN ROLE fleet_worker;
+--   CREATE ROLE fleet_enqueue_login  LOGIN PASSWORD '…' IN ROLE fleet_enqueue;
+--   CREATE ROLE fleet_operator_login LOGIN PASSWORD '…' IN ROLE fleet_operator;
 --
--- fleet_worker   runs jobs: reads batches and moves them through their
---                lifecycle (status, details, lease columns; never who or
---                what a batch is for), works River's tables, loads and
---                publishes the local warehouse schema. No DDL, no inserts
---                or deletes of batches.
--- fleet_enqueue  reserves, resumes (and, for operators, cancels or
---                retries) batches and inserts River jobs; records the
---                signatures enqueue serve accepted; reads the warehouse
---                stamp to prove resumes. It can only ever set a batch
---                Running or Failed: success is the worker's to declare.
---                No DDL, no deletes of batches, no warehouse writes.
+-- One group per login: a login in two groups has the union of their rights.
+--
+-- fleet_worker    runs jobs: reads batches and moves Running ones through
+--                 their lifecycle (status, details, lease columns; never
+--                 who or what a batch is for), works River's tables, loads
+--                 and publishes the local warehouse schema. No DDL, no
+--                 inserts or deletes of batches, no change to a batch that
+--                 is no longer Running.
+-- fleet_enqueue   the doors: enqueue import, enqueue serve's import and
+--                 event routes, enqueue sqs and enqueue reconcile. Reserves
+--                 batches (INSERT, Running, or Failed to record a failed
+--                 enqueue) and inserts their River jobs; claims, releases
+--                 (with the claim's token) and prunes the replay records of
+--                 signed requests through functions that own those writes;
+--                 keeps reconcile's checkpoints. It changes no batch and no
+--                 job after inserting them: no UPDATE of ingestion_batches
+--                 at all, no UPDATE or DELETE of river_job.
+-- fleet_operator  operator actions: enqueue cancel, retry and resume, enqueue
+--                 serve's cancel route and the River UI
+--                 (--operator-database-url). Cancels (fenced: the lease
+--                 generation moves on), resumes and retries batches that
+--                 are Running or Failed, never a Succeeded one; cancels,
+--                 retries and deletes River jobs, pauses queues; reads the
+--                 warehouse stamp to prove resumes. Nothing only the worker
+--                 does (lease renewals, parking, sweeps, warehouse writes).
 --
 -- What holds, and how:
 --
@@ -26,15 +42,28 @@
 --     granted column by column, and tenant_id, tenant_database, company_id,
 --     source_scope, source_type (and the other identity columns) are in no
 --     runtime role's list. Such an UPDATE fails with SQLSTATE 42501.
---   * Row-level security on ingestion_batches: fleet_enqueue may insert or
---     update a row only into status Running or Failed (a row Succeeded by
---     it violates the policy: 42501), and may insert an s3:// batch only
---     as the tenant, database and company its folder's path names under
---     fleet_path_pattern() (below; keep it equal to --path-pattern).
+--   * Row-level security on ingestion_batches: the door and the operator
+--     may insert a row only into status Running or Failed (a row Succeeded
+--     by them violates the policy: 42501), and an s3:// batch only as the
+--     tenant, database and company its folder's path names under
+--     fleet_path_pattern() (below; keep it equal to --path-pattern). The
+--     operator may update only Running and Failed rows into Running or
+--     Failed; the worker only Running rows. A row a policy hides from an
+--     UPDATE is not changed (0 rows); a new row it refuses is 42501.
+--   * River's job table: the door's insert is INSERT … ON CONFLICT
+--     (unique_key) DO UPDATE SET kind = river_job.kind, which needs
+--     UPDATE (kind); the trigger fleet_river_job_insert_only refuses (42501)
+--     any update that changes a job for a role that may update no other
+--     column, so the door can insert jobs but not change one.
+--   * Replay records (ingest_seen_signatures) and reconcile checkpoints: see
+--     migration 00080. The door has no DELETE or UPDATE of replay records
+--     (only EXECUTE of ingest_claim_signature, ingest_release_signature
+--     and ingest_prune_signatures), and no role can date a checkpoint after
+--     the database clock.
 --   * Sequences: USAGE only (nextval through the inserts); no role can
---     setval() River's or the batches' sequences. RLS is default-deny for every other
---     role but the owner and superusers: a new runtime role needs a policy
---     here.
+--     setval() River's or the batches' sequences. RLS is default-deny for
+--     every other role but the owner and superusers: a new runtime role
+--     needs a policy here.
 --   * Only these roles and the owner may connect: CONNECT and TEMPORARY
 --     are revoked from PUBLIC on this database (PostgreSQL grants both to
 --     every role by default), so another application's login on the same
@@ -45,21 +74,31 @@
 -- the same slice with pg_terminate_backend, which PostgreSQL allows between
 -- sessions of the same role.
 --
--- Idempotent; re-run after migrations that add tables or columns. To extend
--- it, add grants to the role's section below (a new column a role updates
--- goes into that role's UPDATE list; a new table into its table grants).
+-- Idempotent; re-run after migrations that add tables or columns (and after
+-- River's, which may recreate its tables). Every run first revokes what the
+-- runtime roles had, so it also removes grants an earlier version of this
+-- file made. To extend it, add grants to the role's section below (a new
+-- column a role updates goes into that role's UPDATE list; a new table into
+-- its table grants).
 
 BEGIN;
 SELECT pg_advisory_xact_lock(7061101);
 
+-- Roles are the cluster's, shared by its databases: a run in another
+-- database may create one at the same time (the lock above is this
+-- database's), and then this run finds it made.
 DO $$
+DECLARE r text;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'fleet_worker') THEN
-        CREATE ROLE fleet_worker NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'fleet_enqueue') THEN
-        CREATE ROLE fleet_enqueue NOLOGIN;
-    END IF;
+    FOREACH r IN ARRAY ARRAY['fleet_worker', 'fleet_enqueue', 'fleet_operator'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -71,7 +110,7 @@ DO $$
 DECLARE owner text;
 BEGIN
     EXECUTE format('REVOKE CONNECT, TEMPORARY ON DATABASE %I FROM PUBLIC', current_database());
-    EXECUTE format('GRANT CONNECT ON DATABASE %I TO fleet_worker, fleet_enqueue', current_database());
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO fleet_worker, fleet_enqueue, fleet_operator', current_database());
     -- The migrating role keeps its access even when it does not own the
     -- database itself.
     SELECT tableowner INTO owner FROM pg_tables WHERE schemaname = 'public' AND tablename = 'ingestion_batches';
@@ -79,51 +118,46 @@ BEGIN
 END
 $$;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
-GRANT USAGE ON SCHEMA public TO fleet_worker, fleet_enqueue;
-
--- Start from nothing on the operational table, so a re-run also removes
--- grants an earlier version of this file made.
-REVOKE ALL ON ingestion_batches FROM fleet_worker, fleet_enqueue;
-ALTER TABLE ingestion_batches ENABLE ROW LEVEL SECURITY;
+GRANT USAGE ON SCHEMA public TO fleet_worker, fleet_enqueue, fleet_operator;
 
 -- ---------------------------------------------------------------------------
--- fleet_worker
+-- Start from nothing: every privilege the runtime roles hold on tables
+-- (column privileges included), sequences and the migrations' functions
+-- is revoked, and their policies dropped, so a re-run leaves exactly what
+-- the sections below grant.
 -- ---------------------------------------------------------------------------
-GRANT SELECT ON ingestion_batches TO fleet_worker;
--- Lifecycle columns only: fenced state writes, lease acquire/renew/release,
--- parking a batch this build cannot work on.
-GRANT UPDATE (status, details, completed_at, updated_at,
-              execution_lease_id, execution_lease_expires_at, execution_lease_generation,
-              execution_lease_renewed_at, execution_lease_terms, parked_at, parked_reason)
-    ON ingestion_batches TO fleet_worker;
--- Workers check at start that the schema is current for their build.
-GRANT SELECT ON ingest_schema_migrations TO fleet_worker;
--- The lease sweeper records when it last ran, so the fleet sweeps once per
--- period rather than once per pod (migration 00060).
-GRANT SELECT, INSERT, UPDATE ON ingest_sweeps TO fleet_worker;
-DROP POLICY IF EXISTS fleet_worker_batches ON ingestion_batches;
-CREATE POLICY fleet_worker_batches ON ingestion_batches TO fleet_worker
-    USING (true) WITH CHECK (true);
-
--- River: workers fetch, complete, snooze, rescue, clean and elect a leader.
 DO $$
-DECLARE t text;
+DECLARE obj text;
 BEGIN
-    FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'river%' LOOP
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON public.%I TO fleet_worker', t);
-        -- enqueue serve shows River's tables in the River UI (read-only
-        -- besides the job updates granted below).
-        EXECUTE format('GRANT SELECT ON public.%I TO fleet_enqueue', t);
+    FOR obj IN SELECT format('%I.%I', schemaname, tablename) FROM pg_tables WHERE schemaname IN ('public', 'curated') LOOP
+        EXECUTE format('REVOKE ALL ON TABLE %s FROM fleet_worker, fleet_enqueue, fleet_operator', obj);
     END LOOP;
-    -- USAGE alone: nextval through the inserts' defaults. SELECT (currval)
-    -- is not needed and UPDATE would allow setval(), with which either
-    -- role could make every later insert collide.
-    FOR t IN SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'river%' LOOP
-        EXECUTE format('REVOKE ALL ON SEQUENCE public.%I FROM fleet_worker, fleet_enqueue', t);
-        EXECUTE format('GRANT USAGE ON SEQUENCE public.%I TO fleet_worker, fleet_enqueue', t);
+    FOR obj IN SELECT format('%I.%I', schemaname, sequencename) FROM pg_sequences WHERE schemaname IN ('public', 'curated') LOOP
+        EXECUTE format('REVOKE ALL ON SEQUENCE %s FROM fleet_worker, fleet_enqueue, fleet_operator', obj);
     END LOOP;
+    FOR obj IN SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'ingest\_%' LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM fleet_worker, fleet_enqueue, fleet_operator', obj);
+    END LOOP;
+    IF EXISTS (SELECT FROM pg_namespace WHERE nspname = 'curated') THEN
+        REVOKE ALL ON SCHEMA curated FROM fleet_worker, fleet_enqueue, fleet_operator;
+    END IF;
 END
 $$;
+-- Policies of this file, current and former.
+DROP POLICY IF EXISTS fleet_worker_batches ON ingestion_batches;
+DROP POLICY IF EXISTS fleet_worker_update ON ingestion_batches;
+DROP POLICY IF EXISTS fleet_enqueue_read ON ingestion_batches;
+DROP POLICY IF EXISTS fleet_enqueue_insert ON ingestion_batches;
+DROP POLICY IF EXISTS fleet_enqueue_update ON ingestion_batches;
+DROP POLICY IF EXISTS fleet_operator_update ON ingestion_batches;
+DROP POLICY IF EXISTS fleet_read ON ingestion_batches;
+DROP POLICY IF EXISTS fleet_reserve ON ingestion_batches;
+ALTER TABLE ingestion_batches ENABLE ROW LEVEL SECURITY;
+
+-- Every runtime role reads every batch.
+GRANT SELECT ON ingestion_batches TO fleet_worker, fleet_enqueue, fleet_operator;
+CREATE POLICY fleet_read ON ingestion_batches FOR SELECT TO fleet_worker, fleet_enqueue, fleet_operator
+    USING (true);
 
 -- ---------------------------------------------------------------------------
 -- The path pattern: which tenant, database and company an S3 folder belongs
@@ -172,61 +206,134 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------
--- fleet_enqueue
+-- Reservations, by the door and by the operator's retries: Running, or
+-- Failed to record an enqueue whose job insert failed (RecordFailedEnqueue).
+-- The identity of a batch is written once, here, and never updated.
 -- ---------------------------------------------------------------------------
-GRANT SELECT ON ingestion_batches TO fleet_enqueue;
--- Reservations (Running) and recorded enqueue failures (Failed): the
--- identity of a batch is written once, here, and never updated.
 GRANT INSERT (company_id, tenant_id, tenant_database, ingestion_mode, source_type,
               business_date, pipeline_stage, status, details, source_scope, completed_at)
-    ON ingestion_batches TO fleet_enqueue;
-REVOKE ALL ON SEQUENCE ingestion_batches_id_seq FROM fleet_worker, fleet_enqueue;
-GRANT USAGE ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue;
--- Resumes (Failed → Running) and operator transitions (→ Failed): a cancel
--- moves the lease generation on (fencing the holder), closes the revoked
--- term in the lease trail and records who asked.
-GRANT UPDATE (status, details, completed_at, updated_at,
-              execution_lease_id, execution_lease_expires_at, execution_lease_generation,
-              execution_lease_terms, cancelled_at, cancelled_by, cancel_reason)
-    ON ingestion_batches TO fleet_enqueue;
-DROP POLICY IF EXISTS fleet_enqueue_read ON ingestion_batches;
-CREATE POLICY fleet_enqueue_read ON ingestion_batches FOR SELECT TO fleet_enqueue
-    USING (true);
-DROP POLICY IF EXISTS fleet_enqueue_insert ON ingestion_batches;
-CREATE POLICY fleet_enqueue_insert ON ingestion_batches FOR INSERT TO fleet_enqueue
+    ON ingestion_batches TO fleet_enqueue, fleet_operator;
+GRANT USAGE ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue, fleet_operator;
+CREATE POLICY fleet_reserve ON ingestion_batches FOR INSERT TO fleet_enqueue, fleet_operator
     WITH CHECK (status IN ('Running', 'Failed')
                 AND public.fleet_scope_names_batch(source_scope, tenant_id, tenant_database, company_id));
-DROP POLICY IF EXISTS fleet_enqueue_update ON ingestion_batches;
-CREATE POLICY fleet_enqueue_update ON ingestion_batches FOR UPDATE TO fleet_enqueue
-    USING (true) WITH CHECK (status IN ('Running', 'Failed'));
 
--- River inserts with INSERT … ON CONFLICT DO UPDATE, which needs UPDATE;
--- enqueue cancel marks a batch's jobs cancelled (UPDATE too).
-GRANT SELECT, INSERT, UPDATE ON river_job TO fleet_enqueue;
+-- ---------------------------------------------------------------------------
+-- fleet_worker
+-- ---------------------------------------------------------------------------
+-- Lifecycle columns of Running batches only: fenced state writes (the last
+-- one moves the batch to Succeeded or Failed), lease acquire/renew/release,
+-- parking a batch this build cannot work on. Every one of these statements
+-- names status = 'Running' (a release of a term no longer held changes
+-- nothing either way); a batch that left Running is no worker's to change.
+GRANT UPDATE (status, details, completed_at, updated_at,
+              execution_lease_id, execution_lease_expires_at, execution_lease_generation,
+              execution_lease_renewed_at, execution_lease_terms, parked_at, parked_reason)
+    ON ingestion_batches TO fleet_worker;
+CREATE POLICY fleet_worker_update ON ingestion_batches FOR UPDATE TO fleet_worker
+    USING (status = 'Running') WITH CHECK (true);
+-- Workers check at start that the schema is current for their build.
+GRANT SELECT ON ingest_schema_migrations TO fleet_worker;
+-- The lease sweeper records when it last ran, so the fleet sweeps once per
+-- period rather than once per pod (migration 00060).
+GRANT SELECT, INSERT, UPDATE ON ingest_sweeps TO fleet_worker;
+
+-- River: workers fetch, complete, snooze, rescue, clean and elect a leader;
+-- they also insert jobs (notifications, redeliveries).
+DO $$
+DECLARE t text;
+BEGIN
+    FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'river%' LOOP
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON public.%I TO fleet_worker', t);
+        -- The River UI shows River's tables to operators.
+        EXECUTE format('GRANT SELECT ON public.%I TO fleet_operator', t);
+    END LOOP;
+    -- USAGE alone: nextval through the inserts' defaults. SELECT (currval)
+    -- is not needed and UPDATE would allow setval(), with which any role
+    -- could make every later insert collide.
+    FOR t IN SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' AND sequencename LIKE 'river%' LOOP
+        EXECUTE format('GRANT USAGE ON SEQUENCE public.%I TO fleet_worker', t);
+    END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------
+-- fleet_enqueue: the doors
+-- ---------------------------------------------------------------------------
+-- River jobs: insert, and read what was inserted (RETURNING; enqueue status
+-- shows a batch's jobs). UPDATE (kind) only for the ON CONFLICT clause of
+-- River's insert; the trigger below refuses any change it would make.
+GRANT SELECT, INSERT ON river_job TO fleet_enqueue;
+GRANT UPDATE (kind) ON river_job TO fleet_enqueue;
+GRANT USAGE ON SEQUENCE river_job_id_seq TO fleet_enqueue;
 GRANT SELECT ON river_migration TO fleet_enqueue;
 
 -- Replay records of enqueue serve's signed requests (migration 00010):
--- claim, release after a failed request, prune expired ones.
-GRANT SELECT, INSERT, UPDATE, DELETE ON ingest_seen_signatures TO fleet_enqueue;
+-- read, and written only through the functions of migration 00080.
+GRANT SELECT (digest, expires_at) ON ingest_seen_signatures TO fleet_enqueue;
+GRANT EXECUTE ON FUNCTION ingest_claim_signature(bytea, interval),
+                          ingest_release_signature(bytea, bytea),
+                          ingest_prune_signatures()
+    TO fleet_enqueue;
 
--- Checkpoints of enqueue reconcile --every (migration 00040).
+-- Checkpoints of enqueue reconcile --every (migration 00040; a time after
+-- the database clock is refused by migration 00080's trigger).
 GRANT SELECT, INSERT, UPDATE ON ingest_reconcile_checkpoints TO fleet_enqueue;
 
 -- ---------------------------------------------------------------------------
--- Local warehouse (schema curated): the worker loads and publishes; enqueue
--- reads the stamp to prove resumes.
+-- fleet_operator
+-- ---------------------------------------------------------------------------
+-- Resumes (Failed → Running, or a refusal recorded in a Failed batch's
+-- details) and cancels (Running → Failed: the lease generation moves on,
+-- fencing the holder, the revoked term is closed in the lease trail, and
+-- who asked is recorded). Never a Succeeded batch: success stays declared.
+GRANT UPDATE (status, details, completed_at, updated_at,
+              execution_lease_id, execution_lease_expires_at, execution_lease_generation,
+              execution_lease_terms, cancelled_at, cancelled_by, cancel_reason)
+    ON ingestion_batches TO fleet_operator;
+CREATE POLICY fleet_operator_update ON ingestion_batches FOR UPDATE TO fleet_operator
+    USING (status IN ('Running', 'Failed')) WITH CHECK (status IN ('Running', 'Failed'));
+
+-- River: jobs of retries and resumes, a cancel's jobs marked cancelled, and
+-- the River UI's actions (cancel, retry, delete jobs; pause, resume and
+-- update queues).
+GRANT INSERT, UPDATE, DELETE ON river_job TO fleet_operator;
+GRANT UPDATE ON river_queue TO fleet_operator;
+GRANT USAGE ON SEQUENCE river_job_id_seq TO fleet_operator;
+
+-- ---------------------------------------------------------------------------
+-- River's job table: inserts only, for a role that may update no column but
+-- kind (the door). No other role pays more than the WHEN clause.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION public.fleet_river_job_unchanged() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'permission denied to change River job %: role % may insert jobs, not change them', OLD.id, current_user
+        USING ERRCODE = 'insufficient_privilege', TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
+END
+$$;
+CREATE OR REPLACE TRIGGER fleet_river_job_insert_only BEFORE UPDATE ON public.river_job
+    FOR EACH ROW
+    WHEN (NOT pg_catalog.has_column_privilege('public.river_job'::regclass, 'state', 'UPDATE')
+          AND OLD IS DISTINCT FROM NEW)
+    EXECUTE FUNCTION public.fleet_river_job_unchanged();
+
+-- ---------------------------------------------------------------------------
+-- Local warehouse (schema curated): the worker loads and publishes; the
+-- operator reads the stamp to prove resumes.
 -- ---------------------------------------------------------------------------
 DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_namespace WHERE nspname = 'curated') THEN
         REVOKE CREATE ON SCHEMA curated FROM PUBLIC;
-        GRANT USAGE ON SCHEMA curated TO fleet_worker, fleet_enqueue;
+        GRANT USAGE ON SCHEMA curated TO fleet_worker, fleet_operator;
         GRANT SELECT, INSERT, DELETE ON curated.fleet_records TO fleet_worker;
         GRANT SELECT, INSERT, UPDATE ON curated.fleet_slices TO fleet_worker;
         GRANT SELECT, INSERT ON curated.fleet_publications TO fleet_worker;
-        REVOKE ALL ON SEQUENCE curated.fleet_publications_id_seq FROM fleet_worker, fleet_enqueue;
         GRANT USAGE ON SEQUENCE curated.fleet_publications_id_seq TO fleet_worker;
-        GRANT SELECT ON curated.fleet_slices TO fleet_enqueue;
+        GRANT SELECT ON curated.fleet_slices TO fleet_operator;
     END IF;
 END
 $$;

@@ -127,7 +127,7 @@ func (s *Store) Cancel(ctx context.Context, req CancelRequest) (CancelResult, er
 	}
 	var res CancelResult
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		b, err := scanBatch(tx.QueryRow(ctx, `SELECT `+columns+` FROM ingestion_batches WHERE id = $1 FOR UPDATE`, req.BatchID))
+		b, _, err := lockBatch(ctx, tx, req.BatchID)
 		if errors.Is(err, ErrNotFound) || (err == nil && b.TenantID != req.TenantID) {
 			res = CancelResult{Outcome: CancelNotFound}
 			return nil

@@ -312,8 +312,7 @@ func (s *Store) Resume(ctx context.Context, req ResumeRequest, verifier SliceVer
 	}
 	var res ResumeResult
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		var now time.Time
-		b, err := scanBatch(tx.QueryRow(ctx, `SELECT `+columns+`, now() FROM ingestion_batches WHERE id = $1 FOR UPDATE`, req.BatchID), &now)
+		b, now, err := lockBatch(ctx, tx, req.BatchID)
 		if errors.Is(err, ErrNotFound) || (err == nil && b.TenantID != req.TenantID) {
 			res = ResumeResult{Outcome: ResumeNotFound}
 			return nil

@@ -165,6 +165,20 @@ func (want Expect) check(b *Batch) error {
 	return nil
 }
 
+// lockBatch reads the batch id with the database clock and locks its row
+// until the end of tx. Row-level security hides from a locking read the
+// rows a login may not update (the operator login's Succeeded batches, see
+// deploy/postgres/roles.sql), so a row the lock did not find is read again
+// without it: the caller refuses a batch it may not change (it is
+// terminal) rather than answering that it does not exist.
+func lockBatch(ctx context.Context, tx pgx.Tx, id int64) (b Batch, now time.Time, err error) {
+	b, err = scanBatch(tx.QueryRow(ctx, `SELECT `+columns+`, now() FROM ingestion_batches WHERE id = $1 FOR UPDATE`, id), &now)
+	if errors.Is(err, ErrNotFound) {
+		b, err = scanBatch(tx.QueryRow(ctx, `SELECT `+columns+`, now() FROM ingestion_batches WHERE id = $1`, id), &now)
+	}
+	return b, now, err
+}
+
 // UpdateStatus sets a date-scoped batch's status, without a lease: the
 // generic operation of date-scoped ingestion. Terminal statuses stamp
 // completed_at. It returns ErrScopedBatch, writing nothing, for a batch with

@@ -86,12 +86,9 @@ func (g *Globals) Connect(ctx context.Context, timeout time.Duration, configure 
 // never include the password. It is the one place the binaries open
 // database pools.
 func Connect(ctx context.Context, databaseURL string, pooler Pooler, timeout time.Duration, configure func(*pgxpool.Config)) (*pgxpool.Pool, error) {
-	if databaseURL == "" {
-		return nil, ErrNoDatabaseURL
-	}
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	cfg, err := parseDatabaseURL(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("invalid database URL %s: %w", Redact(databaseURL), errors.New(stripSecrets(err.Error(), databaseURL)))
+		return nil, err
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
@@ -111,6 +108,25 @@ func Connect(ctx context.Context, databaseURL string, pooler Pooler, timeout tim
 		return nil, fmt.Errorf("database %s unreachable: %s", Redact(databaseURL), stripSecrets(err.Error(), databaseURL))
 	}
 	return pool, nil
+}
+
+// CheckDatabaseURL parses databaseURL as Connect does, connecting to
+// nothing, so a command can refuse a bad setting before it starts. Errors
+// never include the password.
+func CheckDatabaseURL(databaseURL string) error {
+	_, err := parseDatabaseURL(databaseURL)
+	return err
+}
+
+func parseDatabaseURL(databaseURL string) (*pgxpool.Config, error) {
+	if databaseURL == "" {
+		return nil, ErrNoDatabaseURL
+	}
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("invalid database URL %s: %w", Redact(databaseURL), errors.New(stripSecrets(err.Error(), databaseURL)))
+	}
+	return cfg, nil
 }
 
 // Redact returns databaseURL with any password replaced, fit for logs.

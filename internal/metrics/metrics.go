@@ -121,6 +121,9 @@ type Metrics struct {
 	ReconcileKeysSkipped   prometheus.Counter
 	ReconcileScanDuration  prometheus.Histogram
 	ReconcileScans         *prometheus.CounterVec
+	// ReconcileCheckpointsIgnored counts checkpoints a period ignored
+	// because they were dated after the database clock.
+	ReconcileCheckpointsIgnored prometheus.Counter
 
 	sqs, reconcile []prometheus.Collector // the collectors of NewSQS and NewReconcile
 }
@@ -375,7 +378,10 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 	m.ReconcileScans = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_reconcile_scans_total", Help: "Reconcile periods by outcome (scanned; skipped: another replica holds the lock or scanned this period; failed).",
 	}, []string{"outcome"})
-	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans}
+	m.ReconcileCheckpointsIgnored = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_reconcile_checkpoints_ignored_total", Help: "Reconcile checkpoints ignored because they were dated after the database clock (no pass writes one: a login wrote it, or the clock stepped back); the pass started over.",
+	})
+	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans, m.ReconcileCheckpointsIgnored}
 	for _, c := range m.reconcile {
 		f(c)
 	}

@@ -1,8 +1,10 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -78,6 +80,9 @@ type Period struct {
 	StartAfter string
 	// Since is the LastModified bound this period applied.
 	Since time.Time
+	// CheckpointIgnored is true when the checkpoint was dated after the
+	// database clock and this period started a new pass instead.
+	CheckpointIgnored bool
 }
 
 // RunPeriod runs one period of periodic reconciliation of cfg's bucket and
@@ -88,6 +93,12 @@ type Period struct {
 // If the process dies, the transaction ends, the lock is released and the
 // checkpoint is unchanged: the next period repeats the work, which the
 // reservation makes harmless.
+//
+// A checkpoint with a time after the database clock was not written by a
+// pass (every pass writes database times, and migration 00080 refuses
+// later ones): it would make every period skip, or every marker. It is
+// ignored, logged and counted (ReconcileCheckpointsIgnored), and the
+// period starts a new pass, whose write replaces it.
 func RunPeriod(ctx context.Context, cfg Config, every time.Duration) (Period, error) {
 	work := context.WithoutCancel(ctx)
 	tx, err := cfg.Pool.Begin(work)
@@ -119,6 +130,18 @@ func RunPeriod(ctx context.Context, cfg Config, every time.Duration) (Period, er
 		Scan(&startAfter, &passStarted, &covered, &lastRun, &now); err != nil {
 		return Period{}, err
 	}
+	ignored := false
+	if future(now, passStarted, covered, lastRun) {
+		ignored = true
+		logger := cmp.Or(cfg.Logger, slog.Default())
+		logger.Warn("reconcile checkpoint ignored: it is dated after the database clock, so no pass wrote it; starting a new pass",
+			"bucket", cfg.Bucket, "prefix", cfg.Prefix, "pass_started_at", passStarted, "covered_since", covered,
+			"last_run_at", lastRun, "database_now", now)
+		if cfg.Metrics != nil {
+			cfg.Metrics.ReconcileCheckpointsIgnored.Inc()
+		}
+		startAfter, passStarted, covered, lastRun = "", nil, nil, nil
+	}
 	if lastRun != nil && now.Sub(*lastRun) < every/2 {
 		return Period{Outcome: "skipped"}, nil
 	}
@@ -131,7 +154,7 @@ func RunPeriod(ctx context.Context, cfg Config, every time.Duration) (Period, er
 	}
 	cfg.Since = since
 	sum, scanErr := Scan(ctx, cfg, startAfter)
-	p := Period{Outcome: "scanned", Summary: sum, StartAfter: startAfter, Since: since}
+	p := Period{Outcome: "scanned", Summary: sum, StartAfter: startAfter, Since: since, CheckpointIgnored: ignored}
 	if scanErr != nil && sum.LastKey == "" {
 		return p, scanErr
 	}
@@ -154,4 +177,15 @@ func RunPeriod(ctx context.Context, cfg Config, every time.Duration) (Period, er
 		return p, fmt.Errorf("writing the checkpoint: %w", err)
 	}
 	return p, scanErr
+}
+
+// future reports whether any of a checkpoint's times is after now, the
+// database clock.
+func future(now time.Time, times ...*time.Time) bool {
+	for _, t := range times {
+		if t != nil && t.After(now) {
+			return true
+		}
+	}
+	return false
 }

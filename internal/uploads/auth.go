@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -63,7 +62,10 @@ func Sign(secret, body []byte, t time.Time) (signature, timestamp string) {
 // of the signature and an expiry on the database clock; expired rows may
 // be claimed again (their signature is refused as too old anyway) and are
 // deleted by Prune. The table, ingest_seen_signatures, is authentication
-// infrastructure (migration 00010), not batch state.
+// infrastructure (migration 00010), not batch state. Every write goes
+// through a function that owns it (migration 00080): the door's login may
+// call them but not delete or rewrite a record itself, so it cannot reopen
+// the replay of a request it captured.
 type ReplayStore struct {
 	pool *pgxpool.Pool
 }
@@ -76,31 +78,41 @@ func replayDigest(key string) []byte {
 	return d[:]
 }
 
-// Claim records key as used for ttl and reports whether it was new (or
-// its previous record had expired). A false answer means a replay.
-func (r *ReplayStore) Claim(ctx context.Context, key string, ttl time.Duration) (bool, error) {
-	var claimed bool
-	err := r.pool.QueryRow(ctx, `
-		INSERT INTO ingest_seen_signatures (digest, expires_at)
-		VALUES ($1, now() + $2 * interval '1 microsecond')
-		ON CONFLICT (digest) DO UPDATE SET expires_at = EXCLUDED.expires_at
-		WHERE ingest_seen_signatures.expires_at <= now()
-		RETURNING true`, replayDigest(key), ttl.Microseconds()).Scan(&claimed)
-	if err == pgx.ErrNoRows {
-		return false, nil
-	}
-	return claimed, err
+// ReplayClaim is a recorded key and the token that may release it.
+type ReplayClaim struct {
+	key   string
+	token []byte
 }
 
-// Release forgets a claimed key, so the sender's retry of a request that
-// failed on our side (5xx) is not refused as a replay.
-func (r *ReplayStore) Release(ctx context.Context, key string) error {
-	_, err := r.pool.Exec(ctx, `DELETE FROM ingest_seen_signatures WHERE digest = $1`, replayDigest(key))
-	return err
+// Claim records key as used for ttl (positive) and reports whether it was
+// new (or its previous record had expired). A false answer means a replay.
+// The claim of a new key holds the token that Release needs: nobody else
+// can release it.
+func (r *ReplayStore) Claim(ctx context.Context, key string, ttl time.Duration) (ReplayClaim, bool, error) {
+	var token []byte
+	err := r.pool.QueryRow(ctx, `SELECT ingest_claim_signature($1, $2 * interval '1 microsecond')`,
+		replayDigest(key), ttl.Microseconds()).Scan(&token)
+	if err != nil || token == nil {
+		return ReplayClaim{}, false, err
+	}
+	return ReplayClaim{key: key, token: token}, true, nil
+}
+
+// Release forgets a claim, so the sender's retry of a request that failed
+// on our side (5xx) is not refused as a replay. It reports whether the
+// record was there to forget; releasing the zero ReplayClaim does nothing.
+func (r *ReplayStore) Release(ctx context.Context, c ReplayClaim) (bool, error) {
+	if c.token == nil {
+		return false, nil
+	}
+	var released bool
+	err := r.pool.QueryRow(ctx, `SELECT ingest_release_signature($1, $2)`, replayDigest(c.key), c.token).Scan(&released)
+	return released, err
 }
 
 // Prune deletes expired records and returns how many.
 func (r *ReplayStore) Prune(ctx context.Context) (int64, error) {
-	tag, err := r.pool.Exec(ctx, `DELETE FROM ingest_seen_signatures WHERE expires_at <= now()`)
-	return tag.RowsAffected(), err
+	var n int64
+	err := r.pool.QueryRow(ctx, `SELECT ingest_prune_signatures()`).Scan(&n)
+	return n, err
 }

@@ -77,7 +77,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 	httpserver.SetTenant(w, req.TenantID)
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
-	res, err := s.cfg.Enqueuer.Cancel(ctx, req)
+	res, err := s.cfg.Operator.Cancel(ctx, req)
 	if err != nil {
 		if r.Context().Err() != nil {
 			s.cfg.Logger.Info("client disconnected before the cancel finished", "route", routeCancel, "batch_id", id)

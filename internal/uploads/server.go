@@ -79,7 +79,13 @@ const (
 
 // Config configures the listener.
 type Config struct {
+	// Enqueuer imports the folders of the import and event routes.
 	Enqueuer *jobs.Enqueuer
+	// Operator runs the operator routes' actions (the cancel route), on a
+	// login allowed to change batches (fleet_operator in
+	// deploy/postgres/roles.sql); the door's login may not. Defaults to
+	// Enqueuer.
+	Operator *jobs.Enqueuer
 	// Pool is pinged by /readyz and holds the replay records of signed
 	// requests. Required when HMACSecret or SNS is set.
 	Pool *pgxpool.Pool
@@ -242,6 +248,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Operator == nil {
+		cfg.Operator = cfg.Enqueuer
 	}
 	s := &Server{cfg: cfg, door: newDoorLimiter(cfg.RateLimit, cfg.RateBurst)}
 	s.imports = jobs.NewGrouper(cfg.Enqueuer, jobs.GroupConfig{
@@ -602,10 +611,13 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 			folders++
 		}
 	}
+	var claimed ReplayClaim
 	if replayKey != "" {
 		// Claimed before the rate limit is consulted: a replay is refused
 		// without spending its credential's budget.
-		status, why := s.claim(r.Context(), replayKey, maxAge)
+		var status int
+		var why string
+		claimed, status, why = s.claim(r.Context(), replayKey, maxAge)
 		if why != "" {
 			outcome := "unauthorized"
 			if status == http.StatusServiceUnavailable {
@@ -617,24 +629,25 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 	}
 	switch admission, delay := s.door.admit(credential, folders); admission {
 	case overBurst:
-		s.releaseClaim(replayKey)
+		s.releaseClaim(claimed)
 		reason := fmt.Sprintf("this request would start %d folders; one request may start at most %d (--rate-burst)", folders, s.cfg.RateBurst)
 		s.cfg.Logger.Warn("upload notification refused", "credential", credential, "folders", folders, "reason", reason)
 		s.reply(w, routeEvents, http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: "invalid_input", Field: "Records", Error: reason})
 		return
 	case rateLimited:
 		// The sender may retry with the same signature.
-		s.releaseClaim(replayKey)
+		s.releaseClaim(claimed)
 		s.refuseRateLimited(w, routeEvents, credential, folders, delay)
 		return
 	}
-	s.importPlans(w, r, plans, replayKey)
+	s.importPlans(w, r, plans, claimed)
 }
 
 // importPlans imports the folders of an authenticated notification and
-// answers for each of its records; claimed is the replay key of its
-// signature, released when the answer asks the sender to retry.
-func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Planned, claimed string) {
+// answers for each of its records; claimed is the replay claim of its
+// signature (zero without one), released when the answer asks the sender
+// to retry.
+func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Planned, claimed ReplayClaim) {
 	results := make([]eventResult, 0, len(plans))
 	// The folders an event completes are imported together: one burst,
 	// one transaction (jobs.Enqueuer.ImportMany).
@@ -729,30 +742,31 @@ func (s *Server) snsOK(ctx context.Context, n notification) (status int, outcome
 }
 
 // claim records a verified signature's replay key, so that it is accepted
-// once, or returns the status and reason of the refusal.
-func (s *Server) claim(ctx context.Context, key string, maxAge time.Duration) (status int, why string) {
+// once, and returns the claim, or the status and reason of the refusal.
+func (s *Server) claim(ctx context.Context, key string, maxAge time.Duration) (c ReplayClaim, status int, why string) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	// Kept well past the signature's own validity, so clock skew between
 	// this process and the database cannot reopen the window.
-	first, err := s.replay.Claim(ctx, key, 2*maxAge+2*time.Minute)
+	c, first, err := s.replay.Claim(ctx, key, 2*maxAge+2*time.Minute)
 	switch {
 	case err != nil:
 		s.cfg.Logger.Error("recording a signature failed: database unavailable", "error", err)
-		return http.StatusServiceUnavailable, "database unavailable, retry later"
+		return ReplayClaim{}, http.StatusServiceUnavailable, "database unavailable, retry later"
 	case !first:
-		return http.StatusUnauthorized, "unauthenticated: signature already used"
+		return ReplayClaim{}, http.StatusUnauthorized, "unauthenticated: signature already used"
 	}
-	return 0, ""
+	return c, 0, ""
 }
 
-func (s *Server) releaseClaim(key string) {
-	if key == "" {
+// releaseClaim releases c, if any, for the sender's retry.
+func (s *Server) releaseClaim(c ReplayClaim) {
+	if c.token == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
 	defer cancel()
-	if err := s.replay.Release(ctx, key); err != nil {
+	if _, err := s.replay.Release(ctx, c); err != nil {
 		s.cfg.Logger.Warn("releasing a signature after a failed request failed: the sender's retry will be refused", "error", err)
 	}
 }

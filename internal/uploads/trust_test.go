@@ -125,14 +125,14 @@ func TestReplayRecordsExpireAndArePruned(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	store := NewReplayStore(pool)
 
-	first, err := store.Claim(ctx, "live", time.Hour)
+	_, first, err := store.Claim(ctx, "live", time.Hour)
 	require.NoError(t, err)
 	require.True(t, first)
-	again, err := store.Claim(ctx, "live", time.Hour)
+	_, again, err := store.Claim(ctx, "live", time.Hour)
 	require.NoError(t, err)
 	require.False(t, again)
 
-	first, err = store.Claim(ctx, "expired", time.Microsecond)
+	_, first, err = store.Claim(ctx, "expired", time.Microsecond)
 	require.NoError(t, err)
 	require.True(t, first)
 	require.Eventually(t, func() bool {
@@ -146,7 +146,59 @@ func TestReplayRecordsExpireAndArePruned(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ingest_seen_signatures`).Scan(&left))
 	require.Equal(t, 1, left, "the live record stays")
-	first, err = store.Claim(ctx, "expired", time.Hour)
+	_, first, err = store.Claim(ctx, "expired", time.Hour)
 	require.NoError(t, err)
 	require.True(t, first, "a pruned key may be claimed again (its signature is too old to verify anyway)")
+}
+
+// TestReplayReleaseNeedsTheClaimsToken: a claim is released only with the
+// token its Claim returned (another claim's token, or none, releases
+// nothing), and a claim whose record expired and was claimed again cannot
+// release the new one. Only the token's hash is stored.
+func TestReplayReleaseNeedsTheClaimsToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	store := NewReplayStore(pool)
+
+	mine, first, err := store.Claim(ctx, "mine", time.Hour)
+	require.NoError(t, err)
+	require.True(t, first)
+	require.Len(t, mine.token, 32)
+	other, first, err := store.Claim(ctx, "other", time.Hour)
+	require.NoError(t, err)
+	require.True(t, first)
+	require.NotEqual(t, mine.token, other.token)
+
+	for name, c := range map[string]ReplayClaim{
+		"another claim's token": {key: "mine", token: other.token},
+		"no token":              {key: "mine"},
+		"an empty token":        {key: "mine", token: []byte{}},
+	} {
+		released, err := store.Release(ctx, c)
+		require.NoError(t, err, name)
+		require.False(t, released, name)
+	}
+	var stored []byte
+	require.NoError(t, pool.QueryRow(ctx, `SELECT claim_hash FROM ingest_seen_signatures WHERE digest = $1`, replayDigest("mine")).Scan(&stored))
+	require.NotEqual(t, mine.token, stored, "the token itself is not stored")
+	_, again, err := store.Claim(ctx, "mine", time.Hour)
+	require.NoError(t, err)
+	require.False(t, again, "still recorded")
+
+	released, err := store.Release(ctx, mine)
+	require.NoError(t, err)
+	require.True(t, released)
+	renewed, first, err := store.Claim(ctx, "mine", time.Hour)
+	require.NoError(t, err)
+	require.True(t, first, "released: the sender's retry is accepted")
+	released, err = store.Release(ctx, mine)
+	require.NoError(t, err)
+	require.False(t, released, "the first claim's token does not release the second claim")
+	released, err = store.Release(ctx, renewed)
+	require.NoError(t, err)
+	require.True(t, released)
+
+	_, _, err = store.Claim(ctx, "never", 0)
+	require.Error(t, err, "a claim needs a positive time to live")
 }

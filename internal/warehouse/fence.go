@@ -73,7 +73,9 @@ func (p *Postgres) fenceLoad(ctx context.Context, tx pgx.Tx, s Slice, st Stamp) 
 	err := tx.QueryRow(ctx, loadFenceSQL, s.BatchID, s.Generation).Scan(&held)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("%w: batch %d not found at the warehouse commit", batch.ErrStaleLease, s.BatchID)
+		// Row-level security hides from the worker's locking read a batch
+		// that is no longer Running (deploy/postgres/roles.sql).
+		return fmt.Errorf("%w: batch %d not found, or no longer Running, at the warehouse commit", batch.ErrStaleLease, s.BatchID)
 	case err != nil:
 		return fmt.Errorf("fencing the load on batch %d: %w", s.BatchID, err)
 	case !held:
