@@ -217,7 +217,15 @@ func TestResumeCommandContract(t *testing.T) {
 	oldID := enqueueBatch(t, dbURL, "tenant-a", f2)
 	waitStatus(t, pool, oldID, batch.StatusFailed, 30*time.Second)
 	release := blockLoads(t, pool)
-	newID := enqueueBatch(t, dbURL, "tenant-a", f2)
+	// An import of a folder whose newest batch is a resumable failed
+	// publication names that batch and starts nothing; a re-import
+	// loads the folder anew.
+	out, code := runEnqueue(t, dbURL, importArgs("tenant-a", f2)...)
+	require.Equal(t, 7, code, out)
+	require.Equal(t, float64(oldID), outcome(t, out)["batch_id"])
+	out, code = runEnqueue(t, dbURL, append(importArgs("tenant-a", f2), "--reimport")...)
+	require.Equal(t, 0, code, out)
+	newID := int64(outcome(t, out)["batch_id"].(float64))
 	o, code = resume(oldID, "tenant-a", f2)
 	require.Equal(t, 3, code, o)
 	require.Equal(t, "conflict", o["outcome"])

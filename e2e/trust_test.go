@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -178,11 +179,13 @@ func TestHostileFoldersFailClosedInAWorker(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT record->>'note' FROM curated.fleet_records WHERE batch_id = $1`, id).Scan(&note))
 	require.Equal(t, `\u0000 is how JSON writes NUL`, note)
 
-	// An object named with terminal escapes fails its batch (file folders
-	// cannot even open such a name), and the name reaches the last error.
+	// An object named with terminal escapes fails its batch when the
+	// folder is listed (no door reads a key holding a control character),
+	// and the name reaches the last error escaped.
 	hostileName := "x\x1b]0;pwned\x07\x1b[2J.csv"
-	hostileID, hostile := failed(writeFolder(t, map[string]string{hostileName: "a,b\n1,2\n3\n", "_SUCCESS": ""}), "x\x1b]0;pwned", 0)
-	require.Contains(t, hostile.LastError.Message, hostileName)
+	hostileID, hostile := failed(writeFolder(t, map[string]string{hostileName: "a,b\n1,2\n3\n", "_SUCCESS": ""}), `x\x1b]0;pwned`, 0)
+	require.Contains(t, hostile.LastError.Message, strconv.Quote(hostileName))
+	require.Contains(t, hostile.LastError.Message, "unreadable object key")
 	for _, args := range [][]string{{"list"}, {"list", "--status", "Failed"}, {"list", "--json"}, {"status", "--batch-id", itoa(hostileID)}, {"status", "--batch-id", itoa(hostileID), "--json"}} {
 		out, code := runEnqueue(t, dbURL, args...)
 		require.Equal(t, 0, code, out)
@@ -199,7 +202,7 @@ func TestHostileFoldersFailClosedInAWorker(t *testing.T) {
 		LastError string `json:"last_error"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &v))
-	require.Contains(t, v.LastError, hostileName, "JSON carries the name exactly, escaped")
+	require.Contains(t, v.LastError, strconv.Quote(hostileName), "JSON carries the name as the error quoted it")
 }
 
 // TestIdleConnectionsDoNotKillWorkerHealthz holds 600 idle connections

@@ -102,7 +102,7 @@ type CancelResult struct {
 var cancelSQL = `
 	UPDATE ingestion_batches
 	SET status = 'Failed', completed_at = now(), updated_at = now(),
-	    execution_lease_terms = ` + LeaseTermsClosed("ingestion_batches", true) + `,
+	    execution_lease_terms = ` + LeaseTermsClosed("ingestion_batches", "clock_timestamp()") + `,
 	    execution_lease_id = NULL, execution_lease_expires_at = NULL,
 	    execution_lease_generation = execution_lease_generation + 1,
 	    cancelled_at = now(), cancelled_by = $2, cancel_reason = NULLIF($3, ''),

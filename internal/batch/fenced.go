@@ -18,8 +18,12 @@ import (
 // closing its term in the lease trail (LeaseTermsClosed).
 //
 // The write audit trail in details belongs to the database: the write itself
-// is appended to details.writes with its generation and the database time,
-// whatever the writer's copy held.
+// is appended to details.writes with its generation and the database time
+// of the write, whatever the writer's copy held. That time, and the release
+// time of a term a terminal write ends, is one clock reading of the
+// statement (c.at), not now(): the transaction may have started before the
+// term it writes under (an acquisition stamps its term with the clock of
+// its own statement, and the first checkpoint shares its transaction).
 var fencedUpdate = `
 	UPDATE ingestion_batches
 	SET status = $4::text,
@@ -28,13 +32,14 @@ var fencedUpdate = `
 	        '{writes}',
 	        ` + AuditAppend("details->'writes'") + ` || jsonb_build_array(jsonb_build_object(
 	            'phase', $5::jsonb->>'phase', 'status', $4::text, 'leaseId', $2::text,
-	            'generation', $3::bigint, 'at', now()))),
+	            'generation', $3::bigint, 'at', c.at))),
 	    execution_lease_terms = CASE WHEN $4::text = 'Running' THEN execution_lease_terms
-	        ELSE ` + LeaseTermsClosed("ingestion_batches", true) + ` END,
+	        ELSE ` + LeaseTermsClosed("ingestion_batches", "c.at") + ` END,
 	    completed_at = CASE WHEN $4::text = 'Running' THEN NULL ELSE now() END,
 	    execution_lease_id = CASE WHEN $4::text = 'Running' THEN execution_lease_id END,
 	    execution_lease_expires_at = CASE WHEN $4::text = 'Running' THEN execution_lease_expires_at END,
 	    updated_at = now()
+	FROM (SELECT clock_timestamp() AS at) c
 	WHERE id = $1
 	  AND status = 'Running'
 	  AND execution_lease_id = $2
@@ -53,17 +58,18 @@ func AuditAppend(expr string) string {
 // LeaseTermsClosed returns SQL for the execution_lease_terms column of the
 // row named by table (a table name or alias) with the term of the row's
 // current generation closed: its final expiry recorded from
-// execution_lease_expires_at and, when released is true, its release time
-// now(). A trail whose last term belongs to another generation or is closed
+// execution_lease_expires_at and, when releasedAt (an SQL expression of
+// the release time, such as clock_timestamp()) is not empty, its release
+// time. A trail whose last term belongs to another generation or is closed
 // already is unchanged. The lease store closes terms with it on release and
 // takeover; a terminal fenced write closes the term it ends. Any other
 // statement that clears a held lease must close its term the same way, or the
 // term's end is lost.
-func LeaseTermsClosed(table string, released bool) string {
+func LeaseTermsClosed(table, releasedAt string) string {
 	t := table + ".execution_lease_terms"
 	extra := ""
-	if released {
-		extra = ", 'releasedAt', now()"
+	if releasedAt != "" {
+		extra = ", 'releasedAt', " + releasedAt
 	}
 	return `(CASE WHEN (` + t + `->-1->>'generation')::bigint = ` + table + `.execution_lease_generation
 	             AND NOT COALESCE((` + t + `->-1->>'closed')::boolean, false)

@@ -149,7 +149,7 @@ var acquireSQL = `
 	           c.at,
 	           jsonb_path_query_array(
 	               CASE WHEN b.execution_lease_id IS NULL THEN b.execution_lease_terms
-	                    ELSE ` + batch.LeaseTermsClosed("b", false) + ` END
+	                    ELSE ` + batch.LeaseTermsClosed("b", "") + ` END
 	               || jsonb_build_array(jsonb_build_object(
 	                   'leaseId', $2::text, 'generation', b.execution_lease_generation + 1,
 	                   'at', c.at, 'expiresAt', c.at + $3 * interval '1 microsecond', 'closed', false)),
@@ -491,7 +491,7 @@ func (s *Store) EndedWithoutLoss(ctx context.Context, leases []Lease) (map[int64
 // releaseSQL frees the lease of one term and closes the term in the trail.
 var releaseSQL = `
 	UPDATE ingestion_batches
-	SET execution_lease_terms = ` + batch.LeaseTermsClosed("ingestion_batches", true) + `,
+	SET execution_lease_terms = ` + batch.LeaseTermsClosed("ingestion_batches", "clock_timestamp()") + `,
 	    execution_lease_id = NULL, execution_lease_expires_at = NULL, updated_at = now()
 	WHERE id = $1 AND execution_lease_id = $2 AND execution_lease_generation = $3`
 
