@@ -62,8 +62,9 @@ const PathSegmentCharacters = "letters, digits, combining marks (not first), the
 // allow-lists, beside letters and digits. Segments add S3's safe
 // characters and those S3 documents as needing special handling in a URL
 // (& $ @ = ; : + , and the space) but common in keys (date=2026-12-01,
-// 10:00, a%2Fb); they leave out what S3 asks to avoid (\ { } ^ % ` [ ] " < > ~ # |),
-// % aside, and ? and / (a query, a separator).
+// 10:00); they leave out the characters S3 asks to avoid
+// (\ { } ^ ` [ ] " < > ~ # |; its list has % too, kept here because keys
+// such as a%2Fb are in use), ? (a query) and / (the separator).
 const (
 	asciiIdentifier = "-_. "
 	asciiSegment    = "!-_.*'()&$@=;:+,% "
