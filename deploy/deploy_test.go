@@ -26,7 +26,7 @@ func exported(t *testing.T) map[string]map[string]bool {
 	m := metrics.New()
 	// Series per tenant exist only once a tenant has batches: give the
 	// gauge one so it is gathered with its labels.
-	m.TenantBatches.WithLabelValues("tenant-a", metrics.TenantBatchStates[0]).Set(0)
+	m.SetTenantBatches([]metrics.TenantBatchCount{{Tenant: "tenant-a"}})
 	worker, err := m.Registry.Gather()
 	require.NoError(t, err)
 	serve, err := metrics.NewServe().Registry.Gather()

@@ -46,6 +46,7 @@ type runCmd struct {
 	RescueStuckJobsAfter time.Duration `name:"rescue-stuck-jobs-after" env:"RESCUE_STUCK_JOBS_AFTER" default:"1h" help:"River's rescue interval for jobs left running. Crash takeover does not wait for it."`
 	ProgressEvery        time.Duration `name:"progress-every" env:"PROGRESS_EVERY" default:"5s" help:"How often a running load records its progress (objects and records read) in the batch."`
 	StatsInterval        time.Duration `name:"stats-interval" env:"STATS_INTERVAL" default:"15s" help:"How often database-derived gauges are refreshed."`
+	MetricsMaxTenants    int           `name:"metrics-max-tenants" env:"METRICS_MAX_TENANTS" default:"100" help:"Most tenants with series of their own in ingest_tenant_batches: those with the most Running batches (ties by tenant id); the others are summed under tenant=\"_other\". So /metrics holds at most 2 × (this + 1) tenant series whatever the number of tenants. 0: every tenant under _other. At most 10000."`
 	PollInterval         time.Duration `name:"poll-interval" env:"POLL_INTERVAL" default:"1s" help:"River's fetch poll interval (LISTEN/NOTIFY usually wakes workers sooner)."`
 	Name                 string        `name:"name" env:"POD_NAME" help:"This worker's name in lease ids and River. Defaults to the host name."`
 	MaxRecordBytes       int           `name:"max-record-bytes" env:"MAX_RECORD_BYTES" default:"16777216" help:"Largest NDJSON line or CSV record (line terminator included); a folder with a larger one fails failed_pre_commit."`
@@ -140,6 +141,8 @@ func (r *runCmd) validate() error {
 		return fmt.Errorf("--max-conns (%d) must be at least %d", r.MaxConns, minMaxConns)
 	case r.MetricsMaxConns < 1:
 		return errors.New("--metrics-max-conns must be at least 1")
+	case r.MetricsMaxTenants < 0 || r.MetricsMaxTenants > 10000:
+		return fmt.Errorf("--metrics-max-tenants (%d) must be between 0 and 10000", r.MetricsMaxTenants)
 	case r.MaxRecordBytes < 1024 || r.MaxColumns < 1:
 		return errors.New("--max-record-bytes must be at least 1024 and --max-columns at least 1")
 	case r.MaxRecordExpansion < 2 || r.MaxRecordExpansion > 1024:
@@ -247,6 +250,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	defer closeWarehouse()
 
 	m := metrics.New()
+	m.MaxTenants = r.MetricsMaxTenants
 	deliveries := drain.New()
 	worker, err := jobs.NewIngestWorker(jobs.WorkerConfig{
 		Drain:  deliveries,

@@ -163,6 +163,8 @@ func TestChartDefaults(t *testing.T) {
 		"terminationGracePeriodSeconds must outlast the drain limit, or a draining pod is SIGKILLed mid-load")
 	_, capped := argValue(c.Args, "--max-running-per-tenant")
 	require.False(t, capped, "no tenant cap by default")
+	tenantSeries, _ := argValue(c.Args, "--metrics-max-tenants")
+	require.Equal(t, "100", tenantSeries, "the worker's default bound on tenant series")
 	ttl, _ := argValue(c.Args, "--lease-ttl")
 	renew, _ := argValue(c.Args, "--lease-renew-every")
 	ttlDur, _ := time.ParseDuration(ttl)
@@ -228,7 +230,7 @@ func TestChartNonDefaults(t *testing.T) {
 		"worker": map[string]any{
 			"replicas": 5, "autoscaling": map[string]any{"enabled": false}, "shutdownGraceSeconds": 60, "drainMaxSeconds": 0,
 			"leaseTTLSeconds": 45, "leaseRenewEverySeconds": 15, "concurrency": 8, "leaseSafetyMarginMilliseconds": 4500,
-			"podDisruptionBudget": map[string]any{"enabled": false}, "maxRunningPerTenant": 3,
+			"podDisruptionBudget": map[string]any{"enabled": false}, "maxRunningPerTenant": 3, "metricsMaxTenants": 0,
 		},
 		"warehouse": map[string]any{"existingSecret": "redshift"},
 		"enqueue":   map[string]any{"enabled": false},
@@ -251,6 +253,8 @@ func TestChartNonDefaults(t *testing.T) {
 	require.Equal(t, "4500ms", v)
 	v, _ = argValue(c.Args, "--max-running-per-tenant")
 	require.Equal(t, "3", v, "worker.maxRunningPerTenant")
+	v, _ = argValue(c.Args, "--metrics-max-tenants")
+	require.Equal(t, "0", v, "worker.metricsMaxTenants: 0 is a value, not the default")
 	name, key := envSecret(c, "WAREHOUSE_URL")
 	require.Equal(t, "redshift", name)
 	require.Equal(t, "url", key)

@@ -786,7 +786,49 @@ func TestIdentifiersAreCheckedByRune(t *testing.T) {
 		require.Error(t, batch.ValidateTenantID(bad), "%q", bad)
 		require.Error(t, batch.ValidateCompanyID(bad), "%q", bad)
 	}
-	for _, bad := range []string{"ac\u202eme", "acme\u200b", "\u2066acme\u2069", "a\u2028b", "acme\u00ad"} {
+	for _, bad := range []string{"ac\u202eme", "acme\u200b", "\u2066acme\u2069", "a\u2028b", "acme\u00ad", "ac\u034fme", "acme\u3164"} {
 		require.Error(t, batch.ValidateSourceScope("fleet_s3:s3://bucket/"+bad), "%q", bad)
+	}
+}
+
+// TestIdentifiersAreAnAllowList: the red team's U+034F (combining grapheme
+// joiner, a mark) and U+3164 (Hangul filler, a letter) render as nothing or
+// as a blank and passed the deny-list of format characters. Tenant and
+// company ids now hold only the characters of IdentifierCharacters, and
+// the error names the field, the character and the allow-list. Every id the
+// tests and the demo use stays valid.
+func TestIdentifiersAreAnAllowList(t *testing.T) {
+	t.Parallel()
+	for bad, why := range map[string]string{
+		"ac\u034fme":     "U+034F",
+		"\u3164":         "U+3164",
+		"acme\u3164":     "U+3164",
+		"\u115facme":     "U+115F",
+		"acme\uffa0":     "U+FFA0",
+		"acme\ufe0f":     "U+FE0F",
+		"acme\u2800":     "U+2800",
+		"ac\u00a0me":     "U+00A0",
+		"\u0301acme":     "must not start with U+0301",
+		"-acme":          `must not start with '-'`,
+		"_acme":          `must not start with '_'`,
+		"o'hara":         `'\''`,
+		"acme/evil":      `'/'`,
+		"acme:1":         `':'`,
+		"acme\U0001F600": "U+1F600",
+		"acme ":          "must not start or end with a space",
+	} {
+		for _, check := range []func(string) error{batch.ValidateTenantID, batch.ValidateCompanyID} {
+			err := check(bad)
+			var verr *batch.ValidationError
+			require.ErrorAs(t, err, &verr, "%q", bad)
+			require.Contains(t, []string{"tenant_id", "company_id"}, verr.Field)
+			require.ErrorContains(t, err, why, "%q", bad)
+			require.ErrorContains(t, err, "only letters, digits", "%q: the allow-list is stated", bad)
+		}
+	}
+	for _, ok := range []string{"acme", "t", "t1", "tenant-a", "tenant-bench", "tenant-demo", "victim", "company-42", "c-7", "c1",
+		"ａｃｍｅ", "tenant ｅ", "Zoë", "租户", "देवनागरी", "a.b_c-d", "9lives"} {
+		require.NoError(t, batch.ValidateTenantID(ok), "%q", ok)
+		require.NoError(t, batch.ValidateCompanyID(ok), "%q", ok)
 	}
 }

@@ -2,8 +2,10 @@ package batch_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/fleet/ingest/internal/batch"
 )
@@ -47,13 +49,84 @@ func FuzzParseDetails(f *testing.F) {
 }
 
 // TestIsInvisibleIsTheUnicodeCategories checks IsInvisible against its
-// definition (Unicode categories Cf, Zl and Zp) for every code point, its
-// ASCII shortcut included.
+// definition (Unicode categories Cf, Zl and Zp, the code points Unicode
+// declares ignorable by default beyond them, and the variation selectors)
+// for every code point, its ASCII shortcut included.
 func TestIsInvisibleIsTheUnicodeCategories(t *testing.T) {
 	t.Parallel()
 	for r := rune(0); r <= unicode.MaxRune; r++ {
-		if got, want := batch.IsInvisible(r), unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp); got != want {
+		want := unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector)
+		if got := batch.IsInvisible(r); got != want {
 			t.Fatalf("IsInvisible(U+%04X) = %v, want %v", r, got, want)
 		}
 	}
+}
+
+// TestAllowListsAreTheirDefinition checks, for every code point, that an
+// identifier (tenant or company id) and a folder path segment accept it
+// after a first letter exactly when its documented allow-list holds it —
+// letters, decimal digits and combining marks that Unicode does not
+// declare ignorable by default, and the listed ASCII punctuation — and
+// that neither ever accepts a control, invisible or non-ASCII space
+// character.
+func TestAllowListsAreTheirDefinition(t *testing.T) {
+	t.Parallel()
+	assigned := []*unicode.RangeTable{unicode.L, unicode.M, unicode.N, unicode.P, unicode.S, unicode.Z, unicode.Cc, unicode.Cf,
+		unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector}
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if !utf8.ValidRune(r) {
+			continue // surrogates have no UTF-8 form
+		}
+		if r > 0xFFFF && !unicode.In(r, assigned...) {
+			// Unassigned and private-use code points past the first
+			// plane (0.9 million: the time of this test under -race);
+			// no letter, digit or mark is among them.
+			continue
+		}
+		name := !unicode.In(r, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector) &&
+			(unicode.IsLetter(r) || unicode.Is(unicode.Nd, r) || unicode.In(r, unicode.Mn, unicode.Mc))
+		wantID := name || strings.ContainsRune("-_. ", r)
+		wantSegment := name || strings.ContainsRune("!-_.*'()&$@=;:+,% ", r)
+		value := "a" + string(r) + "a"
+		gotID := batch.ValidateTenantID(value) == nil
+		gotSegment := batch.CheckPathSegment(value) == nil
+		if gotID != wantID || gotSegment != wantSegment {
+			t.Fatalf("U+%04X: identifier %v (want %v), path segment %v (want %v)", r, gotID, wantID, gotSegment, wantSegment)
+		}
+		if (gotID || gotSegment) && (unicode.IsControl(r) || batch.IsInvisible(r) || (unicode.IsSpace(r) && r != ' ')) {
+			t.Fatalf("U+%04X is accepted but is a control, invisible or non-ASCII space character", r)
+		}
+	}
+}
+
+// FuzzIdentifierAllowList: any string ValidateTenantID accepts is valid
+// UTF-8 of at most MaxTenantIDLen bytes, starts with a letter or a digit,
+// ends with no space and holds no control, invisible or non-ASCII space
+// character; and ValidateCompanyID agrees. The seed corpus runs in every
+// normal test run.
+func FuzzIdentifierAllowList(f *testing.F) {
+	for _, s := range []string{"acme", "tenant-a", "ａｃｍｅ", "tenant ｅ", "Zoë", "租户", "ac\u034fme", "\u3164", "ac\u3164me",
+		"\u115facme", "acme\ufe0f", "\u0301acme", " acme", "acme ", "-acme", "_acme", "o'hara", "a/b", "acme\u00a0x", "t\xff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		err := batch.ValidateTenantID(s)
+		if (err == nil) != (batch.ValidateCompanyID(s) == nil) {
+			t.Fatalf("tenant and company ids disagree on %q", s)
+		}
+		if err != nil {
+			return
+		}
+		if !utf8.ValidString(s) || len(s) > batch.MaxTenantIDLen || strings.HasSuffix(s, " ") {
+			t.Fatalf("accepted %q", s)
+		}
+		for i, r := range s {
+			if i == 0 && !unicode.IsLetter(r) && !unicode.IsDigit(r) {
+				t.Fatalf("accepted %q, which starts with U+%04X", s, r)
+			}
+			if unicode.IsControl(r) || batch.IsInvisible(r) || (unicode.IsSpace(r) && r != ' ') {
+				t.Fatalf("accepted %q, which holds U+%04X", s, r)
+			}
+		}
+	})
 }

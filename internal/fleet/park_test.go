@@ -90,3 +90,34 @@ func detailsWithoutLeases(t *testing.T, raw []byte) string {
 	require.NoError(t, err)
 	return string(out)
 }
+
+// TestBatchWithAnInvisibleTenantIsParked: the worker re-validates a batch
+// row's identifiers with the doors' allow-list before reading a byte, so a
+// row written before the allow-list (or by another writer) whose tenant
+// holds U+034F (combining grapheme joiner) or U+3164 (Hangul filler) is
+// parked unread, with the field and the character in its reason — for a
+// local folder too, whose path names no tenant to compare with.
+func TestBatchWithAnInvisibleTenantIsParked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	registry := pipeline.Registry{batch.SourceTypeFleetS3: e.pipeline}
+	for column, tc := range map[string]struct{ value, char string }{"tenant_id": {"ac\u034fme", "U+034F"}, "company_id": {"\u3164", "U+3164"}} {
+		b := e.reserve("tenant-"+column, e.folder(sampleFiles))
+		_, err := e.pool.Exec(ctx, `UPDATE ingestion_batches SET `+column+` = $2 WHERE id = $1`, b.ID, tc.value)
+		require.NoError(t, err)
+		a, err := e.leases.Acquire(ctx, b.ID, "delivery", time.Minute)
+		require.NoError(t, err)
+		res, err := pipeline.Execute(ctx, e.store, a.Lease, nil, registry)
+		require.NoError(t, err)
+		require.Equal(t, pipeline.Parked, res.Outcome, column)
+		got, err := e.store.Get(ctx, b.ID)
+		require.NoError(t, err)
+		require.True(t, got.Parked(), column)
+		require.Contains(t, *got.ParkedReason, column, column)
+		require.Contains(t, *got.ParkedReason, tc.char, column)
+		d, err := batch.ParseDetails(got.Details)
+		require.NoError(t, err)
+		require.Equal(t, batch.PhaseReserved, d.Phase, "%s: nothing was read", column)
+	}
+}

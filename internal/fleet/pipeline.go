@@ -90,7 +90,10 @@ var _ pipeline.Admitter = (*Pipeline)(nil)
 // Admit re-validates a batch before any work is done on it, so that a
 // batch row written by any door — or directly by a database role that may
 // insert batches — is worked only if this worker would have accepted it:
-// its details name the folder of its scope; the folder is an s3:// folder
+// its details name the folder of its scope (canonical: every path segment
+// within the allow-list of batch.CheckPathSegment); its tenant, database
+// and company ids pass the doors' own checks (batch.ValidateTenantID, …);
+// the folder is an s3:// folder
 // (file:// and mem:// only with AllowLocalFolders) of a bucket on the
 // worker's allow-list; and the tenant, database and company of the batch
 // are those the folder's path names under the worker's pattern. The error
@@ -99,6 +102,13 @@ func (p *Pipeline) Admit(b batch.Batch, d batch.Details) error {
 	f, err := folder.Canonicalize(d.SourceFolder)
 	if err != nil || f.Scope() != b.Scope() {
 		return fmt.Errorf("the details' source folder does not name the batch's scope %q", b.Scope())
+	}
+	// The doors' own checks of the identifiers, for a row written before
+	// them or by another writer.
+	for _, err := range []error{batch.ValidateTenantID(b.TenantID), batch.ValidateTenantDatabase(b.TenantDatabase), batch.ValidateCompanyID(b.CompanyID)} {
+		if err != nil {
+			return fmt.Errorf("the batch's %w", err)
+		}
 	}
 	if f.Scheme != folder.SchemeS3 {
 		if p.AllowLocalFolders {

@@ -54,11 +54,15 @@ func invalid(format string, args ...any) error {
 // dropped, so s3://Bucket//a/b and s3://bucket/a/b/ name the same folder.
 //
 // It rejects, with an error wrapping ErrInvalidFolder: anything but s3, mem
-// and file URLs; invalid UTF-8, control characters and invisible
-// formatting characters (batch.IsInvisible); query strings and
+// and file URLs; invalid UTF-8 and control characters; query strings and
 // fragments; user info and ports; "." and ".." segments; an empty bucket or
-// empty path (a bucket root is not a folder); backslashes; and any folder
-// whose scope would exceed batch.MaxSourceScopeLen bytes.
+// empty path (a bucket root is not a folder); backslashes; a path segment
+// holding a character outside the allow-list batch.PathSegmentCharacters
+// (batch.CheckPathSegment: letters, digits, combining marks and S3's safe
+// punctuation, for every scheme, so no invisible formatting character,
+// filler or blank passes; the bucket is ASCII by S3's naming rules); and
+// any folder whose scope would exceed
+// batch.MaxSourceScopeLen bytes.
 //
 // Key segments are taken literally: percent signs are not decoded, so the
 // canonical name is exactly the object key prefix in storage.
@@ -69,9 +73,6 @@ func Canonicalize(raw string) (Folder, error) {
 	for _, r := range raw {
 		if unicode.IsControl(r) {
 			return Folder{}, invalid("contains a control character")
-		}
-		if batch.IsInvisible(r) {
-			return Folder{}, invalid("contains an invisible formatting character (U+%04X)", r)
 		}
 	}
 	if len(raw) > 4*batch.MaxSourceScopeLen {
@@ -118,6 +119,9 @@ func Canonicalize(raw string) (Folder, error) {
 		}
 		if strings.TrimSpace(s) != s {
 			return Folder{}, invalid("path segments must not start or end with whitespace")
+		}
+		if err := batch.CheckPathSegment(s); err != nil {
+			return Folder{}, invalid("path segment %d: %v", len(segments)+1, err)
 		}
 		segments = append(segments, s)
 	}

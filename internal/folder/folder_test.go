@@ -80,7 +80,8 @@ func TestCanonicalize(t *testing.T) {
 }
 
 // FuzzCanonicalize checks the properties of canonical folders on any input:
-// no panic; success implies a valid, bounded scope without forbidden parts;
+// no panic; success implies a valid, bounded scope without forbidden parts
+// (every path segment within the allow-list, no invisible character);
 // canonicalisation is idempotent; and every failure wraps ErrInvalidFolder.
 // The seed corpus runs in every normal test run.
 func FuzzCanonicalize(f *testing.F) {
@@ -88,6 +89,7 @@ func FuzzCanonicalize(f *testing.F) {
 		"s3://bucket/a/b", "s3://Bucket//a/b", "s3://bucket/a/b/", "mem://tests/x", "file:///tmp/x",
 		"s3://bucket/a/../b", "s3://bucket/a?x=1", "s3://bucket", "", "s3://bucket/\x00", "s3://b\xffucket/a",
 		"file://host/x", "s3://bucket/%2e%2e/a", "S3://BUCKET/Key/Case", "s3://bucket//./",
+		"s3://bucket/ac\u034fme/x", "s3://bucket/\u3164/x", "s3://bucket/date=2026-12-01/10:00", "s3://bucket/a~b",
 	} {
 		f.Add(s)
 	}
@@ -117,6 +119,14 @@ func FuzzCanonicalize(f *testing.F) {
 		for _, seg := range strings.Split(folder.Prefix, "/") {
 			if seg == "" || seg == "." || seg == ".." {
 				t.Fatalf("bad segment %q in %q", seg, folder.Prefix)
+			}
+			if err := batch.CheckPathSegment(seg); err != nil {
+				t.Fatalf("segment %q of %q is outside the allow-list: %v", seg, folder.Prefix, err)
+			}
+		}
+		for _, r := range scope {
+			if batch.IsInvisible(r) {
+				t.Fatalf("invisible character U+%04X survived: %q", r, scope)
 			}
 		}
 		if folder.Bucket != strings.ToLower(folder.Bucket) {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/fleet/ingest/internal/batch"
 )
 
 // Mapping says which tenant, database and company an S3 folder belongs to.
@@ -38,8 +40,10 @@ type Target struct {
 	TenantID, TenantDatabase, CompanyID, Folder string
 }
 
-// Validate checks the pattern names each placeholder once and the bucket
-// allow-list holds valid bucket names.
+// Validate checks the pattern names each placeholder once, its other
+// segments hold only the characters of a folder's path segments
+// (batch.CheckPathSegment), and the bucket allow-list holds valid bucket
+// names.
 func (m Mapping) Validate() error {
 	p := m.pattern()
 	for _, ph := range []string{"{tenant_id}", "{tenant_database}", "{company_id}"} {
@@ -51,8 +55,16 @@ func (m Mapping) Validate() error {
 		if seg == "" || seg == "." || seg == ".." {
 			return fmt.Errorf("mapping pattern %q has an empty, '.' or '..' segment", p)
 		}
-		if strings.Contains(seg, "{") && seg != "{tenant_id}" && seg != "{tenant_database}" && seg != "{company_id}" {
+		switch {
+		case seg == "{tenant_id}" || seg == "{tenant_database}" || seg == "{company_id}":
+		case strings.Contains(seg, "{"):
 			return fmt.Errorf("mapping pattern %q: a placeholder must be a whole segment, got %q", p, seg)
+		default:
+			// A literal segment no canonical folder could hold would match
+			// nothing.
+			if err := batch.CheckPathSegment(seg); err != nil {
+				return fmt.Errorf("mapping pattern %q: %w", p, err)
+			}
 		}
 	}
 	for _, b := range m.Buckets {

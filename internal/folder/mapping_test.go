@@ -115,3 +115,51 @@ func TestFoldersRefuseInvisibleCharacters(t *testing.T) {
 	require.NoError(t, err, "full-width letters are letters")
 	require.Equal(t, "tenants/ａｃｍｅ/db/c", f.Prefix)
 }
+
+// TestFolderSegmentsAreAnAllowList: the red team's U+034F (combining
+// grapheme joiner, a mark) and U+3164 (Hangul filler, a letter) render as
+// nothing or as a blank and passed the deny-list of format characters. A
+// path segment now holds only the characters of batch.PathSegmentCharacters,
+// on every scheme; the error names the segment, the character and the
+// allow-list. What existing folders use stays valid.
+func TestFolderSegmentsAreAnAllowList(t *testing.T) {
+	t.Parallel()
+	for raw, char := range map[string]string{
+		"s3://bucket/tenants/ac\u034fme/db/c":      "U+034F", // combining grapheme joiner
+		"s3://bucket/tenants/\u3164/db/c":          "U+3164", // Hangul filler
+		"s3://bucket/tenants/acme\u3164/db/c":      "U+3164",
+		"s3://bucket/tenants/\u115facme/db/c":      "U+115F", // Hangul choseong filler
+		"s3://bucket/tenants/acme\uffa0/db/c":      "U+FFA0", // half-width Hangul filler
+		"s3://bucket/tenants/acme\ufe0f/db/c":      "U+FE0F", // variation selector
+		"s3://bucket/tenants/acme\u00a0x/db/c":     "U+00A0", // no-break space inside
+		"s3://bucket/tenants/\u2800/db/c":          "U+2800", // braille blank
+		"s3://bucket/tenants/\u0301acme/db/c":      "U+0301", // a mark first, on the slash
+		"s3://bucket/tenants/a~b/db/c":             `'~'`,
+		"s3://bucket/tenants/a{b}/db/c":            `'{'`,
+		"s3://bucket/tenants/a|b/db/c":             `'|'`,
+		"s3://bucket/tenants/a\"b/db/c":            `'"'`,
+		"s3://bucket/tenants/a<b>/db/c":            `'<'`,
+		"s3://bucket/tenants/a^b/db/c":             `'^'`,
+		"s3://bucket/tenants/a[1]/db/c":            `'['`,
+		"s3://bucket/tenants/a`b/db/c":             "'`'",
+		"mem://bucket/a\u3164/x":                   "U+3164",
+		"file:///tmp/ac\u034fme":                   "U+034F",
+		"s3://bucket/tenants/acme/db/c/\U0001F600": "U+1F600", // an emoji is not a letter
+	} {
+		_, err := Canonicalize(raw)
+		require.ErrorIs(t, err, ErrInvalidFolder, raw)
+		require.ErrorContains(t, err, char, raw)
+		require.ErrorContains(t, err, "path segment", raw)
+		require.ErrorContains(t, err, "only letters, digits", raw)
+	}
+	for _, raw := range []string{
+		"s3://bucket/tenants/acme/acme_db/c-7/2026-11-30/up-1",
+		"s3://bucket/exports/date=2026-12-01/hour=10:00/part+1,2/(copy)!*'/a&b$c@d;e",
+		"s3://bucket/a%2Fb/Upload 7/.dev/_tmp",
+		"s3://bucket/tenants/ÄÖ/日本/Zoë/ｅ/租户/देवनागरी", // marks after the first letter
+		"file:///tmp/fleet/.dev/sample/fleet/tenant-demo/2026-11-30/upload-1",
+	} {
+		_, err := Canonicalize(raw)
+		require.NoError(t, err, raw)
+	}
+}

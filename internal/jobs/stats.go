@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fleet/ingest/internal/metrics"
@@ -84,27 +85,17 @@ func refreshTenantStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metr
 	if err != nil {
 		return err
 	}
-	type counts struct{ running, waiting int64 }
-	seen := map[string]counts{}
-	for rows.Next() {
-		var (
-			tenant string
-			c      counts
-		)
-		if err := rows.Scan(&tenant, &c.running, &c.waiting); err != nil {
-			rows.Close()
-			return err
-		}
-		seen[tenant] = c
-	}
-	if err := rows.Err(); err != nil {
+	counts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (metrics.TenantBatchCount, error) {
+		var c metrics.TenantBatchCount
+		err := row.Scan(&c.Tenant, &c.Running, &c.Waiting)
+		return c, err
+	})
+	if err != nil {
 		return err
 	}
-	m.TenantBatches.Reset()
-	for tenant, c := range seen {
-		m.TenantBatches.WithLabelValues(tenant, "running").Set(float64(c.running))
-		m.TenantBatches.WithLabelValues(tenant, "waiting").Set(float64(c.waiting))
-	}
+	// Bounded there: the busiest tenants keep series of their own, the
+	// others are summed.
+	m.SetTenantBatches(counts)
 	return nil
 }
 

@@ -7,8 +7,16 @@
 // that is not registered can be updated and is simply not exported.
 //
 // Every labelled series is initialised for all its known label values when
-// the metrics are created, so dashboards and alerts see zeros, not gaps. No
-// metric is labelled by tenant unless TenantLabels is enabled.
+// the metrics are created, so dashboards and alerts see zeros, not gaps.
+//
+// Tenant labels are bounded per process: a family labelled by tenant
+// exports at most MaxTenants tenant values of its own (100 by default,
+// worker run --metrics-max-tenants) and sums the other tenants under
+// tenant="_other" (TenantOther), however many tenants the database holds.
+// The only such family is the worker's gauge ingest_tenant_batches
+// (SetTenantBatches); it keeps the tenants with the most Running batches,
+// the same on every worker. Its collector is unexported, so no caller can add
+// a series around the bound.
 package metrics
 
 import (
@@ -103,7 +111,14 @@ type Metrics struct {
 
 	// Fairness between tenants (worker run --max-running-per-tenant).
 	TenantCapDeferrals prometheus.Counter
-	TenantBatches      *prometheus.GaugeVec
+	// tenantBatches is ingest_tenant_batches, set only through
+	// SetTenantBatches, which bounds its tenants.
+	tenantBatches *tenantBatches
+	// MaxTenants bounds the tenant label values of each tenant-labelled
+	// family: beyond it tenants are summed under TenantOther (0: every
+	// tenant is). Set it before the first update. Defaults to
+	// MaxTenantsDefault.
+	MaxTenants int
 
 	// The SQS consumer (enqueue sqs).
 	SQSMessagesReceived prometheus.Counter
@@ -187,7 +202,7 @@ func build() (*Metrics, []prometheus.Collector) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var all []prometheus.Collector
 	f := func(c prometheus.Collector) { all = append(all, c) }
-	m := &Metrics{Registry: reg}
+	m := &Metrics{Registry: reg, MaxTenants: MaxTenantsDefault}
 
 	m.Reservations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_reservations_total", Help: "Batch reservations by source type and outcome (reserved, conflict, enqueue_failed, resumable: the folder's newest batch is a failed publication to resume, nothing reserved).",

@@ -49,16 +49,25 @@ const (
 // regions, where REGION looks like an AWS region (us-east-1,
 // us-gov-west-1, cn-north-1), not any label (sns.s3.amazonaws.com is an S3
 // bucket's virtual host, whose content anyone with that bucket writes).
-var snsHost = regexp.MustCompile(`^sns\.([a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-[0-9]+)\.amazonaws\.com(\.cn)?$`)
+var snsHost = regexp.MustCompile(`^sns\.(` + awsRegion + `)\.amazonaws\.com(\.cn)?$`)
+
+// awsRegion matches an AWS region name: us-east-1, us-gov-west-1,
+// cn-north-1, us-isob-east-1.
+const awsRegion = `[a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-[0-9]+`
+
+// snsTopicARN matches an SNS topic ARN, arn:PARTITION:sns:REGION:ACCOUNT:NAME,
+// and captures its region.
+var snsTopicARN = regexp.MustCompile(`^arn:aws[a-z-]*:sns:(` + awsRegion + `):[0-9]{12}:[A-Za-z0-9_-]{1,256}(?:\.fifo)?$`)
 
 // snsCertPath matches the path of a signing certificate: one segment
 // ending in .pem (SNS's are /SimpleNotificationService-HEX.pem).
 var snsCertPath = regexp.MustCompile(`^/[A-Za-z0-9._-]+\.pem$`)
 
-// Certificate fetches: at most snsCertFetchesPerSecond on average, a
-// burst of snsCertFetchBurst, and one in flight per URL. A fetch is needed
-// only for a certificate not cached, which real SNS deliveries rarely
-// need (SNS rotates its certificate a few times a year).
+// Certificate fetches, per accepted topic: at most snsCertFetchesPerSecond
+// on average, a burst of snsCertFetchBurst, and one in flight per topic
+// and URL. A fetch is needed only for a certificate not cached, which real
+// SNS deliveries rarely need (SNS rotates its certificate a few times a
+// year).
 const (
 	snsCertFetchesPerSecond = 2
 	snsCertFetchBurst       = 4
@@ -268,16 +277,33 @@ func namesSNS(cert *x509.Certificate, names []string) bool {
 }
 
 // snsVerifier verifies SNS message signatures, caching certificates by
-// their normal URL (snsCertURL); fetches are rate limited and never more
-// than one in flight per URL.
+// their normal URL (snsCertURL). Certificates are fetched only for an
+// accepted topic, only from the SNS host of the topic's own region, and
+// within the topic's own budget (rate limited, never more than one fetch
+// in flight per topic and URL): forged deliveries naming other topics,
+// or other regions' hosts, are refused before anything is fetched and
+// cannot spend an accepted topic's fetches.
+//
+// The certificates are not fetched at start: SNS names its signing
+// certificate only in the messages it signs (SigningCertURL, a file name
+// that changes when SNS rotates the certificate), and publishes no other
+// way to know it, so the first delivery after a start (or a rotation)
+// fetches it, within its topic's budget.
 type snsVerifier struct {
 	cfg     SNSConfig
 	client  *http.Client
-	fetches *rate.Limiter
+	topics  map[string]*snsTopic
 	flights singleflight.Group
 
 	mu    sync.Mutex
 	certs map[string]*x509.Certificate
+}
+
+// snsTopic is an accepted topic: the region whose SNS host signs its
+// messages, and its own budget of certificate fetches.
+type snsTopic struct {
+	region  string
+	fetches *rate.Limiter
 }
 
 // validate checks the accepted topics.
@@ -286,7 +312,7 @@ func (cfg SNSConfig) validate() error {
 		return errors.New("SNS authentication needs at least one accepted topic ARN")
 	}
 	for _, arn := range cfg.TopicARNs {
-		if !strings.HasPrefix(arn, "arn:aws") || strings.Count(arn, ":") != 5 {
+		if !snsTopicARN.MatchString(arn) {
 			return fmt.Errorf("%q is not an SNS topic ARN (arn:aws:sns:REGION:ACCOUNT:TOPIC)", arn)
 		}
 	}
@@ -307,11 +333,15 @@ func newSNSVerifier(cfg SNSConfig) (*snsVerifier, error) {
 	// Never follow a redirect: it could leave the SNS host.
 	noRedirect := *client
 	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &snsVerifier{cfg: cfg, client: &noRedirect, certs: map[string]*x509.Certificate{},
-		fetches: rate.NewLimiter(snsCertFetchesPerSecond, snsCertFetchBurst)}, nil
+	topics := make(map[string]*snsTopic, len(cfg.TopicARNs))
+	for _, arn := range cfg.TopicARNs {
+		topics[arn] = &snsTopic{region: snsTopicARN.FindStringSubmatch(arn)[1],
+			fetches: rate.NewLimiter(snsCertFetchesPerSecond, snsCertFetchBurst)}
+	}
+	return &snsVerifier{cfg: cfg, client: &noRedirect, certs: map[string]*x509.Certificate{}, topics: topics}, nil
 }
 
-func (v *snsVerifier) topicAccepted(arn string) bool { return slices.Contains(v.cfg.TopicARNs, arn) }
+func (v *snsVerifier) topicAccepted(arn string) bool { return v.topics[arn] != nil }
 
 // verify checks m's signature, age and signing certificate; nil means SNS
 // sent m. The error says why not.
@@ -340,7 +370,13 @@ func (v *snsVerifier) verify(ctx context.Context, m snsMessage) error {
 	if err != nil {
 		return err
 	}
-	cert, err := v.certificate(ctx, m.SigningCertURL)
+	topic := v.topics[m.TopicArn]
+	if topic == nil {
+		// The callers look the topic up first; nothing is fetched for
+		// another.
+		return fmt.Errorf("SNS topic %q is not accepted", m.TopicArn)
+	}
+	cert, err := v.certificate(ctx, m.TopicArn, topic, m.SigningCertURL)
 	if err != nil {
 		return fmt.Errorf("signing certificate: %w", err)
 	}
@@ -372,14 +408,21 @@ func snsReplayKey(m snsMessage) string {
 	return "sns:" + string(sig)
 }
 
-// certificate returns the certificate at raw, fetched over HTTPS from an
-// Amazon SNS host, naming SNS (snsSigningNames), and cached until it
-// expires. Concurrent requests for one URL share one fetch; fetches beyond
-// the rate limit fail with errSNSCertFetchLimited.
-func (v *snsVerifier) certificate(ctx context.Context, raw string) (*x509.Certificate, error) {
+// certificate returns the certificate at raw for a message of topic (the
+// accepted topic arn), fetched over HTTPS from the Amazon SNS host of the
+// topic's region, naming SNS (snsSigningNames), and cached until it
+// expires. A URL on another region's host is refused without a fetch.
+// Concurrent requests of one topic for one URL share one fetch; fetches
+// beyond the topic's budget fail with errSNSCertFetchLimited.
+func (v *snsVerifier) certificate(ctx context.Context, arn string, topic *snsTopic, raw string) (*x509.Certificate, error) {
 	key, region, err := snsCertURL(raw)
 	if err != nil {
 		return nil, err
+	}
+	if region != topic.region {
+		// SNS signs a topic's messages in the topic's region; a forged
+		// message naming another host must not spend the topic's fetches.
+		return nil, fmt.Errorf("%s is not on the SNS host of the topic's region %s", key, topic.region)
 	}
 	v.mu.Lock()
 	cert, ok := v.certs[key]
@@ -387,10 +430,12 @@ func (v *snsVerifier) certificate(ctx context.Context, raw string) (*x509.Certif
 	if ok && time.Now().Before(cert.NotAfter) {
 		return cert, nil
 	}
-	// One fetch per URL at a time, on behalf of every waiting request: it
-	// runs to its own timeout even if the request that started it ends.
-	ch := v.flights.DoChan(key, func() (any, error) {
-		if !v.fetches.Allow() {
+	// One fetch per topic and URL at a time, on behalf of every waiting
+	// request: it runs to its own timeout even if the request that started
+	// it ends. Keyed by topic too, so a fetch refused by one topic's budget
+	// is never another topic's answer.
+	ch := v.flights.DoChan(arn+" "+key, func() (any, error) {
+		if !topic.fetches.Allow() {
 			return nil, errSNSCertFetchLimited
 		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snsFetchTimeout)

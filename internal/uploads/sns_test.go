@@ -62,6 +62,10 @@ const (
 	testTopic   = "arn:aws:sns:us-east-1:123456789012:fleet-uploads"
 	otherTopic  = "arn:aws:sns:us-east-1:999999999999:someone-else"
 	testCertURL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-0123abcd.pem"
+	// euTopic and southTopic are accepted too, in other regions; the fake
+	// SNS answers for eu-west-1 and, untrusted, for ap-south-1.
+	euTopic    = "arn:aws:sns:eu-west-1:123456789012:fleet-uploads-eu"
+	southTopic = "arn:aws:sns:ap-south-1:123456789012:fleet-uploads-south"
 )
 
 func newFakeSNS(t *testing.T) *fakeSNS {
@@ -208,7 +212,7 @@ func (f *fakeSNS) message(t *testing.T, typ, topic, body, version string, mod fu
 
 func withSNS(f *fakeSNS, autoConfirm bool, logs *testproc.SyncBuffer) func(*Config) {
 	return func(c *Config) {
-		c.SNS = &SNSConfig{TopicARNs: []string{testTopic}, AutoConfirm: autoConfirm, HTTPClient: f.client}
+		c.SNS = &SNSConfig{TopicARNs: []string{testTopic, euTopic, southTopic}, AutoConfirm: autoConfirm, HTTPClient: f.client}
 		if logs != nil {
 			c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 		}
@@ -265,7 +269,8 @@ func TestSNSSignedNotifications(t *testing.T) {
 		"certificate elsewhere":   {sns.message(t, snsNotification, testTopic, event("x7"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com.evil.example/x.pem" }), "not https on an Amazon SNS host"},
 		"certificate lookalike":   {sns.message(t, snsNotification, testTopic, event("x8"), "2", func(m *snsMessage) { m.SigningCertURL = "https://evil.example/sns.us-east-1.amazonaws.com/x.pem" }), "not https on an Amazon SNS host"},
 		"certificate with a port": {sns.message(t, snsNotification, testTopic, event("x9"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com:8443/x.pem" }), "not https on an Amazon SNS host"},
-		"certificate not trusted": {sns.message(t, snsNotification, testTopic, event("xa"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.ap-south-1.amazonaws.com/x.pem" }), "certificate"},
+		"certificate not trusted": {sns.message(t, snsNotification, southTopic, event("xa"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.ap-south-1.amazonaws.com/x.pem" }), "certificate"},
+		"another region's host":   {sns.message(t, snsNotification, testTopic, event("xd"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.eu-west-1.amazonaws.com/x.pem" }), "not on the SNS host of the topic's region us-east-1"},
 		"certificate not a .pem":  {sns.message(t, snsNotification, testTopic, event("xb"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/?Action=Publish" }), "not a certificate URL"},
 		"no signature, no token":  {sns.message(t, snsNotification, testTopic, event("xc"), "", nil), "missing credentials"},
 	} {
@@ -678,4 +683,109 @@ func TestSNSCertificateOutageIsRetriedNotRefused(t *testing.T) {
 		require.Equal(t, http.StatusAccepted, status, "%s: the redelivery is imported: %v", failure, out)
 	}
 	require.Equal(t, 2, count(t, pool))
+}
+
+// TestSNSCertificateFloodCannotStarveAnAcceptedTopic: certificate fetches
+// had one budget for every request, so an unauthenticated flood of forged
+// deliveries naming uncached certificates made a genuine delivery whose
+// certificate was not cached yet answer 503. Each accepted topic now has a
+// budget of its own, and a certificate is fetched only from the SNS host of
+// the topic's region: a flood naming a topic that is not accepted, or an
+// accepted topic with another region's host, fetches nothing; one naming
+// another accepted topic spends only that topic's budget. While such a
+// flood keeps that budget exhausted, a genuine delivery of testTopic with
+// an uncached certificate is imported.
+func TestSNSCertificateFloodCannotStarveAnAcceptedTopic(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	sns := newFakeSNS(t)
+	f := newServer(t, pool, withSNS(sns, false, nil))
+	event := func(folder string) string {
+		return string(s3Event("fleet-uploads", "tenants/t1/db1/c1/"+folder+"/_SUCCESS", "ObjectCreated:Put"))
+	}
+	var seq atomic.Int64
+	forged := func(topic, certURL string) []byte {
+		n := seq.Add(1)
+		return sns.message(t, snsNotification, topic, event(fmt.Sprintf("forged-%d", n)), "", func(m *snsMessage) {
+			m.SignatureVersion, m.Signature = "2", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 256))
+			m.SigningCertURL = fmt.Sprintf(certURL, n)
+		})
+	}
+	post := func(body []byte) int {
+		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/events/s3", bytes.NewReader(body))
+		if err != nil {
+			return 0
+		}
+		req.Header.Set("Content-Type", "text/plain")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	// Topics that are not accepted, and an accepted topic naming another
+	// region's SNS host: refused before anything is fetched.
+	for range 10 {
+		require.Equal(t, http.StatusUnauthorized, post(forged(otherTopic, "https://sns.us-east-1.amazonaws.com/missing-%d.pem")))
+		require.Equal(t, http.StatusUnauthorized, post(forged(testTopic, "https://sns.eu-west-1.amazonaws.com/missing-%d.pem")))
+	}
+	require.Zero(t, sns.fetches.Load(), "nothing was fetched for them")
+
+	// A flood naming the other accepted topic, each with a new certificate
+	// URL, until the genuine delivery is answered.
+	stop, limited := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var unexpected atomic.Int64
+	var flood sync.WaitGroup
+	for range 4 {
+		flood.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				switch post(forged(euTopic, "https://sns.eu-west-1.amazonaws.com/missing-%d.pem")) {
+				case http.StatusServiceUnavailable:
+					once.Do(func() { close(limited) })
+				case http.StatusUnauthorized:
+				default:
+					unexpected.Add(1)
+				}
+			}
+		})
+	}
+	select {
+	case <-limited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the flood never exhausted the other topic's certificate fetches")
+	}
+	status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", sns.message(t, snsNotification, testTopic, event("genuine"), "2", nil), nil)
+	close(stop)
+	flood.Wait()
+	require.Equal(t, http.StatusAccepted, status, "the genuine delivery is not starved by the flood: %v", out)
+	require.Zero(t, unexpected.Load(), "every forged delivery was refused (401) or deferred (503)")
+	require.Equal(t, 1, count(t, pool), "only the genuine delivery was imported")
+}
+
+// TestSNSTopicARNsNameTheirRegion: an accepted topic is an SNS topic ARN
+// whose region is an AWS region, since its certificates are fetched only
+// from that region's SNS host.
+func TestSNSTopicARNsNameTheirRegion(t *testing.T) {
+	t.Parallel()
+	for arn, region := range map[string]string{
+		testTopic: "us-east-1", "arn:aws-cn:sns:cn-north-1:123456789012:uploads": "cn-north-1",
+		"arn:aws-us-gov:sns:us-gov-west-1:123456789012:uploads": "us-gov-west-1", "arn:aws:sns:eu-west-1:123456789012:uploads.fifo": "eu-west-1",
+	} {
+		v, err := newSNSVerifier(SNSConfig{TopicARNs: []string{arn}})
+		require.NoError(t, err, arn)
+		require.Equal(t, region, v.topics[arn].region, arn)
+	}
+	for _, arn := range []string{"fleet-uploads", "arn:aws:sns:us-east-1:123456789012", "arn:aws:s3:us-east-1:123456789012:uploads",
+		"arn:aws:sns:nowhere:123456789012:uploads", "arn:aws:sns:us-east-1:1234:uploads", "arn:aws:sns:us-east-1:123456789012:up/loads"} {
+		_, err := newSNSVerifier(SNSConfig{TopicARNs: []string{arn}})
+		require.ErrorContains(t, err, "not an SNS topic ARN", arn)
+	}
 }

@@ -202,3 +202,52 @@ func TestReplayReleaseNeedsTheClaimsToken(t *testing.T) {
 	_, _, err = store.Claim(ctx, "never", 0)
 	require.Error(t, err, "a claim needs a positive time to live")
 }
+
+// TestInvisibleCharactersAreRefusedAtTheDoor: U+034F (combining grapheme
+// joiner) and U+3164 (Hangul filler) render as nothing or as a blank and
+// passed the deny-list of format characters, so a folder or a tenant id
+// holding one looked like another tenant's and was imported. On both
+// routes they are refused 422 invalid_input naming the field (folder, or
+// the tenant_id / company_id of a local folder's body), the character and
+// the allow-list, and nothing is written; the tests' usual ids pass.
+func TestInvisibleCharactersAreRefusedAtTheDoor(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	f := newServer(t, pool, func(c *Config) { c.AllowLocalFolders = true })
+
+	for name, tc := range map[string]struct {
+		body       []byte
+		field, why string
+	}{
+		"U+034F in the folder's tenant": {jsonBody(map[string]any{"folder": tenantFolder("ac\u034fme", "up-1")}), "folder", "U+034F"},
+		"U+3164 as the folder's tenant": {jsonBody(map[string]any{"folder": tenantFolder("\u3164", "up-1")}), "folder", "U+3164"},
+		"U+3164 deeper in the folder":   {jsonBody(map[string]any{"folder": tenantFolder("acme", "up\u3164")}), "folder", "U+3164"},
+		"U+FFA0 in the folder":          {jsonBody(map[string]any{"folder": tenantFolder("acme\uffa0", "up-1")}), "folder", "U+FFA0"},
+		"a tenant segment S3 allows":    {jsonBody(map[string]any{"folder": tenantFolder("acme:1", "up-1")}), "tenant_id", `':'`},
+		"U+3164 as a body's tenant":     {importBody("\u3164", "file:///tmp/fleet-dev/up-1"), "tenant_id", "U+3164"},
+		"U+034F in a body's tenant":     {importBody("ac\u034fme", "file:///tmp/fleet-dev/up-1"), "tenant_id", "U+034F"},
+		"U+115F in a body's company": {jsonBody(map[string]any{"tenant_id": "acme", "tenant_database": "tenant_db", "company_id": "\u115fc1",
+			"folder": "file:///tmp/fleet-dev/up-1"}), "company_id", "U+115F"},
+	} {
+		status, out := f.post(t, "/v1/imports", "application/json", tc.body, auth)
+		require.Equal(t, http.StatusUnprocessableEntity, status, "%s: %v", name, out)
+		require.Equal(t, "invalid_input", out["outcome"], name)
+		require.Equal(t, tc.field, out["field"], "%s: %v", name, out)
+		require.Contains(t, out["error"], tc.why, name)
+		require.Contains(t, out["error"], "only letters, digits", "%s: the error states the allow-list", name)
+	}
+	for _, key := range []string{"tenants/ac\u034fme/tenant_db/c1/up-1/_SUCCESS", "tenants/\u3164/tenant_db/c1/up-1/_SUCCESS"} {
+		body := s3Event("fleet-bucket", key, "ObjectCreated:Put")
+		status, out := f.post(t, "/v1/events/s3", "application/json", body, signed(body))
+		require.Equal(t, http.StatusUnprocessableEntity, status, "%q: %v", key, out)
+		r := out["results"].([]any)[0].(map[string]any)
+		require.Equal(t, "invalid_input", r["outcome"], "%q: %v", key, r)
+		require.Equal(t, "folder", r["field"], "%q: %v", key, r)
+	}
+	require.Zero(t, count(t, pool), "nothing was written")
+
+	status, out := f.post(t, "/v1/imports", "application/json", jsonBody(map[string]any{"folder": tenantFolder("tenant-a", "up-1")}), auth)
+	require.Equal(t, http.StatusAccepted, status, out)
+	status, out = f.post(t, "/v1/imports", "application/json", importBody("ａｃｍｅ", "file:///tmp/fleet-dev/up-1"), auth)
+	require.Equal(t, http.StatusAccepted, status, out)
+}

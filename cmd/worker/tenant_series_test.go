@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testproc"
+)
+
+// TestTenantSeriesAreBoundedPerPod is the red team's case: imports naming
+// 5,005 tenants left every worker pod exporting 9,738 series of
+// ingest_tenant_batches (722 KB a scrape). 5,000 tenants' folders are
+// imported through the enqueue code path (ImportMany bursts, as serve,
+// sqs and reconcile do), and a worker — run as in production, with the
+// default --metrics-max-tenants — serves /metrics: its tenant-labelled
+// series are at most 2 × (100 + 1), the 100 busiest tenants and _other,
+// and they still sum to every waiting batch.
+func TestTenantSeriesAreBoundedPerPod(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, url)
+	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	enq := &jobs.Enqueuer{Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler)}
+	const tenants = 5000
+	for start := 0; start < tenants; start += jobs.MaxBurst {
+		reqs := make([]jobs.ImportRequest, 0, jobs.MaxBurst)
+		for i := start; i < min(start+jobs.MaxBurst, tenants); i++ {
+			tenant := fmt.Sprintf("tenant-%04d", i)
+			reqs = append(reqs, jobs.ImportRequest{TenantID: tenant, TenantDatabase: "db", CompanyID: "c",
+				Folder: "s3://fleet-uploads/tenants/" + tenant + "/db/c/up-1"})
+		}
+		results, err := enq.ImportMany(ctx, reqs)
+		require.NoError(t, err)
+		for _, r := range results {
+			require.Equal(t, jobs.OutcomeEnqueued, r.Outcome, "%+v", r)
+		}
+	}
+	// The worker is here for its gauges, not its jobs: without them every
+	// batch stays waiting (the sweeper re-delivers none within the hour).
+	_, err = pool.Exec(ctx, `DELETE FROM river_job`)
+	require.NoError(t, err)
+
+	port := freePorts(t, 1)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var stdout, stderr testproc.SyncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(runCtx, []string{"run", "--database-url", url, "--metrics-addr", "127.0.0.1:" + strconv.Itoa(port),
+			"--name", "tenant-series", "--orphan-after", "1h", "--stats-interval", "1s", "--log-level", "warn"}, &stdout, &stderr)
+	}()
+	scrape := func() (string, error) {
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return string(body), err
+	}
+	var body string
+	require.Eventually(t, func() bool {
+		body, err = scrape()
+		return err == nil && strings.Contains(body, "ingest_tenant_batches{")
+	}, 60*time.Second, 100*time.Millisecond, "the worker never exported its tenant gauge; logs: %s", stderr.String())
+
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	require.NoError(t, err)
+	tenantSeries, tenantValues, waiting, otherWaiting := 0, map[string]bool{}, 0.0, 0.0
+	for name, f := range families {
+		for _, s := range f.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() != "tenant" && l.GetName() != "tenant_id" {
+					continue
+				}
+				tenantSeries++
+				tenantValues[l.GetValue()] = true
+				if name == "ingest_tenant_batches" && hasLabel(s.GetLabel(), "state", "waiting") {
+					waiting += s.GetGauge().GetValue()
+					if l.GetValue() == metrics.TenantOther {
+						otherWaiting = s.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+	}
+	bound := 2 * (metrics.MaxTenantsDefault + 1)
+	t.Logf("%d tenants imported: %d tenant-labelled series, %d tenant values, a scrape of %d bytes", tenants, tenantSeries, len(tenantValues), len(body))
+	require.LessOrEqual(t, tenantSeries, bound, "a pod exports at most 2 × (--metrics-max-tenants + 1) tenant series")
+	require.Len(t, tenantValues, metrics.MaxTenantsDefault+1, "the 100 busiest tenants and _other")
+	require.Equal(t, float64(tenants), waiting, "no batch is lost: the others are summed under _other")
+	require.Equal(t, float64(tenants-metrics.MaxTenantsDefault), otherWaiting)
+
+	stop()
+	select {
+	case code := <-exited:
+		require.Equal(t, cli.ExitOK, code, stderr.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the worker did not stop; logs: %s", stderr.String())
+	}
+}
+
+func hasLabel(labels []*dto.LabelPair, name, value string) bool {
+	for _, l := range labels {
+		if l.GetName() == name && l.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRunRefusesANonsenseTenantSeriesBound: --metrics-max-tenants (and
+// METRICS_MAX_TENANTS) is 0 to 10,000; anything else is invalid input,
+// exit 2, before anything connects.
+func TestRunRefusesANonsenseTenantSeriesBound(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"-1", "10001", "many"} {
+		var stdout, stderr testproc.SyncBuffer
+		code := run(context.Background(), []string{"run", "--database-url", "postgres://u@127.0.0.1:1/x?connect_timeout=1",
+			"--metrics-max-tenants", v}, &stdout, &stderr)
+		require.Equal(t, cli.ExitInvalidInput, code, "%s: %s", v, stderr.String())
+		require.Contains(t, stderr.String(), "metrics", v)
+	}
+}
