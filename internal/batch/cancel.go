@@ -95,23 +95,26 @@ type CancelResult struct {
 // Failed, the lease revoked by bumping the generation (so the holder's
 // renewals and fenced writes are refused from now on and its warehouse load
 // fails its lease check before committing) and its term closed in the lease
-// trail as released now, the scope freed by the status,
+// trail as released now (one clock_timestamp() reading, c.at, for the
+// release, completed_at and cancelled_at: the operator's transaction may
+// have begun before the term it revokes), the scope freed by the status,
 // and who and why recorded. The details document gets phase cancelled and
 // the message as its last error only when $4 says this build can read it;
 // a document of an unknown version is never rewritten.
 var cancelSQL = `
 	UPDATE ingestion_batches
-	SET status = 'Failed', completed_at = now(), updated_at = now(),
-	    execution_lease_terms = ` + LeaseTermsClosed("ingestion_batches", "clock_timestamp()") + `,
+	SET status = 'Failed', completed_at = c.at, updated_at = now(),
+	    execution_lease_terms = ` + LeaseTermsClosed("ingestion_batches", "c.at") + `,
 	    execution_lease_id = NULL, execution_lease_expires_at = NULL,
 	    execution_lease_generation = execution_lease_generation + 1,
-	    cancelled_at = now(), cancelled_by = $2, cancel_reason = NULLIF($3, ''),
+	    cancelled_at = c.at, cancelled_by = $2, cancel_reason = NULLIF($3, ''),
 	    details = CASE WHEN $4::bool
 	        THEN details || jsonb_build_object(
 	            'phase', 'cancelled',
-	            'lastError', jsonb_build_object('phase', 'cancelled', 'message', $5::text, 'at', now()),
+	            'lastError', jsonb_build_object('phase', 'cancelled', 'message', $5::text, 'at', c.at),
 	            'updatedAt', now())
 	        ELSE details END
+	FROM (SELECT clock_timestamp() AS at) c
 	WHERE id = $1 AND status = 'Running'
 	RETURNING ` + columns
 

@@ -35,7 +35,7 @@ var fencedUpdate = `
 	            'generation', $3::bigint, 'at', c.at))),
 	    execution_lease_terms = CASE WHEN $4::text = 'Running' THEN execution_lease_terms
 	        ELSE ` + LeaseTermsClosed("ingestion_batches", "c.at") + ` END,
-	    completed_at = CASE WHEN $4::text = 'Running' THEN NULL ELSE now() END,
+	    completed_at = CASE WHEN $4::text = 'Running' THEN NULL ELSE c.at END,
 	    execution_lease_id = CASE WHEN $4::text = 'Running' THEN execution_lease_id END,
 	    execution_lease_expires_at = CASE WHEN $4::text = 'Running' THEN execution_lease_expires_at END,
 	    updated_at = now()
