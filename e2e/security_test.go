@@ -311,13 +311,21 @@ func TestHostileInputRefusedAndNothingWritten(t *testing.T) {
 	pool := pgtest.Pool(t, dbURL)
 	folderURL := writeFolder(t, sample)
 
-	// SQL metacharacters are data, never SQL.
+	// SQL metacharacters are data, never SQL: a folder segment may hold
+	// them (S3 allows ' ( ) ; and spaces); a tenant id may not (its
+	// allow-list), which is refused before anything is written.
 	sneaky := `x'); DROP TABLE ingestion_batches; --`
-	out, code := runEnqueue(t, dbURL, importArgs(sneaky, folderURL)...)
+	sneakyFolder := folderURL + "/" + sneaky
+	require.NoError(t, os.MkdirAll(strings.TrimPrefix(sneakyFolder, "file://"), 0o755))
+	require.NoError(t, os.WriteFile(strings.TrimPrefix(sneakyFolder, "file://")+"/a.csv", []byte("k,v\n1,a\n"), 0o644))
+	out, code := runEnqueue(t, dbURL, importArgs("tenant-a", sneakyFolder)...)
 	require.Equal(t, 0, code, out)
 	id := int64(outcome(t, out)["batch_id"].(float64))
 	b, _ := getBatch(t, pool, id)
-	require.Equal(t, sneaky, b.TenantID)
+	require.Equal(t, "fleet_s3:"+sneakyFolder, b.Scope())
+	out, code = runEnqueue(t, dbURL, importArgs(sneaky, folderURL)...)
+	require.Equal(t, 2, code, out)
+	require.Equal(t, "tenant_id", outcome(t, out)["field"])
 
 	count := func() int {
 		var n int
