@@ -2,11 +2,13 @@ package folder_test
 
 import (
 	"context"
+	"crypto/md5"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -169,4 +171,43 @@ func TestS3FolderWithAControlCharacterKey(t *testing.T) {
 	_, err = openS3(t, "s3://ctl-keys/tenants/t3/up").Objects(ctx)
 	require.ErrorIs(t, err, folder.ErrUnreadableKey)
 	require.ErrorContains(t, err, `"tenants/t3/up/a__0x41__.csv" holds an escape of gocloud.dev/blob`)
+}
+
+// TestListingNamesEveryObjectsETagAndTimeAndTheMarkers: a folder's listing
+// gives each data object's ETag (S3's, without quotes: the MD5 of a
+// single-part upload) and last-modified time, and the markers beside the
+// data, on S3 and on an in-memory bucket alike.
+func TestListingNamesEveryObjectsETagAndTimeAndTheMarkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	body := []byte("id,seq\nr1,1\n")
+	sum := fmt.Sprintf("%x", md5.Sum(body))
+
+	s3srv.CreateBucket(t, "listing-etags")
+	s3srv.Put(t, "listing-etags", "tenants/t1/up/part-1.csv", body)
+	s3srv.Put(t, "listing-etags", "tenants/t1/up/part-2.csv", []byte("id,seq\nr2,2\n"))
+	s3srv.Put(t, "listing-etags", "tenants/t1/up/_SUCCESS", nil)
+	mem := folder.MemBucket("listing-etags")
+	require.NoError(t, mem.WriteAll(ctx, "tenants/t1/up/part-1.csv", body, nil))
+	require.NoError(t, mem.WriteAll(ctx, "tenants/t1/up/part-2.csv", []byte("id,seq\nr2,2\n"), nil))
+	require.NoError(t, mem.WriteAll(ctx, "tenants/t1/up/_SUCCESS", nil, nil))
+
+	for _, url := range []string{"s3://listing-etags/tenants/t1/up", "mem://listing-etags/tenants/t1/up"} {
+		t.Run(url[:strings.Index(url, ":")], func(t *testing.T) {
+			l, err := openS3(t, url).List(ctx)
+			require.NoError(t, err)
+			require.Len(t, l.Objects, 2)
+			require.Equal(t, "tenants/t1/up/part-1.csv", l.Objects[0].Key)
+			require.Equal(t, sum, l.Objects[0].ETag)
+			require.NotEqual(t, l.Objects[0].ETag, l.Objects[1].ETag)
+			for _, o := range l.Objects {
+				require.WithinDuration(t, time.Now(), o.LastModified, time.Hour, o.Key)
+			}
+			m, ok := l.Marker("_SUCCESS")
+			require.True(t, ok, "the marker is listed: %+v", l.Markers)
+			require.WithinDuration(t, time.Now(), m.LastModified, time.Hour)
+			_, ok = l.Marker("_DONE")
+			require.False(t, ok)
+		})
+	}
 }

@@ -2,6 +2,7 @@ package folder
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -40,6 +42,31 @@ type Object struct {
 	Key    string
 	Size   int64
 	Format Format
+	// ETag identifies the object's content as its store names it: S3's
+	// ETag without its quotes, else the hex MD5 the store reports (empty
+	// when it reports none, as a local file may).
+	ETag string
+	// LastModified is the store's last-modified time of the object.
+	LastModified time.Time
+}
+
+// Listing is what a folder holds: its data objects in key order, and the
+// objects that are not data (markers such as _SUCCESS, Spark's
+// _temporary/…), also in key order, with keys relative to the folder.
+type Listing struct {
+	Objects []Object
+	Markers []Object
+}
+
+// Marker returns the marker named name (relative to the folder), and false
+// if the folder holds none.
+func (l Listing) Marker(name string) (Object, bool) {
+	for _, m := range l.Markers {
+		if m.Key == name {
+			return m, true
+		}
+	}
+	return Object{}, false
 }
 
 // IsMarker reports whether the object named by key, relative to its folder,
@@ -153,14 +180,21 @@ func (s *Source) Close() error {
 // holding a character XML does not allow (U+0001) fails its own folder
 // here, with that error, instead of making the listing page undecodable.
 func (s *Source) Objects(ctx context.Context) ([]Object, error) {
+	l, err := s.List(ctx)
+	return l.Objects, err
+}
+
+// List is Objects, with the folder's markers besides: it returns the same
+// errors (ErrEmpty too: a folder of markers only is not a folder to load).
+func (s *Source) List(ctx context.Context) (Listing, error) {
 	if s.Folder.Scheme == SchemeFile {
 		// fileblob's listing skips directories it cannot read, which would
 		// make an unreadable folder look empty (or smaller than it is).
 		if err := readableTree("/" + s.Folder.Prefix); err != nil {
-			return nil, fmt.Errorf("listing %s: %w", s.Folder, err)
+			return Listing{}, fmt.Errorf("listing %s: %w", s.Folder, err)
 		}
 	}
-	var objects []Object
+	var l Listing
 	encoded := false // set once S3 was asked for URL-encoded keys
 	it := s.bucket.List(&blob.ListOptions{Prefix: s.keyPrefix, BeforeList: func(as func(any) bool) error {
 		var in *s3.ListObjectsV2Input
@@ -177,9 +211,9 @@ func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 		}
 		if err != nil {
 			if s.Folder.Scheme == SchemeS3 && IsNotFound(err) {
-				return nil, fmt.Errorf("listing %s: bucket %q does not exist (or is not visible to these credentials): %w", s.Folder, s.Folder.Bucket, err)
+				return Listing{}, fmt.Errorf("listing %s: bucket %q does not exist (or is not visible to these credentials): %w", s.Folder, s.Folder.Bucket, err)
 			}
-			return nil, fmt.Errorf("listing %s: %w", s.Folder, err)
+			return Listing{}, fmt.Errorf("listing %s: %w", s.Folder, err)
 		}
 		key := o.Key
 		if encoded {
@@ -188,22 +222,40 @@ func (s *Source) Objects(ctx context.Context) ([]Object, error) {
 			err = CheckKey(key)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("listing %s: %w", s.Folder, err)
+			return Listing{}, fmt.Errorf("listing %s: %w", s.Folder, err)
 		}
-		if o.IsDir || IsMarker(strings.TrimPrefix(key, s.keyPrefix)) {
+		if o.IsDir {
+			continue
+		}
+		if rel := strings.TrimPrefix(key, s.keyPrefix); IsMarker(rel) {
+			l.Markers = append(l.Markers, Object{Key: rel, Size: o.Size, ETag: etagOf(o), LastModified: o.ModTime})
 			continue
 		}
 		format, ok := FormatOf(key)
 		if !ok {
-			return nil, fmt.Errorf("%w: %s (want .csv, .ndjson or .jsonl; markers start with _ or .)", ErrUnsupportedObject, key)
+			return Listing{}, fmt.Errorf("%w: %s (want .csv, .ndjson or .jsonl; markers start with _ or .)", ErrUnsupportedObject, key)
 		}
-		objects = append(objects, Object{Key: key, Size: o.Size, Format: format})
+		l.Objects = append(l.Objects, Object{Key: key, Size: o.Size, Format: format, ETag: etagOf(o), LastModified: o.ModTime})
 	}
-	if len(objects) == 0 {
-		return nil, fmt.Errorf("%w: %s", ErrEmpty, s.Folder)
+	if len(l.Objects) == 0 {
+		return l, fmt.Errorf("%w: %s", ErrEmpty, s.Folder)
 	}
-	sort.Slice(objects, func(i, j int) bool { return objects[i].Key < objects[j].Key })
-	return objects, nil
+	sort.Slice(l.Objects, func(i, j int) bool { return l.Objects[i].Key < l.Objects[j].Key })
+	sort.Slice(l.Markers, func(i, j int) bool { return l.Markers[i].Key < l.Markers[j].Key })
+	return l, nil
+}
+
+// etagOf returns the listed object's ETag: S3's, unquoted, or the hex MD5
+// other stores report.
+func etagOf(o *blob.ListObject) string {
+	var raw s3types.Object
+	if o.As(&raw) && raw.ETag != nil {
+		return strings.Trim(aws.ToString(raw.ETag), `"`)
+	}
+	if len(o.MD5) > 0 {
+		return hex.EncodeToString(o.MD5)
+	}
+	return ""
 }
 
 // listedKey decodes the key of an object of a URL-encoded S3 listing and
