@@ -96,6 +96,16 @@ type Details struct {
 	// later delivery follows it to its end instead of submitting another
 	// while it can still commit. Absent in documents of older builds.
 	WarehouseStatement *WarehouseStatement `json:"warehouseStatement,omitempty"`
+	// MarkerOptional is an import's explicit opt-out of the completion
+	// marker (for producers that write none): the worker loads the folder
+	// without it. Absent (false), a folder without its marker is not
+	// loaded (ReasonFolderIncomplete).
+	MarkerOptional bool `json:"markerOptional,omitempty"`
+	// Objects summarizes the objects the load read, recorded with the
+	// commit: what the operational side compares a folder's listing with
+	// (reconcile's late and changed files) without reading the warehouse,
+	// whose ledger lists them one by one.
+	Objects *ObjectsSummary `json:"objects,omitempty"`
 	// UpdatedAt is stamped with the database clock by every store write.
 	UpdatedAt *time.Time `json:"updatedAt,omitempty"`
 	// Writes is the audit trail of accepted fenced writes, appended by the
@@ -179,9 +189,43 @@ type Publication struct {
 // ErrorRecord is a failure recorded in details. Message never holds secrets:
 // callers record sanitized error text.
 type ErrorRecord struct {
-	Phase   Phase     `json:"phase"`
+	Phase Phase `json:"phase"`
+	// Reason names the kind of failure where one is distinguished
+	// (ReasonFolderIncomplete, …); empty otherwise.
+	Reason  Reason    `json:"reason,omitempty"`
 	Message string    `json:"message"`
 	At      time.Time `json:"at"`
+}
+
+// Reason names a kind of failure within a phase, for status, list, the
+// metrics and the HTTP answers. The list is append-only.
+type Reason string
+
+// Reasons of a failure.
+const (
+	// ReasonFolderIncomplete: the folder holds no completion marker and
+	// the import did not opt out of it (Details.MarkerOptional); nothing
+	// was written to the warehouse.
+	ReasonFolderIncomplete Reason = "folder_incomplete"
+)
+
+// ObjectsSummary summarizes the objects of a load (Details.Objects).
+type ObjectsSummary struct {
+	// Count and Bytes are the number and total size of the data objects.
+	Count int64 `json:"count"`
+	Bytes int64 `json:"bytes"`
+	// NewestModified is the newest last-modified time among them.
+	NewestModified *time.Time `json:"newestModified,omitempty"`
+	// Digest is the hex SHA-256 of the objects' keys and ETags
+	// (folder.Digest), equal for two listings of the same content.
+	Digest string `json:"digest"`
+	// Marker is the completion marker's name and MarkerModified its
+	// last-modified time, when the folder had one.
+	Marker         string     `json:"marker,omitempty"`
+	MarkerModified *time.Time `json:"markerModified,omitempty"`
+	// Late counts the objects modified after the marker (loaded all the
+	// same: they were in the listing).
+	Late int64 `json:"late,omitempty"`
 }
 
 // NewDetails returns the initial details of a scoped batch reservation.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -140,4 +141,38 @@ func FuzzCanonicalize(f *testing.F) {
 			t.Fatalf("not idempotent: %+v then %+v", folder, again)
 		}
 	})
+}
+
+func TestSummaryDigestsKeysAndETagsAndCountsLateObjects(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	l := Listing{
+		Objects: []Object{
+			{Key: "t/up/b.csv", Size: 5, ETag: "e2", LastModified: t0.Add(2 * time.Minute)},
+			{Key: "t/up/a.csv", Size: 3, ETag: "e1", LastModified: t0},
+		},
+		Markers: []Object{{Key: "_SUCCESS", LastModified: t0.Add(time.Minute)}},
+	}
+	s := Summarize(l, "_SUCCESS")
+	require.EqualValues(t, 2, s.Count)
+	require.EqualValues(t, 8, s.Bytes)
+	require.Equal(t, t0.Add(2*time.Minute), *s.NewestModified)
+	require.Equal(t, t0.Add(time.Minute), *s.MarkerModified)
+	require.Equal(t, "_SUCCESS", s.Marker)
+	require.EqualValues(t, 1, s.Late)
+	require.Equal(t, []string{"t/up/b.csv"}, Late(l, "_SUCCESS"))
+
+	// The digest does not depend on order, and changes with a key or an ETag.
+	swapped := Listing{Objects: []Object{l.Objects[1], l.Objects[0]}}
+	require.Equal(t, s.Digest, Digest(swapped.Objects))
+	changed := []Object{l.Objects[0], {Key: "t/up/a.csv", ETag: "e1-new"}}
+	require.NotEqual(t, s.Digest, Digest(changed))
+	added := append([]Object{{Key: "t/up/c.csv", ETag: "e3"}}, l.Objects...)
+	require.NotEqual(t, s.Digest, Digest(added))
+
+	// No marker: no marker fields, nothing late.
+	none := Summarize(Listing{Objects: l.Objects}, "_SUCCESS")
+	require.Empty(t, none.Marker)
+	require.Nil(t, none.MarkerModified)
+	require.Zero(t, none.Late)
+	require.Nil(t, Late(Listing{Objects: l.Objects}, "_SUCCESS"))
 }
