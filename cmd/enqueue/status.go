@@ -134,7 +134,7 @@ type batchView struct {
 	// Objects summarizes the objects the load read (the details' objects),
 	// when the worker recorded it.
 	Objects      *objectsView `json:"objects,omitempty"`
-	DetailsError           string     `json:"details_error,omitempty"`
+	DetailsError string       `json:"details_error,omitempty"`
 	// RetryOf is the batch this one retries (enqueue retry); RetriedBy the
 	// batches that retry this one.
 	RetryOf   int64   `json:"retry_of,omitempty"`
