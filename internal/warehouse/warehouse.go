@@ -12,6 +12,12 @@
 // COPY … MANIFEST through the Redshift Data API. Both pass the same contract
 // suite (package warehousetest).
 //
+// Each load also replaces the slice's load ledger (LedgerObject, table
+// curated.fleet_load_objects): one row per object the slice's records came
+// from, written in the load's own transaction (Postgres) or its swap
+// (Redshift), so it lists exactly the objects of the slice now stamped.
+// LedgerReader reads it with the stamp.
+//
 // A Redshift COPY can commit after its client session died, so commit
 // detection never trusts the client's view: callers read the stamp back
 // (Stamp) to learn whether a load committed.
