@@ -170,8 +170,10 @@ type StampReader interface {
 // Warehouse is where Fleet folders are loaded and published.
 type Warehouse interface {
 	// Load replaces the slice (s.TenantID, s.SourceScope) with every record
-	// of objects, stamped with s, in one transaction: either the whole new
-	// slice is committed and stamped, or nothing changes. beforeCommit, if
+	// of objects, stamped with s, and the slice's load ledger with one row
+	// per object (LedgerObject: its records counted as they are loaded,
+	// s.MarkerModified), in one transaction: either the whole new slice is
+	// committed, stamped and in the ledger, or nothing changes. beforeCommit, if
 	// not nil, runs just before the commit; its error aborts the load.
 	// Returns ErrSliceSuperseded if a newer batch or generation stamped the
 	// slice; records that cannot be stored wrap folder.ErrMalformed.
