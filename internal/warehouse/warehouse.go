@@ -42,6 +42,9 @@ type Slice struct {
 	SourceScope string
 	BatchID     int64
 	Generation  int64
+	// MarkerModified is the last-modified time of the folder's completion
+	// marker, zero when it has none (an import that opted out).
+	MarkerModified time.Time
 }
 
 // Stamp is the warehouse's record of which batch a slice belongs to.
