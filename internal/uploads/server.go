@@ -113,13 +113,13 @@ type Config struct {
 	AllowLocalFolders bool
 	// Marker is the object whose creation completes a folder. Defaults to
 	// "_SUCCESS".
-	Marker  string
+	Marker string
 	// ImportsWithoutMarker makes POST /v1/imports load a folder without
 	// its completion marker when the body does not say (no_marker
 	// absent); a body's "no_marker": false still requires it. Default
 	// false: the marker is required, as on every other door.
 	ImportsWithoutMarker bool
-	Mapping Mapping
+	Mapping              Mapping
 	// MaxBodyBytes bounds the body of a request that carries the import
 	// token, which is checked before the body is read. Defaults to 1 MiB.
 	MaxBodyBytes int64
