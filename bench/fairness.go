@@ -38,6 +38,9 @@ func benchFairness(e *env) error {
 			if err := os.WriteFile(filepath.Join(d, "a.csv"), []byte("k,v\n1,x\n"), 0o644); err != nil {
 				return nil, err
 			}
+			if err := os.WriteFile(filepath.Join(d, "_SUCCESS"), nil, 0o644); err != nil { // the completion marker the worker requires
+				return nil, err
+			}
 			reqs[i] = jobs.ImportRequest{TenantID: tenant, TenantDatabase: "tenant_db", CompanyID: "company-1", Folder: "file://" + d}
 		}
 		return reqs, nil

@@ -308,6 +308,9 @@ func benchLoad(e *env) error {
 	if err := os.WriteFile(filepath.Join(dir, "part-0.csv"), []byte(src.String()), 0o644); err != nil {
 		return err
 	}
+	if err := os.WriteFile(filepath.Join(dir, "_SUCCESS"), nil, 0o644); err != nil { // the completion marker the worker requires
+		return err
+	}
 	copyFile := filepath.Join(e.dir, "records.csv")
 	if err := os.WriteFile(copyFile, []byte(copyCSV.String()), 0o644); err != nil {
 		return err
@@ -477,6 +480,9 @@ func benchEndToEnd(e *env) error {
 			return err
 		}
 		if err := os.WriteFile(filepath.Join(d, "a.csv"), []byte("k,v\n1,x\n"), 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(d, "_SUCCESS"), nil, 0o644); err != nil { // the completion marker the worker requires
 			return err
 		}
 	}
@@ -730,6 +736,9 @@ func benchTakeover(e *env, trials int) error {
 			return err
 		}
 		if err := os.WriteFile(filepath.Join(dir, "a.csv"), []byte("k\n1\n"), 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "_SUCCESS"), nil, 0o644); err != nil { // the completion marker the worker requires
 			return err
 		}
 		// Hold a lock that keeps the load waiting, so the holder is caught mid-load.

@@ -49,6 +49,9 @@ func benchStaging(e *env) error {
 	if err := os.WriteFile(filepath.Join(dir, "part-0.csv"), []byte(src.String()), 0o644); err != nil {
 		return err
 	}
+	if err := os.WriteFile(filepath.Join(dir, "_SUCCESS"), nil, 0o644); err != nil { // the completion marker the worker requires
+		return err
+	}
 
 	srv := s3test.New()
 	defer srv.Close()

@@ -204,7 +204,7 @@ func TestResumeCommandContract(t *testing.T) {
 	require.Equal(t, "not_found", o["outcome"])
 
 	// not_committed: a pre-commit failure is terminal.
-	bad := writeFolder(t, map[string]string{"a.csv": "x,y\n1\n"})
+	bad := writeFolder(t, map[string]string{"_SUCCESS": "", "a.csv": "x,y\n1\n"})
 	badID := enqueueBatch(t, dbURL, "tenant-a", bad)
 	waitStatus(t, pool, badID, batch.StatusFailed, 30*time.Second)
 	o, code = resume(badID, "tenant-a", bad)

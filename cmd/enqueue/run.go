@@ -170,13 +170,14 @@ type importCmd struct {
 	Folder         string `name:"folder" required:"" xor:"source" help:"Source folder URL: s3://bucket/prefix, file:///dir or mem://bucket/prefix."`
 	FromFile       string `name:"from-file" required:"" xor:"source" type:"existingfile" help:"Import every folder listed in this file (one URL per line; blank lines and lines starting with # are skipped) as bursts of up to 1000 in one transaction each. Prints one JSON line per folder, in order; exits with the code of the worst outcome."`
 	Reimport       bool   `name:"reimport" help:"Start a new batch even if the folder's latest batch succeeded (otherwise: already_succeeded)."`
+	NoMarker       bool   `name:"no-marker" help:"Load the folder without its completion marker (for a producer that writes none). Without it, a folder that holds no marker (worker --marker, _SUCCESS) fails before any warehouse write: failed_pre_commit, reason folder_incomplete."`
 }
 
 func (i *importCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if i.FromFile != "" {
 		return i.runFromFile(c, e)
 	}
-	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder, Reimport: i.Reimport}
+	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder, Reimport: i.Reimport, NoMarker: i.NoMarker}
 	if err := jobs.ValidateImport(req); err != nil {
 		return invalid(e, err)
 	}
@@ -198,7 +199,7 @@ func (i *importCmd) runFromFile(c *enqueueCLI, e *cli.Env) error {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		reqs = append(reqs, jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: line, Reimport: i.Reimport})
+		reqs = append(reqs, jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: line, Reimport: i.Reimport, NoMarker: i.NoMarker})
 	}
 	if len(reqs) == 0 {
 		return invalid(e, &jobs.InputError{Field: "from_file", Reason: "lists no folder"})

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +56,7 @@ type runCmd struct {
 	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" help:"Most connections this process holds to PostgreSQL (or the pooler in front of it), busy or idle: one for lease renewals, one for River's LISTEN (none with --database-pooler transaction), the PostgreSQL warehouse's loads (--max-conns − 4, at most --concurrency, at least 1; none with Redshift: a load holds its connection for its whole transaction, so this bounds the loads in the database at once) and the rest shared by River, lease acquisitions and checks, pipeline writes, the sweeper and gauges. Default --concurrency / 2 (rounded down, at most 8) + 4: 6 at concurrency 4, 12 from concurrency 16."`
 	PathPattern          string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company; a batch whose tenant, database or company differs from what its folder's path names is parked unread. Use the same pattern as enqueue serve."`
 	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
+	Marker               string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"The completion marker a folder must hold to be loaded (the object its producer writes last). A folder without it fails before any warehouse write, failed_pre_commit with reason folder_incomplete, unless its import opted out (enqueue import --no-marker, \"marker\": false). Use the same name as enqueue's doors."`
 	DevLocal             bool          `name:"dev-allow-local-folders" help:"Also read file:// and mem:// folders. Development only: a file:// batch loads a directory of this host into the warehouse. Without it such batches are parked unread."`
 	ClockOffset          time.Duration `name:"test-clock-offset" hidden:"" help:"Tests only: shift this process's local clock (lease deadlines) by this much."`
 	SimulatePods         int           `name:"simulate-pods" hidden:"" help:"Benchmarks only: run this many independent workers in this process, as that many pods would (each its own pools, River client, lease renewer, sweeper, gauges and metrics listener, named --name-NNN, listening on --metrics-addr's port + NNN), so a small machine can put hundreds of pods' connection behaviour on one database. 0 or 1: one worker, the production setting."`
@@ -147,6 +149,8 @@ func (r *runCmd) validate() error {
 		return errors.New("--max-record-bytes must be at least 1024 and --max-columns at least 1")
 	case r.MaxRecordExpansion < 2 || r.MaxRecordExpansion > 1024:
 		return fmt.Errorf("--max-record-expansion (%d) must be between 2 and 1024", r.MaxRecordExpansion)
+	case r.Marker == "" || strings.Contains(r.Marker, "/") || !folder.IsMarker(r.Marker):
+		return fmt.Errorf("--marker %q must be an object name without '/' that starts with _ or . (a name the folder's listing does not take for data)", r.Marker)
 	}
 	if err := r.mapping().Validate(); err != nil {
 		return fmt.Errorf("--path-pattern or --bucket: %w", err)
@@ -262,6 +266,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 				Warehouse: wh, PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
 				ProgressEvery: r.ProgressEvery,
 				Mapping:       r.mapping(), AllowLocalFolders: r.DevLocal,
+				Marker: r.Marker,
 			},
 		},
 		LeaseTTL:            r.LeaseTTL,

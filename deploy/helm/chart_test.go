@@ -163,6 +163,8 @@ func TestChartDefaults(t *testing.T) {
 		"terminationGracePeriodSeconds must outlast the drain limit, or a draining pod is SIGKILLed mid-load")
 	_, capped := argValue(c.Args, "--max-running-per-tenant")
 	require.False(t, capped, "no tenant cap by default")
+	marker, _ := argValue(c.Args, "--marker")
+	require.Equal(t, "_SUCCESS", marker, "the worker loads no folder without the doors' completion marker")
 	tenantSeries, _ := argValue(c.Args, "--metrics-max-tenants")
 	require.Equal(t, "100", tenantSeries, "the worker's default bound on tenant series")
 	ttl, _ := argValue(c.Args, "--lease-ttl")
@@ -192,6 +194,7 @@ func TestChartDefaults(t *testing.T) {
 	require.Equal(t, []string{"/enqueue"}, ec.Command)
 	require.Equal(t, "serve", ec.Args[0])
 	require.Equal(t, "/readyz", ec.ReadinessProbe.HTTPGet.Path)
+	require.NotContains(t, ec.Args, "--imports-without-marker", "HTTP imports require the marker by default")
 	requireAdminProbes(t, ec, decode[corev1.Service](t, docs["Service/prod-fleet-ingest-enqueue"]),
 		decode[corev1.Service](t, docs["Service/prod-fleet-ingest-enqueue-admin"]))
 
@@ -452,4 +455,23 @@ func TestChartSizesConnections(t *testing.T) {
 	require.Equal(t, "64", v)
 	v, _ = argValue(p.enqueue.Containers[0].Args, "--max-http-conns")
 	require.Equal(t, "512", v)
+}
+
+// TestChartOneMarkerForTheDoorsAndTheWorker: enqueue.marker names the
+// completion marker the doors wait for and the worker requires, so the
+// two cannot disagree; enqueue.importsWithoutMarker makes HTTP imports
+// opt out of it when their body does not say.
+func TestChartOneMarkerForTheDoorsAndTheWorker(t *testing.T) {
+	t.Parallel()
+	docs := mustRender(t, map[string]any{
+		"enqueue": map[string]any{"marker": "_DONE", "importsWithoutMarker": true},
+	})
+	worker := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"])
+	v, _ := argValue(worker.Spec.Template.Spec.Containers[0].Args, "--marker")
+	require.Equal(t, "_DONE", v)
+	enq := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"])
+	args := enq.Spec.Template.Spec.Containers[0].Args
+	v, _ = argValue(args, "--marker")
+	require.Equal(t, "_DONE", v)
+	require.Contains(t, args, "--imports-without-marker")
 }

@@ -114,8 +114,14 @@ func (s *Store) MarkSucceeded(ctx context.Context, f Fence, d Details) (Batch, e
 // PhaseSuperseded / PhasePublicationExpired when the slice is no longer the
 // batch's own.
 func (s *Store) MarkFailed(ctx context.Context, f Fence, d Details, phase Phase, message string) (Batch, error) {
+	return s.MarkFailedBecause(ctx, f, d, phase, "", message)
+}
+
+// MarkFailedBecause is MarkFailed recording the failure's reason too
+// (ErrorRecord.Reason), such as ReasonFolderIncomplete.
+func (s *Store) MarkFailedBecause(ctx context.Context, f Fence, d Details, phase Phase, reason Reason, message string) (Batch, error) {
 	d.Phase = phase
-	d.LastError = &ErrorRecord{Phase: phase, Message: message, At: time.Now().UTC()}
+	d.LastError = &ErrorRecord{Phase: phase, Reason: reason, Message: message, At: time.Now().UTC()}
 	return s.fenced(ctx, f, StatusFailed, d)
 }
 

@@ -39,6 +39,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -83,7 +84,18 @@ type Pipeline struct {
 	// Development and tests only: a file:// batch reads a directory of the
 	// worker's host into the warehouse. Without it such batches are parked.
 	AllowLocalFolders bool
+	// Marker is the completion marker a folder must hold, directly in it,
+	// to be loaded: the object its producer writes last (Spark's and
+	// Hadoop's _SUCCESS). A folder without it fails before any warehouse
+	// write, failed_pre_commit with reason folder_incomplete, unless its
+	// import opted out (batch.Details.MarkerOptional). Every door's batch
+	// meets this rule here, where the folder is read. Defaults to
+	// MarkerDefault.
+	Marker string
 }
+
+// MarkerDefault is the default Pipeline.Marker.
+const MarkerDefault = "_SUCCESS"
 
 var _ pipeline.Admitter = (*Pipeline)(nil)
 
@@ -131,6 +143,9 @@ func (p *Pipeline) Admit(b batch.Batch, d batch.Details) error {
 	}
 	return nil
 }
+
+// maxLateKeysLogged bounds the keys of late objects a load logs.
+const maxLateKeysLogged = 20
 
 // ProgressEveryDefault is the default Pipeline.ProgressEvery.
 const ProgressEveryDefault = 5 * time.Second
@@ -329,12 +344,29 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 		return warehouse.Stamp{}, false, classify(batch.PhaseFailedPreCommit, err)
 	}
 	defer src.Close()
-	objects, err := src.Objects(ctx)
+	listing, err := src.List(ctx)
 	if err != nil {
 		return warehouse.Stamp{}, false, classify(batch.PhaseFailedPreCommit, err)
 	}
+	objects, marker := listing.Objects, cmp.Or(p.Marker, MarkerDefault)
+	summary := folder.Summarize(listing, marker)
+	if summary.Marker == "" && !run.Details.MarkerOptional {
+		return warehouse.Stamp{}, false, pipeline.FailBecause(batch.PhaseFailedPreCommit, batch.ReasonFolderIncomplete,
+			fmt.Errorf("folder %s holds no completion marker %q (%d data objects): it is loaded once its producer writes the marker; a producer that writes none is imported with the marker opt-out (enqueue import --no-marker)", f, marker, len(objects)))
+	}
+	if summary.Late > 0 {
+		late := folder.Late(listing, marker)
+		logger.Warn("objects modified after the folder's completion marker: loaded with it, as listed", "late", summary.Late,
+			"marker_modified", summary.MarkerModified, "keys", late[:min(len(late), maxLateKeysLogged)])
+		if p.Metrics != nil {
+			p.Metrics.LateObjects.Add(float64(summary.Late))
+		}
+	}
+	if summary.MarkerModified != nil {
+		slice.MarkerModified = *summary.MarkerModified
+	}
 	start := time.Now()
-	logger.Info("loading folder", "folder", f.String(), "objects", len(objects))
+	logger.Info("loading folder", "folder", f.String(), "objects", len(objects), "bytes", summary.Bytes, "marker", summary.Marker != "")
 	var (
 		details sync.Mutex // the sampler, the journal and the record all write run.Details
 		closed  bool       // set under details by the record: the sampler writes no more
@@ -356,6 +388,7 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 		d := run.Details
 		d.Progress = &batch.Progress{ObjectsDone: prog.Objects(), ObjectsTotal: int64(len(objects)), RecordsDone: prog.Records(), At: time.Now().UTC()}
 		d = publishingDetails(committedDetails(d, st), time.Now())
+		d.Objects = &summary
 		b, err := run.CheckpointTx(ctx, tx, d)
 		if err != nil {
 			return err
@@ -380,6 +413,7 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 		run.Adopt(*wrote, wroteD)
 	} else {
 		run.Details.Progress = &final
+		run.Details.Objects = &summary // recorded with the commit by the caller's checkpoint
 	}
 	logger.Info("warehouse slice committed", "record_count", st.RecordCount, "load_seconds", time.Since(start).Seconds())
 	return st, wrote != nil, nil

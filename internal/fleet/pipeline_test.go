@@ -61,12 +61,21 @@ func (e *env) write(folderURL, key, content string) {
 
 func (e *env) reserve(tenant, folderURL string) batch.Batch {
 	e.t.Helper()
+	return e.reserveWith(tenant, folderURL, false)
+}
+
+// reserveWith reserves a batch of the folder, opting out of the completion
+// marker if noMarker.
+func (e *env) reserveWith(tenant, folderURL string, noMarker bool) batch.Batch {
+	e.t.Helper()
 	f, err := folder.Canonicalize(folderURL)
 	require.NoError(e.t, err)
+	details := batch.NewDetails(f.String())
+	details.MarkerOptional = noMarker
 	res, err := e.store.Reserve(context.Background(), batch.Reservation{
 		CompanyID: "company-1", TenantID: tenant, TenantDatabase: "tenant_db",
 		SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
-		PipelineStage: batch.PipelineStageFleet, SourceScope: f.Scope(), Details: batch.NewDetails(f.String()),
+		PipelineStage: batch.PipelineStageFleet, SourceScope: f.Scope(), Details: details,
 	})
 	require.NoError(e.t, err)
 	require.Equal(e.t, batch.Reserved, res.Outcome)
@@ -401,7 +410,7 @@ func TestPreCommitFailuresOfTheFolder(t *testing.T) {
 		"empty folder":       {e.folder(map[string]string{"_SUCCESS": ""}), "no data objects"},
 		"missing folder":     {"file:///nonexistent/fleet/folder", "nonexistent"},
 		"unsupported object": {e.folder(map[string]string{"a.parquet": "PAR1"}), "unsupported object"},
-		"nul in ndjson":      {e.folder(map[string]string{"a.ndjson": `{"a":"\u0000"}`}), "NUL"},
+		"nul in ndjson":      {e.folder(map[string]string{"_SUCCESS": "", "a.ndjson": `{"a":"\u0000"}`}), "NUL"},
 	}
 	for name, tt := range cases {
 		b := e.reserve("tenant-"+strings.ReplaceAll(name, " ", "-"), tt.url)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -128,11 +129,43 @@ type RecordReader struct {
 	buf   []byte
 	err   error
 	count int64
+
+	// maxBad is how many bad records the reader skips (Source.Tolerate);
+	// bad holds those it skipped.
+	maxBad int
+	bad    []BadRecord
 }
 
 // Records returns a reader over the records of objects, in order.
+//
+// A record that cannot be stored (a CSV row with another number of fields
+// than the header, or a quote out of place; a value that is not valid
+// UTF-8 or holds NUL; an NDJSON line that is not a JSON object or holds an
+// escape jsonb refuses) is a *BadRecord. The reader skips up to the
+// Source's tolerance of them (Tolerate; Bad lists them) and fails on the
+// next with a *TooManyBadRecordsError; with no tolerance, the first fails
+// the read. Whatever makes the rest of an object unreadable (no header, a
+// record over Limits, the object's JSON over its expansion bound, a read
+// error) fails the read whatever the tolerance.
 func (s *Source) Records(ctx context.Context, objects []Object) *RecordReader {
-	return &RecordReader{ctx: ctx, src: s, limits: s.limits.withDefaults(), objects: objects}
+	return &RecordReader{ctx: ctx, src: s, limits: s.limits.withDefaults(), objects: objects, maxBad: s.maxBad}
+}
+
+// Tolerate sets how many bad records the readers of s skip (Records), at
+// most MaxBadRecordsCap; 0, the default, fails at the first.
+func (s *Source) Tolerate(n int) { s.maxBad = min(max(n, 0), MaxBadRecordsCap) }
+
+// Bad returns the bad records the reader skipped, in order.
+func (r *RecordReader) Bad() []BadRecord { return r.bad }
+
+// skip records b as skipped, or returns the error that ends the read when
+// the tolerance is used up.
+func (r *RecordReader) skip(b *BadRecord) error {
+	if len(r.bad) >= r.maxBad {
+		return &TooManyBadRecordsError{Bad: b, Tolerated: len(r.bad)}
+	}
+	r.bad = append(r.bad, *b)
+	return nil
 }
 
 // Next advances to the next record. It returns false at the end or on error;
@@ -285,42 +318,16 @@ func (r *RecordReader) read() (bool, error) {
 		return false, err
 	}
 	if r.csv != nil {
-		row, err := r.csv.Read()
-		if err == io.EOF {
-			return false, nil
-		}
-		if err != nil {
-			return false, r.csvError(err)
-		}
-		line, _ := r.csv.FieldPos(0)
-		end := r.csv.InputOffset()
-		rowBytes := end - r.csvEnd
-		r.csvEnd = end
-		// The bound is checked column by column, so an amplifying record is
-		// refused before its JSON is built whole.
-		maxJSON := r.limits.expanded(rowBytes)
-		buf := append(r.buf[:0], '{')
-		for i, v := range row {
-			if i > 0 {
-				buf = append(buf, ',')
+		for {
+			ok, bad, err := r.readCSV()
+			if bad != nil {
+				if err := r.skip(bad); err != nil {
+					return false, err
+				}
+				continue
 			}
-			buf = append(buf, r.header[i]...)
-			if buf, err = appendJSONString(buf, v); err != nil {
-				return false, fmt.Errorf("%w: %s: line %d, column %d: %v", ErrMalformed, r.key, line, i+1, err)
-			}
-			if int64(len(buf))+1 > maxJSON {
-				return false, fmt.Errorf("%w: %s: line %d: %d bytes of CSV become more than %d bytes of JSON (at most %d× plus %d bytes: the header's column names are repeated in every record)",
-					ErrMalformed, r.key, line, rowBytes, maxJSON, r.limits.MaxRecordExpansion, RecordExpansionAllowance)
-			}
+			return ok, err
 		}
-		r.buf = append(buf, '}')
-		r.json += int64(len(r.buf))
-		if maxObject := r.limits.expanded(end); r.json > maxObject {
-			return false, fmt.Errorf("%w: %s: line %d: the object's first %d bytes of CSV become %d bytes of JSON, more than %d× plus %d bytes (the header's column names are repeated in every record)",
-				ErrMalformed, r.key, line, end, r.json, r.limits.MaxRecordExpansion, RecordExpansionAllowance)
-		}
-		r.rec = Record{ObjectKey: r.key, Line: int64(line), JSON: r.buf}
-		return true, nil
 	}
 	for r.lines.Scan() {
 		r.line++
@@ -328,11 +335,17 @@ func (r *RecordReader) read() (bool, error) {
 		if len(b) == 0 {
 			continue
 		}
+		why := ""
 		if b[0] != '{' || !jsonValid(b) {
-			return false, fmt.Errorf("%w: %s: line %d: not a JSON object", ErrMalformed, r.key, r.line)
+			why = "not a JSON object"
+		} else {
+			why = unstorableEscape(b)
 		}
-		if why := unstorableEscape(b); why != "" {
-			return false, fmt.Errorf("%w: %s: line %d: %s", ErrMalformed, r.key, r.line, why)
+		if why != "" {
+			if err := r.skip(&BadRecord{ObjectKey: r.key, Line: r.line, Reason: why, Excerpt: Excerpt(b)}); err != nil {
+				return false, err
+			}
+			continue
 		}
 		r.rec = Record{ObjectKey: r.key, Line: r.line, JSON: b}
 		return true, nil
@@ -344,6 +357,71 @@ func (r *RecordReader) read() (bool, error) {
 		return false, fmt.Errorf("reading %s: %w", r.key, err)
 	}
 	return false, nil
+}
+
+// readCSV reads the next CSV record of the current object: false at its
+// end; bad (with a nil error) for a record that cannot be stored, which the
+// caller may skip.
+func (r *RecordReader) readCSV() (ok bool, bad *BadRecord, err error) {
+	row, err := r.csv.Read()
+	if err == io.EOF {
+		return false, nil, nil
+	}
+	var perr *csv.ParseError
+	if errors.As(err, &perr) && !errors.As(err, new(*recordTooLargeError)) {
+		// encoding/csv goes on with the next record after a parse error.
+		b := &BadRecord{ObjectKey: r.key, Line: int64(perr.StartLine), Reason: perr.Err.Error()}
+		if errors.Is(perr.Err, csv.ErrFieldCount) {
+			b.Reason = fmt.Sprintf("%d fields, the header has %d", len(row), len(r.header))
+			b.Excerpt = Excerpt([]byte(joinCSV(row)))
+		} else {
+			b.Column = perr.Column
+		}
+		r.csvEnd = r.csv.InputOffset()
+		return false, b, nil
+	}
+	if err != nil {
+		return false, nil, r.csvError(err)
+	}
+	line, _ := r.csv.FieldPos(0)
+	end := r.csv.InputOffset()
+	rowBytes := end - r.csvEnd
+	r.csvEnd = end
+	// The bound is checked column by column, so an amplifying record is
+	// refused before its JSON is built whole.
+	maxJSON := r.limits.expanded(rowBytes)
+	buf := append(r.buf[:0], '{')
+	for i, v := range row {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, r.header[i]...)
+		if buf, err = appendJSONString(buf, v); err != nil {
+			r.buf = buf[:0]
+			return false, &BadRecord{ObjectKey: r.key, Line: int64(line), Column: i + 1, Reason: err.Error(), Excerpt: Excerpt([]byte(v))}, nil
+		}
+		if int64(len(buf))+1 > maxJSON {
+			return false, nil, fmt.Errorf("%w: %s: line %d: %d bytes of CSV become more than %d bytes of JSON (at most %d× plus %d bytes: the header's column names are repeated in every record)",
+				ErrMalformed, r.key, line, rowBytes, maxJSON, r.limits.MaxRecordExpansion, RecordExpansionAllowance)
+		}
+	}
+	r.buf = append(buf, '}')
+	r.json += int64(len(r.buf))
+	if maxObject := r.limits.expanded(end); r.json > maxObject {
+		return false, nil, fmt.Errorf("%w: %s: line %d: the object's first %d bytes of CSV become %d bytes of JSON, more than %d× plus %d bytes (the header's column names are repeated in every record)",
+			ErrMalformed, r.key, line, end, r.json, r.limits.MaxRecordExpansion, RecordExpansionAllowance)
+	}
+	r.rec = Record{ObjectKey: r.key, Line: int64(line), JSON: r.buf}
+	return true, nil, nil
+}
+
+// joinCSV writes a row back as one CSV line, for an excerpt.
+func joinCSV(row []string) string {
+	var b bytes.Buffer
+	w := csv.NewWriter(&b)
+	_ = w.Write(row)
+	w.Flush()
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 const hexDigits = "0123456789abcdef"

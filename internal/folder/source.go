@@ -157,6 +157,7 @@ type Source struct {
 	shared    bool   // bucket belongs to the mem registry: never closed
 	limits    Limits
 	progress  Progress
+	maxBad    int // bad records its readers skip (Tolerate)
 }
 
 // Close releases the bucket.

@@ -31,7 +31,8 @@ func Digest(objects []Object) string {
 // Summarize returns the summary a load records of its listing
 // (batch.Details.Objects): counts, bytes, the newest last-modified time,
 // the digest, and the marker named marker with the number of objects
-// modified after it (late), when the folder holds that marker.
+// modified after it (late: in a later second), when the folder holds that
+// marker.
 func Summarize(l Listing, marker string) batch.ObjectsSummary {
 	s := batch.ObjectsSummary{Count: int64(len(l.Objects)), Digest: Digest(l.Objects)}
 	var newest time.Time
@@ -51,7 +52,7 @@ func Summarize(l Listing, marker string) batch.ObjectsSummary {
 			at := m.LastModified.UTC()
 			s.MarkerModified = &at
 			for _, o := range l.Objects {
-				if o.LastModified.After(at) {
+				if later(o.LastModified, at) {
 					s.Late++
 				}
 			}
@@ -69,9 +70,17 @@ func Late(l Listing, marker string) []string {
 	}
 	var late []string
 	for _, o := range l.Objects {
-		if o.LastModified.After(m.LastModified) {
+		if later(o.LastModified, m.LastModified) {
 			late = append(late, o.Key)
 		}
 	}
 	return late
+}
+
+// later reports whether an object modified at t was modified after a
+// marker modified at marker, at the precision of S3's listings (the
+// second: ListObjectsV2 says ".000Z"), so that a store with a finer clock
+// does not call late an object written in the marker's own second.
+func later(t, marker time.Time) bool {
+	return t.Truncate(time.Second).After(marker.Truncate(time.Second))
 }

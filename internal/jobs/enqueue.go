@@ -76,6 +76,11 @@ type ImportRequest struct {
 	// succeeded, or is a failed publication that could be resumed.
 	// Without it such a request answers already_succeeded (resumable).
 	Reimport bool `json:"reimport,omitempty"`
+	// NoMarker opts out of the completion marker, for a producer that
+	// writes none: the worker loads the folder as it finds it. Without
+	// it, a folder without its marker fails before any warehouse write
+	// (failed_pre_commit, reason folder_incomplete; fleet.Pipeline.Marker).
+	NoMarker bool `json:"no_marker,omitempty"`
 
 	// retryOf, if not zero, is the failed batch a retry starts this one
 	// for; recorded in the new batch's details.
@@ -212,6 +217,7 @@ func reservation(req ImportRequest, window time.Duration) (batch.Reservation, er
 		r.SkipIfResumable = cmp.Or(window, batch.DefaultPublicationWindow)
 	}
 	r.Details.RetryOf = req.retryOf
+	r.Details.MarkerOptional = req.NoMarker
 	if err := r.Validate(); err != nil {
 		return batch.Reservation{}, inputError(err)
 	}
@@ -504,9 +510,15 @@ func (e *Enqueuer) retry(ctx context.Context, req RetryRequest) (Result, error) 
 	if res, refused, err := e.newerBatchRefusal(ctx, b); err != nil || refused {
 		return res, err
 	}
+	// The retry meets the marker rule as the batch it retries did: an
+	// import that opted out of the marker is retried without it.
+	var noMarker bool
+	if d, err := batch.ParseDetails(b.Details); err == nil {
+		noMarker = d.MarkerOptional
+	}
 	res, err := e.Import(ctx, ImportRequest{
 		TenantID: b.TenantID, TenantDatabase: b.TenantDatabase, CompanyID: b.CompanyID,
-		Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), retryOf: b.ID,
+		Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), retryOf: b.ID, NoMarker: noMarker,
 	})
 	if err != nil {
 		return Result{}, err

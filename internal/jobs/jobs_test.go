@@ -73,6 +73,7 @@ func memFolder(t *testing.T) string {
 	t.Helper()
 	name := fmt.Sprintf("jobs-test-%d", memSeq.Add(1))
 	require.NoError(t, folder.MemBucket(name).WriteAll(context.Background(), "f/a.csv", []byte("k,v\n1,a\n2,b\n"), nil))
+	require.NoError(t, folder.MemBucket(name).WriteAll(context.Background(), "f/_SUCCESS", nil, nil))
 	return "mem://" + name + "/f"
 }
 

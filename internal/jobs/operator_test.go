@@ -18,6 +18,7 @@ func badFolder(t *testing.T) string {
 	t.Helper()
 	name := fmt.Sprintf("jobs-test-bad-%d", memSeq.Add(1))
 	require.NoError(t, folder.MemBucket(name).WriteAll(context.Background(), "f/a.csv", []byte("k,v\n1\n"), nil))
+	require.NoError(t, folder.MemBucket(name).WriteAll(context.Background(), "f/_SUCCESS", nil, nil))
 	return "mem://" + name + "/f"
 }
 

@@ -50,6 +50,7 @@ func TestRetryOfAnOlderBatchRefusedWhileANewerOneIsResumable(t *testing.T) {
 	bucket := fmt.Sprintf("jobs-test-retry-rule-%d", memSeq.Add(1))
 	write := func(data string) {
 		require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "f/a.csv", []byte(data), nil))
+		require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "f/_SUCCESS", nil, nil))
 	}
 	imp := func(reimport bool) int64 {
 		res, err := f.enqueuer.Import(ctx, ImportRequest{TenantID: "tenant-a", TenantDatabase: "db", CompanyID: "c",
@@ -133,6 +134,7 @@ func TestRetryGoesOnWhenTheNewerFailedPublicationIsNoLongerResumable(t *testing.
 	bucket := fmt.Sprintf("jobs-test-retry-rule-%d", memSeq.Add(1))
 	write := func(data string) {
 		require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "f/a.csv", []byte(data), nil))
+		require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "f/_SUCCESS", nil, nil))
 	}
 	imp := func() int64 {
 		res, err := f.enqueuer.Import(ctx, ImportRequest{TenantID: "tenant-a", TenantDatabase: "db", CompanyID: "c", Folder: "mem://" + bucket + "/f"})
@@ -174,7 +176,9 @@ func TestImportOfAResumableFolderAnswersItsBatch(t *testing.T) {
 	f.enqueuer.PublicationWindow = time.Hour
 	bucket := fmt.Sprintf("jobs-test-resumable-%d", memSeq.Add(1))
 	require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "f/a.csv", []byte("k,v\n1,a\n"), nil))
+	require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "f/_SUCCESS", nil, nil))
 	require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "g/a.csv", []byte("k,v\n1,a\n"), nil))
+	require.NoError(t, folder.MemBucket(bucket).WriteAll(ctx, "g/_SUCCESS", nil, nil))
 	req := func(dir string, reimport bool) ImportRequest {
 		return ImportRequest{TenantID: "tenant-a", TenantDatabase: "db", CompanyID: "c", Folder: "mem://" + bucket + "/" + dir, Reimport: reimport}
 	}

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -334,7 +335,8 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 		m.Deliveries.WithLabelValues("worked").Inc()
 		m.BatchDuration.WithLabelValues("failed").Observe(age)
 		countResume(m, res.Batch, "failed")
-		log.Warn("batch failed", "phase", res.Phase, "error", res.Err)
+		m.BatchFailures.WithLabelValues(string(res.Phase), string(cmp.Or(res.Reason, "none"))).Inc()
+		log.Warn("batch failed", "phase", res.Phase, "reason", res.Reason, "error", res.Err)
 		return nil
 	case pipeline.SkippedTerminal:
 		m.Deliveries.WithLabelValues("skipped_terminal").Inc()

@@ -37,6 +37,8 @@ var (
 	RenewalOutcomes     = []string{"renewed", "lost", "error", "busy", "revoked"}
 	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "snoozed_tenant_cap", "failed", "retry", "lease_lost", "cancelled", "parked", "interrupted"}
 	BatchOutcomes       = []string{"succeeded", "failed"}
+	FailedPhases        = []string{"failed_pre_commit", "failed_publication", "superseded", "publication_expired"}
+	FailureReasons      = []string{"none", "folder_incomplete"}
 	Phases              = []string{"load", "publish"}
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
@@ -108,6 +110,13 @@ type Metrics struct {
 	// SupersededJobs counts River jobs the sweeper finalized because their
 	// delivery's lease was taken over.
 	SupersededJobs prometheus.Counter
+
+	// BatchFailures counts batches this worker ended Failed, by phase and
+	// reason (ingest_batch_failures_total; reason "none" when the pipeline
+	// named none). LateObjects counts objects loaded although modified
+	// after their folder's completion marker.
+	BatchFailures *prometheus.CounterVec
+	LateObjects   prometheus.Counter
 
 	// Fairness between tenants (worker run --max-running-per-tenant).
 	TenantCapDeferrals prometheus.Counter
@@ -295,6 +304,21 @@ func build() (*Metrics, []prometheus.Collector) {
 		Help: "River jobs left running by a delivery whose lease was taken over (a killed or paused worker), finalized as cancelled by the sweeper.",
 	})
 	f(m.SupersededJobs)
+	m.BatchFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_batch_failures_total",
+		Help: "Batches this worker ended Failed, by phase (failed_pre_commit, failed_publication, superseded, publication_expired) and reason (folder_incomplete: the folder held no completion marker and its import did not opt out; none).",
+	}, []string{"phase", "reason"})
+	f(m.BatchFailures)
+	for _, p := range FailedPhases {
+		for _, r := range FailureReasons {
+			m.BatchFailures.WithLabelValues(p, r)
+		}
+	}
+	m.LateObjects = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_late_objects_total",
+		Help: "Objects loaded although last modified after their folder's completion marker (written after the producer said the folder was complete).",
+	})
+	f(m.LateObjects)
 
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,

@@ -183,7 +183,10 @@ type Admitter interface {
 // Failure is a handled, terminal failure of a batch.
 type Failure struct {
 	Phase batch.Phase
-	Err   error
+	// Reason names the kind of failure, where one is distinguished
+	// (batch.ReasonFolderIncomplete); empty otherwise.
+	Reason batch.Reason
+	Err    error
 }
 
 func (f *Failure) Error() string { return fmt.Sprintf("%s: %v", f.Phase, f.Err) }
@@ -192,6 +195,12 @@ func (f *Failure) Unwrap() error { return f.Err }
 // Fail returns a *Failure recording phase (failed_pre_commit,
 // failed_publication, superseded or publication_expired).
 func Fail(phase batch.Phase, err error) error { return &Failure{Phase: phase, Err: err} }
+
+// FailBecause is Fail naming the failure's reason, recorded with it
+// (batch.ErrorRecord.Reason).
+func FailBecause(phase batch.Phase, reason batch.Reason, err error) error {
+	return &Failure{Phase: phase, Reason: reason, Err: err}
+}
 
 // Outcome is how one execution of a batch ended.
 type Outcome string
@@ -223,6 +232,9 @@ type Result struct {
 	Outcome Outcome
 	// Phase is the failed phase when Outcome is Failed.
 	Phase batch.Phase
+	// Reason is the failure's reason when Outcome is Failed and the
+	// pipeline named one.
+	Reason batch.Reason
 	// Batch is the batch as last read or written.
 	Batch batch.Batch
 	// Err is the failure or transient error, if any.
@@ -370,14 +382,14 @@ func ExecuteChecked(ctx context.Context, store *batch.Store, l lease.Lease, veri
 		if len(msg) > maxErrorMessage {
 			msg = msg[:maxErrorMessage]
 		}
-		failed, err := store.MarkFailed(ctx, l.Fence(), run.Details, failure.Phase, msg)
+		failed, err := store.MarkFailedBecause(ctx, l.Fence(), run.Details, failure.Phase, failure.Reason, msg)
 		if errors.Is(err, batch.ErrStaleLease) {
 			return Result{Outcome: LeaseLost, Batch: run.Batch, Err: err}, nil
 		}
 		if err != nil {
 			return Result{Outcome: Retry, Batch: run.Batch, Err: err}, err
 		}
-		return Result{Outcome: Failed, Phase: failure.Phase, Batch: failed, Err: failure.Err}, nil
+		return Result{Outcome: Failed, Phase: failure.Phase, Reason: failure.Reason, Batch: failed, Err: failure.Err}, nil
 	default:
 		return Result{Outcome: Retry, Batch: run.Batch, Err: perr}, nil
 	}

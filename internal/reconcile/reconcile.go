@@ -18,6 +18,10 @@
 //	only Failed batches        → failed, reported with the newest one's id
 //	                             and phase; enqueued only with
 //	                             RetryFailedPreCommit and a pre-commit failure
+//	newest Failed one failed for want of its marker (folder_incomplete)
+//	                           → enqueued if this marker is not older than
+//	                             that failure (the producer completed the
+//	                             folder since), else failed
 //	no batch                   → enqueued in one ImportMany burst
 //	                             (ingest_reconcile_missed_total)
 //
@@ -436,7 +440,13 @@ func (s *scan) flush(ctx context.Context) error {
 			f.Outcome, f.BatchID, f.Phase = OutcomeResumable, st.failed, st.failedPhase
 		case st.succeeded != 0:
 			f.Outcome, f.BatchID = OutcomeAlreadySucceeded, st.succeeded
-		case st.failed != 0 && !(s.cfg.RetryFailedPreCommit && preCommit(st.failedPhase)):
+		case st.failedIncompleteAt != nil && !markedSince(markers[c.i].modified, *st.failedIncompleteAt):
+			// The worker found no marker, and this one is not newer than
+			// that failure: reported, not enqueued again (a marker the
+			// worker does not take for its own, --marker differing between
+			// the two, would otherwise fail a batch every pass).
+			f.Outcome, f.BatchID, f.Phase = OutcomeFailed, st.failed, st.failedPhase
+		case st.failed != 0 && st.failedIncompleteAt == nil && !(s.cfg.RetryFailedPreCommit && preCommit(st.failedPhase)):
 			f.Outcome, f.BatchID, f.Phase = OutcomeFailed, st.failed, st.failedPhase
 		case s.cfg.DryRun:
 			f.Outcome, f.RetryOf = OutcomeWouldEnqueue, st.failed
@@ -474,6 +484,14 @@ func (s *scan) flush(ctx context.Context) error {
 		s.report(*f)
 	}
 	return nil
+}
+
+// markedSince reports whether a marker listed as modified at marked was
+// (re)written after a batch failed at failedAt for want of it, at the
+// second, the precision of S3's listings: a marker of the failure's own
+// second counts as newer (at worst one more batch fails, once).
+func markedSince(marked, failedAt time.Time) bool {
+	return !marked.Truncate(time.Second).Before(failedAt.Truncate(time.Second))
 }
 
 // preCommit reports whether a failed batch's phase is a failure before

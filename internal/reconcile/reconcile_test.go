@@ -344,3 +344,48 @@ func TestReconcileLogsSkippedKeysUpToABound(t *testing.T) {
 	require.Equal(t, reconcile.MaxSkippedKeysLogged, strings.Count(logs.String(), `"msg":"reconcile: skipped an object key that no door reads"`))
 	require.Contains(t, logs.String(), fmt.Sprintf(`"msg":"reconcile: more object keys skipped than logged one by one","keys_skipped":%d,"not_logged":5`, n))
 }
+
+// TestAFolderThatFailedForWantOfItsMarker: reconcile enqueues a folder
+// whose newest batch failed folder_incomplete (the worker found no marker)
+// only when the marker it lists is not older than that failure — the
+// producer completed the folder since. A marker older than the failure (a
+// marker the worker does not take for its own, such as a --marker that
+// differs between reconcile and the worker) is reported failed, so no
+// pass fails a new batch every period.
+func TestAFolderThatFailedForWantOfItsMarker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, 2)
+	seed := func(n int, failedAt string) int64 {
+		t.Helper()
+		fo := "s3://" + bucket + "/" + folderKey(n)
+		var id int64
+		require.NoError(t, f.pool.QueryRow(ctx, `
+			INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			                               pipeline_stage, status, details, source_scope, completed_at)
+			VALUES ('company-1', $1, 'db', 'FileUpload', 'FleetS3', 'Fleet', 'Failed',
+			        jsonb_build_object('version', 1, 'phase', 'failed_pre_commit', 'sourceFolder', $2::text,
+			                           'redshiftCommitted', false, 'publication', jsonb_build_object('started', false, 'completed', false),
+			                           'lastError', jsonb_build_object('phase', 'failed_pre_commit', 'reason', 'folder_incomplete',
+			                                                           'message', 'no completion marker', 'at', now())),
+			        'fleet_s3:' || $2, now() + $3::interval) RETURNING id`,
+			fmt.Sprintf("t%d", n%7), fo, failedAt).Scan(&id))
+		return id
+	}
+	before := seed(0, "-1 hour") // failed an hour before the marker was written: completed since
+	after := seed(1, "1 hour")   // failed after the marker it lists: not the worker's marker
+	reports := map[string]reconcile.Folder{}
+	cfg := f.cfg
+	cfg.Report = func(r reconcile.Folder) { reports[r.Folder] = r }
+	_, err := reconcile.Scan(ctx, cfg, "")
+	require.NoError(t, err)
+
+	r0 := reports["s3://"+bucket+"/"+folderKey(0)]
+	require.Equal(t, reconcile.OutcomeEnqueued, r0.Outcome, "%+v", r0)
+	require.Equal(t, before, r0.RetryOf)
+	r1 := reports["s3://"+bucket+"/"+folderKey(1)]
+	require.Equal(t, reconcile.OutcomeFailed, r1.Outcome, "%+v", r1)
+	require.Equal(t, after, r1.BatchID)
+	batches, _ := f.batches(t)
+	require.Equal(t, 3, batches)
+}

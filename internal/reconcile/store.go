@@ -21,6 +21,10 @@ type scopeState struct {
 	// failed is the newest Failed batch, failedPhase its phase.
 	failed      int64
 	failedPhase string
+	// failedIncompleteAt is when the newest Failed batch failed, if it
+	// failed because its folder held no completion marker
+	// (batch.ReasonFolderIncomplete); nil otherwise.
+	failedIncompleteAt *time.Time
 	// resumable: the folder's newest batch is a failed publication that
 	// can still be resumed (batch.ResumablePublicationSQL); it is failed.
 	resumable bool
@@ -46,6 +50,7 @@ func lookup(ctx context.Context, pool *pgxpool.Pool, keys []scopeKey, window tim
 		       coalesce(max(b.id) FILTER (WHERE b.status = 'Succeeded'), 0),
 		       coalesce((array_agg(b.id ORDER BY b.id DESC) FILTER (WHERE b.status = 'Failed'))[1], 0),
 		       coalesce((array_agg(b.details->>'phase' ORDER BY b.id DESC) FILTER (WHERE b.status = 'Failed'))[1], ''),
+		       (array_agg(CASE WHEN b.details->'lastError'->>'reason' = '`+string(batch.ReasonFolderIncomplete)+`' THEN b.completed_at END ORDER BY b.id DESC) FILTER (WHERE b.status = 'Failed'))[1],
 		       coalesce((array_agg(`+batch.ResumablePublicationSQL("b", "$3 * interval '1 microsecond'")+` ORDER BY b.id DESC))[1], false)
 		FROM unnest($1::text[], $2::text[]) AS r(tenant_id, source_scope)
 		JOIN ingestion_batches b ON b.tenant_id = r.tenant_id AND b.source_scope = r.source_scope
@@ -57,7 +62,7 @@ func lookup(ctx context.Context, pool *pgxpool.Pool, keys []scopeKey, window tim
 	for rows.Next() {
 		var k scopeKey
 		var st scopeState
-		if err := rows.Scan(&k.tenant, &k.scope, &st.running, &st.succeeded, &st.failed, &st.failedPhase, &st.resumable); err != nil {
+		if err := rows.Scan(&k.tenant, &k.scope, &st.running, &st.succeeded, &st.failed, &st.failedPhase, &st.failedIncompleteAt, &st.resumable); err != nil {
 			return nil, err
 		}
 		out[k] = st

@@ -19,6 +19,9 @@ type ImportBody struct {
 	CompanyID      string `json:"company_id,omitempty"`
 	Folder         string `json:"folder"`
 	Reimport       bool   `json:"reimport,omitempty"`
+	// NoMarker opts out of the completion marker (jobs.ImportRequest);
+	// absent, the door's default applies (Config.ImportsWithoutMarker).
+	NoMarker *bool `json:"no_marker,omitempty"`
 }
 
 // errLocalFolder explains why a file:// or mem:// folder is refused.
@@ -31,13 +34,31 @@ const errLocalFolder = "only s3:// folders are imported over HTTP (file:// and m
 // allowLocal admits file:// and mem:// folders with the body's tenant,
 // database and company, for development only. Nothing is written.
 func ResolveImport(m Mapping, body ImportBody, allowLocal bool) (jobs.ImportRequest, *jobs.InputError) {
+	return ResolveImportWith(m, body, ImportRules{AllowLocal: allowLocal})
+}
+
+// ImportRules are a door's rules for ResolveImport beyond its mapping.
+type ImportRules struct {
+	// AllowLocal admits file:// and mem:// folders (development only).
+	AllowLocal bool
+	// WithoutMarker is the marker opt-out of a body that does not say
+	// (no_marker absent): false, the marker is required.
+	WithoutMarker bool
+}
+
+// ResolveImportWith is ResolveImport under rules.
+func ResolveImportWith(m Mapping, body ImportBody, rules ImportRules) (jobs.ImportRequest, *jobs.InputError) {
+	allowLocal := rules.AllowLocal
 	f, err := folder.Canonicalize(body.Folder)
 	if err != nil {
 		return jobs.ImportRequest{}, &jobs.InputError{Field: "folder", Reason: err.Error()}
 	}
 	req := jobs.ImportRequest{
 		TenantID: body.TenantID, TenantDatabase: body.TenantDatabase, CompanyID: body.CompanyID,
-		Folder: f.String(), Reimport: body.Reimport,
+		Folder: f.String(), Reimport: body.Reimport, NoMarker: rules.WithoutMarker,
+	}
+	if body.NoMarker != nil {
+		req.NoMarker = *body.NoMarker
 	}
 	switch {
 	case f.Scheme == folder.SchemeS3:

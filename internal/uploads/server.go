@@ -113,8 +113,13 @@ type Config struct {
 	AllowLocalFolders bool
 	// Marker is the object whose creation completes a folder. Defaults to
 	// "_SUCCESS".
-	Marker  string
-	Mapping Mapping
+	Marker string
+	// ImportsWithoutMarker makes POST /v1/imports load a folder without
+	// its completion marker when the body does not say (no_marker
+	// absent); a body's "no_marker": false still requires it. Default
+	// false: the marker is required, as on every other door.
+	ImportsWithoutMarker bool
+	Mapping              Mapping
 	// MaxBodyBytes bounds the body of a request that carries the import
 	// token, which is checked before the body is read. Defaults to 1 MiB.
 	MaxBodyBytes int64
@@ -494,14 +499,14 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil || dec.More() {
-		msg := "body must be one JSON object {folder[, tenant_id, tenant_database, company_id, reimport]}"
+		msg := "body must be one JSON object {folder[, tenant_id, tenant_database, company_id, reimport, no_marker]}"
 		if err != nil {
 			msg += ": " + err.Error()
 		}
 		s.refuse(w, routeImports, http.StatusBadRequest, "invalid", "", msg)
 		return
 	}
-	req, refusal := ResolveImport(s.cfg.Mapping, in, s.cfg.AllowLocalFolders)
+	req, refusal := ResolveImportWith(s.cfg.Mapping, in, ImportRules{AllowLocal: s.cfg.AllowLocalFolders, WithoutMarker: s.cfg.ImportsWithoutMarker})
 	httpserver.SetTenant(w, req.TenantID)
 	if refusal != nil {
 		s.cfg.Logger.Warn("import refused", "field", refusal.Field, "error", refusal.Reason)

@@ -49,8 +49,8 @@ type Slice struct {
 	BatchID     int64
 	Generation  int64
 	// MarkerModified is the last-modified time of the folder's completion
-	// marker, written into every ledger row of the load (LedgerObject); the
-	// zero time when the folder had none (the import opted out of it).
+	// marker, zero when it has none (an import that opted out), written
+	// into every ledger row of the load (LedgerObject).
 	MarkerModified time.Time
 }
 
