@@ -89,7 +89,8 @@ type LedgerReader interface {
 // LedgerCounter builds a load's ledger: it counts the records the load
 // stores per object (Count, called with each record's ObjectKey, in the
 // order the records are read) and returns one LedgerObject per object of
-// the load (Objects), zero records included.
+// the load (Objects), zero records included. Times are UTC, to the
+// microsecond, as both warehouses store them.
 type LedgerCounter struct {
 	s       Slice
 	objects []LedgerObject
@@ -102,14 +103,14 @@ func NewLedgerCounter(s Slice, src *folder.Source, objects []folder.Object) *Led
 	c := &LedgerCounter{s: s, objects: make([]LedgerObject, len(objects)), index: make(map[string]int, len(objects)), last: -1}
 	var marker *time.Time
 	if !s.MarkerModified.IsZero() {
-		m := s.MarkerModified.UTC()
+		m := s.MarkerModified.UTC().Truncate(time.Microsecond)
 		marker = &m
 	}
 	for i, o := range objects {
 		key := src.FullKey(o)
 		c.objects[i] = LedgerObject{
 			BatchID: s.BatchID, TenantID: s.TenantID, SourceScope: s.SourceScope, ObjectKey: key,
-			ETag: o.ETag, SizeBytes: o.Size, LastModified: o.LastModified.UTC(), MarkerModified: marker,
+			ETag: o.ETag, SizeBytes: o.Size, LastModified: o.LastModified.UTC().Truncate(time.Microsecond), MarkerModified: marker,
 		}
 		c.index[key] = i
 	}
