@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -114,6 +115,31 @@ func TestEveryDoorLoadsNoFolderWithoutItsMarker(t *testing.T) {
 		return worker.metric(`ingest_batch_failures_total{phase="failed_pre_commit",reason="folder_incomplete"}`) == 5
 	}, 30*time.Second, 200*time.Millisecond)
 
+	// The door answers how a batch ended, the reason named; another
+	// tenant's batch is not found.
+	getBatchAnswer := func(id int64, tenant, token string) (int, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/v1/batches/%d?tenant_id=%s", base, id, tenant), nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := httpClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		return resp.StatusCode, body
+	}
+	status, body = getBatchAnswer(ids[2], tenant, "door-token")
+	require.Equal(t, http.StatusOK, status, body)
+	require.Equal(t, "Failed", body["status"])
+	require.Equal(t, "failed_pre_commit", body["phase"])
+	require.Equal(t, "folder_incomplete", body["reason"])
+	require.Contains(t, body["error"], "no completion marker")
+	status, _ = getBatchAnswer(ids[2], "globex", "door-token")
+	require.Equal(t, http.StatusNotFound, status)
+	status, _ = getBatchAnswer(ids[2], tenant, "wrong-token")
+	require.Equal(t, http.StatusUnauthorized, status)
+
 	// The explicit opt-out loads the folder as it is.
 	out, code = runEnqueue(t, dbURL, "import", "--tenant-id", tenant, "--tenant-database", database, "--company-id", company, "--folder", folderOf(1), "--no-marker")
 	require.Equal(t, 0, code, out)
@@ -146,6 +172,11 @@ func TestEveryDoorLoadsNoFolderWithoutItsMarker(t *testing.T) {
 		require.Equal(t, 2, total, "batch %d", id)
 		require.Equal(t, 2, distinct, "batch %d", id)
 	}
+	status, body = getBatchAnswer(loaded[2], tenant, "door-token")
+	require.Equal(t, http.StatusOK, status, body)
+	require.Equal(t, "Succeeded", body["status"])
+	require.Empty(t, body["reason"])
+	require.EqualValues(t, 1, body["objects"].(map[string]any)["count"])
 	_, d := getBatch(t, pool, optCLI)
 	require.True(t, d.MarkerOptional)
 	_, d = getBatch(t, pool, loaded[2])

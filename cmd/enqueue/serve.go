@@ -220,12 +220,13 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if cfg.OperatorToken == "" {
 		e.Logger.Info("no operator token (--operator-token-file): POST /v1/batches/{id}/cancel and the River UI are not served")
 	}
-	// The public door: imports and event notifications, and, for
+	// The public door: imports, event notifications and batch answers (GET
+	// /v1/batches/{id}, import token), and, for
 	// compatibility, probes and /metrics. The operator surfaces (the cancel
 	// route, the River UI, pprof) are served on the admin listener only.
 	routes := srv.Handler()
 	public := http.NewServeMux()
-	for _, pattern := range []string{"POST /v1/imports", "POST /v1/events/s3", "GET /metrics", "GET /healthz", "GET /readyz"} {
+	for _, pattern := range []string{"POST /v1/imports", "POST /v1/events/s3", "GET /v1/batches/{id}", "GET /metrics", "GET /healthz", "GET /readyz"} {
 		public.Handle(pattern, routes)
 	}
 	public.HandleFunc("/v1/batches/{id}/cancel", adminOnly("POST /v1/batches/{id}/cancel"))

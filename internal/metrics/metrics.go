@@ -44,6 +44,8 @@ var (
 	SourceTypes         = []string{"FleetS3"}
 	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery"}
 	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed"}
+	// BatchRequestOutcomes are the outcomes of GET /v1/batches/{id}.
+	BatchRequestOutcomes = []string{"found", "not_found", "invalid", "unauthorized", "rate_limited", "unavailable", "client_closed"}
 	// CancelRequestOutcomes are the outcomes of POST /v1/batches/{id}/cancel.
 	CancelRequestOutcomes = []string{"cancelled", "not_cancellable", "not_found", "invalid", "unauthorized", "forbidden", "not_served", "unavailable", "client_closed"}
 )
@@ -51,7 +53,7 @@ var (
 // DoorRoutes are enqueue serve's routes (ServeMux patterns) whose request
 // series are initialised: their duration, their success code and the 5xx
 // codes the door-errors alert watches.
-var DoorRoutes = map[string]string{"POST /v1/imports": "202", "POST /v1/events/s3": "200", "POST /v1/batches/{id}/cancel": "200"}
+var DoorRoutes = map[string]string{"POST /v1/imports": "202", "POST /v1/events/s3": "200", "GET /v1/batches/{id}": "200", "POST /v1/batches/{id}/cancel": "200"}
 
 // SNSConfirmationOutcomes label ingest_sns_subscription_confirmations_total.
 var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "invalid", "topic_not_accepted"}
@@ -352,6 +354,9 @@ func build() (*Metrics, []prometheus.Collector) {
 		for _, o := range HTTPRequestOutcomes {
 			m.HTTPRequests.WithLabelValues(route, o)
 		}
+	}
+	for _, o := range BatchRequestOutcomes {
+		m.HTTPRequests.WithLabelValues("batch", o)
 	}
 	for _, o := range CancelRequestOutcomes {
 		m.HTTPRequests.WithLabelValues("cancel", o)
