@@ -69,7 +69,11 @@ var SQSLeftReasons = []string{"malformed", "unmapped", "bucket_not_allowed", "in
 
 // ReconcileOutcomes label ingest_reconcile_folders_total: what reconcile
 // found for each completed folder.
-var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "resumable", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue"}
+var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "resumable", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue", "reimported", "would_reimport"}
+
+// ReconcileChangeReasons label ingest_reconcile_changed_total: how a
+// published folder differs from its newest batch's load.
+var ReconcileChangeReasons = []string{"added", "removed", "changed", "marker_rewritten"}
 
 // Metrics are the coordinator's Prometheus metrics.
 type Metrics struct {
@@ -148,6 +152,11 @@ type Metrics struct {
 	// ReconcileCheckpointsIgnored counts checkpoints a period ignored
 	// because they were dated after the database clock.
 	ReconcileCheckpointsIgnored prometheus.Counter
+	// ReconcileChanged counts published folders found changed since their
+	// newest batch's load, by reason; ReconcileUnsummarized those not
+	// compared because that batch records no summary (an older build).
+	ReconcileChanged      *prometheus.CounterVec
+	ReconcileUnsummarized prometheus.Counter
 
 	sqs, reconcile []prometheus.Collector // the collectors of NewSQS and NewReconcile
 }
@@ -420,11 +429,18 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 	m.ReconcileCheckpointsIgnored = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_reconcile_checkpoints_ignored_total", Help: "Reconcile checkpoints ignored because they were dated after the database clock (no pass writes one: a login wrote it, or the clock stepped back); the pass started over.",
 	})
-	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans, m.ReconcileCheckpointsIgnored}
+	m.ReconcileChanged = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_reconcile_changed_total", Help: "Published folders reconcile found changed since their newest batch's load, by reason (added, removed, changed: an object's ETag; marker_rewritten), each imported again: files that arrived or changed late.",
+	}, []string{"reason"})
+	m.ReconcileUnsummarized = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_reconcile_unsummarized_total", Help: "Published folders reconcile could not compare with their load because their batch records no summary of the objects it loaded (loaded by a build before the summary); not imported again.",
+	})
+	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans, m.ReconcileCheckpointsIgnored, m.ReconcileChanged, m.ReconcileUnsummarized}
 	for _, c := range m.reconcile {
 		f(c)
 	}
 	initLabels(m.ReconcileFolders, ReconcileOutcomes)
+	initLabels(m.ReconcileChanged, ReconcileChangeReasons)
 	initLabels(m.ReconcileScans, []string{"scanned", "skipped", "failed"})
 }
 
