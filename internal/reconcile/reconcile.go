@@ -1,20 +1,41 @@
 // Package reconcile finds every completed folder of a bucket that has no
-// batch — an upload whose notification was lost — and enqueues it
-// (enqueue reconcile).
+// batch — an upload whose notification was lost — and enqueues it, and
+// every published folder whose objects changed since its load, and
+// imports it again (enqueue reconcile).
 //
 // A scan lists the bucket with ListObjectsV2, a page (up to 1,000 keys) at
 // a time, the next page listed while this one is reconciled, so memory is
-// bounded by three pages and a burst whatever the bucket holds, and a scan
-// lasts about as long as its listing when the look-ups are quicker than
-// S3's pages. Every completion marker (LastModified at or after Since) is
-// mapped to its folder with uploads.PlanEvents and folder.Mapping, the rule
-// of every other door. A burst of folders is looked up in the database:
+// bounded by three pages, a burst, and the directories the listing is
+// inside (the ancestors of the current key, each with a SHA-256 state and
+// at most MaxChangedKeys keys), whatever the bucket holds; a scan lasts
+// about as long as its listing when the look-ups are quicker than S3's
+// pages. A folder's keys are contiguous in S3's key order, so a folder is
+// complete when the listing leaves it: its data objects (everything but
+// folder.IsMarker's) are digested on the way as the worker digests its
+// own listing (folder.Digest: keys and ETags), and counted, with the
+// newest MaxChangedKeys of them kept. A folder holding its completion
+// marker whose marker or any data object was last modified at or after
+// Since (so a folder with an old marker and a new file is found) is
+// mapped with uploads.PlanEvents and folder.Mapping, the rule of every
+// other door. A burst of folders is looked up in the database:
 //
 //	a Running batch            → running (not enqueued)
 //	newest: a failed publication that can still be resumed
 //	                           → resumable, with its id (resume it; a
 //	                             folder committed once is not loaded again)
-//	a Succeeded batch          → already_succeeded
+//	newest: Succeeded, with the summary of the objects it loaded
+//	(batch.ObjectsSummary), and the folder differs from it
+//	                           → reimported: a new batch (past the
+//	                             already_succeeded skip, for this folder
+//	                             only), with Change: the reason (added,
+//	                             removed, changed: an ETag, marker_rewritten)
+//	                             and the keys modified after the load's
+//	                             newest object; logged, counted in
+//	                             ingest_reconcile_changed_total{reason}
+//	a Succeeded batch          → already_succeeded (compared: unchanged;
+//	                             no_summary: the batch is of an older build,
+//	                             counted, not imported; partial: the scan
+//	                             did not list the whole folder)
 //	only Failed batches        → failed, reported with the newest one's id
 //	                             and phase; enqueued only with
 //	                             RetryFailedPreCommit and a pre-commit failure
@@ -24,6 +45,17 @@
 //	                             folder since), else failed
 //	no batch                   → enqueued in one ImportMany burst
 //	                             (ingest_reconcile_missed_total)
+//
+// A listing cannot name a removed object: removed says the folder holds
+// fewer objects than the load read (Change counts both; the previous
+// batch's ledger in the warehouse names them). A removal changes no
+// last-modified time, so a scan with Since does not look a folder up for
+// one: a scan without Since (a full pass) finds it. A folder the scan
+// does not list whole is reconciled but not compared: one cut by Prefix,
+// one the scan's start key is inside, one a failed listing or an ended
+// context cuts. A period (MaxObjects) that ends inside a folder lists that
+// folder to its end (its own prefix) and compares it; the next period
+// starts inside it and meets no marker of it.
 //
 // The reservation makes a race with the notification paths harmless: a
 // folder the SQS consumer reserves between the look-up and the burst
@@ -115,7 +147,8 @@ type Config struct {
 	Mapping  folder.Mapping
 	Pool     *pgxpool.Pool
 	Importer Importer
-	// Since skips markers last modified before it (zero: none skipped).
+	// Since skips folders whose marker and data objects were all last
+	// modified before it (zero: none skipped).
 	Since time.Time
 	// DryRun reports what would be enqueued and writes nothing.
 	DryRun bool
