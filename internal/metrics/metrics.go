@@ -43,7 +43,7 @@ var (
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
 	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery"}
-	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed"}
+	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed", "late_object"}
 	// CancelRequestOutcomes are the outcomes of POST /v1/batches/{id}/cancel.
 	CancelRequestOutcomes = []string{"cancelled", "not_cancellable", "not_found", "invalid", "unauthorized", "forbidden", "not_served", "unavailable", "client_closed"}
 )
@@ -59,7 +59,14 @@ var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "in
 // SQSDeletedOutcomes label ingest_sqs_messages_deleted_total: why a message
 // was acknowledged (imported: every folder it completes has a batch;
 // ignored: it completes no folder; test_event: the s3:TestEvent).
-var SQSDeletedOutcomes = []string{"imported", "ignored", "test_event"}
+var SQSDeletedOutcomes = []string{"imported", "ignored", "test_event", "late_object"}
+
+// Doors that count late-object events (the door label of
+// ingest_late_object_events_total).
+const (
+	DoorEvents = "events_s3"
+	DoorSQS    = "sqs"
+)
 
 // SQSLeftReasons label ingest_sqs_messages_left_total: why a message was
 // left in the queue. database_unavailable, enqueue_failed and
@@ -121,6 +128,10 @@ type Metrics struct {
 	// after their folder's completion marker.
 	BatchFailures *prometheus.CounterVec
 	LateObjects   prometheus.Counter
+	// LateObjectEvents counts, by door, the folders already published
+	// that a request's (or message's) data-object events named: once per
+	// folder and request, not per object.
+	LateObjectEvents *prometheus.CounterVec
 
 	// Fairness between tenants (worker run --max-running-per-tenant).
 	TenantCapDeferrals prometheus.Counter
@@ -180,7 +191,7 @@ func New() *Metrics {
 // created but not registered.
 func NewServe() *Metrics {
 	m, _ := build()
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents} {
 		m.Registry.MustRegister(c)
 	}
 	return m
@@ -193,7 +204,7 @@ func NewServe() *Metrics {
 // but not registered: frozen at zero here, they would hide the workers'.
 func NewSQS() *Metrics {
 	m, _ := build()
-	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations}, m.sqs...))
+	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations, m.LateObjectEvents}, m.sqs...))
 	return m
 }
 
@@ -328,6 +339,12 @@ func build() (*Metrics, []prometheus.Collector) {
 		Help: "Objects loaded although last modified after their folder's completion marker (written after the producer said the folder was complete).",
 	})
 	f(m.LateObjects)
+	m.LateObjectEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_late_object_events_total",
+		Help: "Published folders named by data-object events (an object created after its folder's newest batch Succeeded), by door (events_s3, sqs): once per folder and request or message; enqueue reconcile imports such folders again.",
+	}, []string{"door"})
+	f(m.LateObjectEvents)
+	initLabels(m.LateObjectEvents, []string{DoorEvents, DoorSQS})
 
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,
