@@ -24,8 +24,8 @@ type reconcileCmd struct {
 	Prefix               string        `name:"prefix" env:"RECONCILE_PREFIX" help:"List only keys under this prefix (e.g. tenants/)."`
 	Marker               string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"Object name whose existence completes a folder."`
 	PathPattern          string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company (as enqueue serve, enqueue sqs and the worker)."`
-	Since                string        `name:"since" help:"Only markers last modified at or after this: an RFC 3339 time, or a duration before now (24h)."`
-	DryRun               bool          `name:"dry-run" help:"Print what would be enqueued (would_enqueue); write nothing."`
+	Since                string        `name:"since" help:"Only folders whose marker or any data object was last modified at or after this: an RFC 3339 time, or a duration before now (24h)."`
+	DryRun               bool          `name:"dry-run" help:"Print what would be enqueued (would_enqueue) or imported again (would_reimport); write nothing."`
 	RetryFailedPreCommit bool          `name:"retry-failed-pre-commit" help:"Also enqueue folders whose batches all failed, the newest before its warehouse commit (failed_pre_commit, failed_enqueue). Otherwise they are reported (failed), not retried."`
 	BurstSize            int           `name:"burst-size" default:"500" help:"Folders looked up and enqueued together (one transaction)."`
 	Every                time.Duration `name:"every" env:"RECONCILE_EVERY" help:"Run periodically: one period every this long, safe in every replica at once (one works per period), resumed from a checkpoint in PostgreSQL. Without it: one scan, one JSON line per folder and a summary."`

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/httpserver"
@@ -119,6 +120,7 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	defer pool.Close()
 	enq.Metrics = metrics.NewSQS() // the consumer's own metrics, not the worker's gauges frozen at zero
 	cfg.Queue, cfg.Importer, cfg.Metrics = sqsconsumer.NewSQSClient(awsCfg, cfg), enq, enq.Metrics
+	cfg.Batches = batch.NewStore(pool) // late_object: data-object events of published folders
 	consumer, err := sqsconsumer.New(cfg)
 	if err != nil {
 		return err

@@ -43,7 +43,7 @@ var (
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
 	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery"}
-	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed"}
+	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed", "late_object"}
 	// BatchRequestOutcomes are the outcomes of GET /v1/batches/{id}.
 	BatchRequestOutcomes = []string{"found", "not_found", "invalid", "unauthorized", "rate_limited", "unavailable", "client_closed"}
 	// CancelRequestOutcomes are the outcomes of POST /v1/batches/{id}/cancel.
@@ -61,7 +61,14 @@ var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "in
 // SQSDeletedOutcomes label ingest_sqs_messages_deleted_total: why a message
 // was acknowledged (imported: every folder it completes has a batch;
 // ignored: it completes no folder; test_event: the s3:TestEvent).
-var SQSDeletedOutcomes = []string{"imported", "ignored", "test_event"}
+var SQSDeletedOutcomes = []string{"imported", "ignored", "test_event", "late_object"}
+
+// Doors that count late-object events (the door label of
+// ingest_late_object_events_total).
+const (
+	DoorEvents = "events_s3"
+	DoorSQS    = "sqs"
+)
 
 // SQSLeftReasons label ingest_sqs_messages_left_total: why a message was
 // left in the queue. database_unavailable, enqueue_failed and
@@ -71,7 +78,11 @@ var SQSLeftReasons = []string{"malformed", "unmapped", "bucket_not_allowed", "in
 
 // ReconcileOutcomes label ingest_reconcile_folders_total: what reconcile
 // found for each completed folder.
-var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "resumable", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue"}
+var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "resumable", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue", "reimported", "would_reimport"}
+
+// ReconcileChangeReasons label ingest_reconcile_changed_total: how a
+// published folder differs from its newest batch's load.
+var ReconcileChangeReasons = []string{"added", "removed", "changed", "marker_rewritten"}
 
 // Metrics are the coordinator's Prometheus metrics.
 type Metrics struct {
@@ -119,6 +130,10 @@ type Metrics struct {
 	// after their folder's completion marker.
 	BatchFailures *prometheus.CounterVec
 	LateObjects   prometheus.Counter
+	// LateObjectEvents counts, by door, the folders already published
+	// that a request's (or message's) data-object events named: once per
+	// folder and request, not per object.
+	LateObjectEvents *prometheus.CounterVec
 
 	// Fairness between tenants (worker run --max-running-per-tenant).
 	TenantCapDeferrals prometheus.Counter
@@ -150,6 +165,11 @@ type Metrics struct {
 	// ReconcileCheckpointsIgnored counts checkpoints a period ignored
 	// because they were dated after the database clock.
 	ReconcileCheckpointsIgnored prometheus.Counter
+	// ReconcileChanged counts published folders found changed since their
+	// newest batch's load, by reason; ReconcileUnsummarized those not
+	// compared because that batch records no summary (an older build).
+	ReconcileChanged      *prometheus.CounterVec
+	ReconcileUnsummarized prometheus.Counter
 
 	sqs, reconcile []prometheus.Collector // the collectors of NewSQS and NewReconcile
 }
@@ -173,7 +193,7 @@ func New() *Metrics {
 // created but not registered.
 func NewServe() *Metrics {
 	m, _ := build()
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents} {
 		m.Registry.MustRegister(c)
 	}
 	return m
@@ -186,7 +206,7 @@ func NewServe() *Metrics {
 // but not registered: frozen at zero here, they would hide the workers'.
 func NewSQS() *Metrics {
 	m, _ := build()
-	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations}, m.sqs...))
+	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations, m.LateObjectEvents}, m.sqs...))
 	return m
 }
 
@@ -321,6 +341,12 @@ func build() (*Metrics, []prometheus.Collector) {
 		Help: "Objects loaded although last modified after their folder's completion marker (written after the producer said the folder was complete).",
 	})
 	f(m.LateObjects)
+	m.LateObjectEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_late_object_events_total",
+		Help: "Published folders named by data-object events (an object created after its folder's newest batch Succeeded), by door (events_s3, sqs): once per folder and request or message; enqueue reconcile imports such folders again.",
+	}, []string{"door"})
+	f(m.LateObjectEvents)
+	initLabels(m.LateObjectEvents, []string{DoorEvents, DoorSQS})
 
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,
@@ -425,11 +451,18 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 	m.ReconcileCheckpointsIgnored = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_reconcile_checkpoints_ignored_total", Help: "Reconcile checkpoints ignored because they were dated after the database clock (no pass writes one: a login wrote it, or the clock stepped back); the pass started over.",
 	})
-	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans, m.ReconcileCheckpointsIgnored}
+	m.ReconcileChanged = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_reconcile_changed_total", Help: "Published folders reconcile found changed since their newest batch's load, by reason (added, removed, changed: an object's ETag; marker_rewritten), each imported again: files that arrived or changed late.",
+	}, []string{"reason"})
+	m.ReconcileUnsummarized = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_reconcile_unsummarized_total", Help: "Published folders reconcile could not compare with their load because their batch records no summary of the objects it loaded (loaded by a build before the summary); not imported again.",
+	})
+	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans, m.ReconcileCheckpointsIgnored, m.ReconcileChanged, m.ReconcileUnsummarized}
 	for _, c := range m.reconcile {
 		f(c)
 	}
 	initLabels(m.ReconcileFolders, ReconcileOutcomes)
+	initLabels(m.ReconcileChanged, ReconcileChangeReasons)
 	initLabels(m.ReconcileScans, []string{"scanned", "skipped", "failed"})
 }
 

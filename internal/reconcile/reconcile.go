@@ -1,20 +1,41 @@
 // Package reconcile finds every completed folder of a bucket that has no
-// batch — an upload whose notification was lost — and enqueues it
-// (enqueue reconcile).
+// batch — an upload whose notification was lost — and enqueues it, and
+// every published folder whose objects changed since its load, and
+// imports it again (enqueue reconcile).
 //
 // A scan lists the bucket with ListObjectsV2, a page (up to 1,000 keys) at
 // a time, the next page listed while this one is reconciled, so memory is
-// bounded by three pages and a burst whatever the bucket holds, and a scan
-// lasts about as long as its listing when the look-ups are quicker than
-// S3's pages. Every completion marker (LastModified at or after Since) is
-// mapped to its folder with uploads.PlanEvents and folder.Mapping, the rule
-// of every other door. A burst of folders is looked up in the database:
+// bounded by three pages, a burst, and the directories the listing is
+// inside (the ancestors of the current key, each with a SHA-256 state and
+// at most MaxChangedKeys keys), whatever the bucket holds; a scan lasts
+// about as long as its listing when the look-ups are quicker than S3's
+// pages. A folder's keys are contiguous in S3's key order, so a folder is
+// complete when the listing leaves it: its data objects (everything but
+// folder.IsMarker's) are digested on the way as the worker digests its
+// own listing (folder.Digest: keys and ETags), and counted, with the
+// newest MaxChangedKeys of them kept. A folder holding its completion
+// marker whose marker or any data object was last modified at or after
+// Since (so a folder with an old marker and a new file is found) is
+// mapped with uploads.PlanEvents and folder.Mapping, the rule of every
+// other door. A burst of folders is looked up in the database:
 //
 //	a Running batch            → running (not enqueued)
 //	newest: a failed publication that can still be resumed
 //	                           → resumable, with its id (resume it; a
 //	                             folder committed once is not loaded again)
-//	a Succeeded batch          → already_succeeded
+//	newest: Succeeded, with the summary of the objects it loaded
+//	(batch.ObjectsSummary), and the folder differs from it
+//	                           → reimported: a new batch (past the
+//	                             already_succeeded skip, for this folder
+//	                             only), with Change: the reason (added,
+//	                             removed, changed: an ETag, marker_rewritten)
+//	                             and the keys modified after the load's
+//	                             newest object; logged, counted in
+//	                             ingest_reconcile_changed_total{reason}
+//	a Succeeded batch          → already_succeeded (compared: unchanged;
+//	                             no_summary: the batch is of an older build,
+//	                             counted, not imported; partial: the scan
+//	                             did not list the whole folder)
 //	only Failed batches        → failed, reported with the newest one's id
 //	                             and phase; enqueued only with
 //	                             RetryFailedPreCommit and a pre-commit failure
@@ -24,6 +45,17 @@
 //	                             folder since), else failed
 //	no batch                   → enqueued in one ImportMany burst
 //	                             (ingest_reconcile_missed_total)
+//
+// A listing cannot name a removed object: removed says the folder holds
+// fewer objects than the load read (Change counts both; the previous
+// batch's ledger in the warehouse names them). A removal changes no
+// last-modified time, so a scan with Since does not look a folder up for
+// one: a scan without Since (a full pass) finds it. A folder the scan
+// does not list whole is reconciled but not compared: one cut by Prefix,
+// one the scan's start key is inside, one a failed listing or an ended
+// context cuts. A period (MaxObjects) that ends inside a folder lists that
+// folder to its end (its own prefix) and compares it; the next period
+// starts inside it and meets no marker of it.
 //
 // The reservation makes a race with the notification paths harmless: a
 // folder the SQS consumer reserves between the look-up and the burst
@@ -46,6 +78,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -76,6 +109,11 @@ const (
 	OutcomeUnmapped         = "unmapped"
 	OutcomeInvalidInput     = "invalid_input"
 	OutcomeEnqueueFailed    = "enqueue_failed"
+	// OutcomeReimported: a published folder changed since its newest
+	// batch's load (Folder.Change) and was imported again.
+	OutcomeReimported = "reimported"
+	// OutcomeWouldReimport: the same, in a dry run.
+	OutcomeWouldReimport = "would_reimport"
 )
 
 // Defaults of Config.
@@ -109,7 +147,8 @@ type Config struct {
 	Mapping  folder.Mapping
 	Pool     *pgxpool.Pool
 	Importer Importer
-	// Since skips markers last modified before it (zero: none skipped).
+	// Since skips folders whose marker and data objects were all last
+	// modified before it (zero: none skipped).
 	Since time.Time
 	// DryRun reports what would be enqueued and writes nothing.
 	DryRun bool
@@ -184,6 +223,13 @@ type Folder struct {
 	Field    string    `json:"field,omitempty"`
 	Reason   string    `json:"reason,omitempty"`
 	RetryOf  int64     `json:"retry_of,omitempty"`
+	// Compared says, for a folder whose newest batch Succeeded, whether
+	// the scan compared it with that batch's load (ComparedUnchanged,
+	// ComparedChanged) or could not (ComparedNoSummary, ComparedPartial).
+	Compared string `json:"compared,omitempty"`
+	// Change is how the folder differs from that load (outcomes
+	// reimported, would_reimport).
+	Change *Change `json:"change,omitempty"`
 }
 
 // Summary counts what a scan did: the last JSON line of enqueue reconcile.
@@ -203,12 +249,12 @@ type Summary struct {
 	LastKey         string  `json:"last_key,omitempty"`
 	DurationSeconds float64 `json:"duration_seconds"`
 	DryRun          bool    `json:"dry_run,omitempty"`
-}
-
-// marker is one completion marker found by the listing.
-type marker struct {
-	key      string
-	modified time.Time
+	// Changed counts the published folders found changed since their
+	// load, by reason (ChangeReasons).
+	Changed map[string]int `json:"changed,omitempty"`
+	// Unsummarized counts the published folders not compared because
+	// their batch records no summary of what it loaded (an older build).
+	Unsummarized int `json:"unsummarized,omitempty"`
 }
 
 // Scan lists the bucket from startAfter (empty: its beginning) and
@@ -233,7 +279,7 @@ func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
 	}
 	start := time.Now()
 	defer metrics.ObserveSince(cfg.Metrics.ReconcileScanDuration, start)
-	s := &scan{cfg: cfg, sum: Summary{Bucket: cfg.Bucket, Prefix: cfg.Prefix, Outcomes: map[string]int{}, DryRun: cfg.DryRun}}
+	s := &scan{cfg: cfg, sum: Summary{Bucket: cfg.Bucket, Prefix: cfg.Prefix, Outcomes: map[string]int{}, Changed: map[string]int{}, DryRun: cfg.DryRun}, startAfter: startAfter}
 	work := context.WithoutCancel(ctx)
 	// URL-encoded keys: a key with a character XML does not allow would
 	// make its page undecodable (the AWS SDK does not decode them).
@@ -257,7 +303,7 @@ func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
 	err := func() error {
 		for {
 			if ctx.Err() != nil {
-				return nil
+				return s.stop(work, false)
 			}
 			var (
 				r  listed
@@ -266,16 +312,18 @@ func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
 			select {
 			case r, ok = <-pages:
 			case <-ctx.Done():
-				return nil
+				return s.stop(work, false)
 			}
 			if !ok {
 				break
 			}
 			if r.err != nil {
 				if ctx.Err() != nil {
-					return nil
+					return s.stop(work, false)
 				}
-				return fmt.Errorf("listing s3://%s/%s: %w", cfg.Bucket, cfg.Prefix, r.err)
+				// The folders whose markers were listed are reconciled
+				// all the same (not compared: the listing is cut).
+				return cmp.Or(s.stop(work, false), fmt.Errorf("listing s3://%s/%s: %w", cfg.Bucket, cfg.Prefix, r.err))
 			}
 			page := r.page
 			s.sum.Pages++
@@ -297,30 +345,35 @@ func Scan(ctx context.Context, cfg Config, startAfter string) (Summary, error) {
 					s.skip(key, err)
 					continue
 				}
-				if path.Base(key) != cfg.Marker || (!cfg.Since.IsZero() && aws.ToTime(obj.LastModified).Before(cfg.Since)) {
-					continue
-				}
-				s.pending = append(s.pending, marker{key: key, modified: aws.ToTime(obj.LastModified)})
-				if len(s.pending) >= cfg.BurstSize {
-					if err := s.flush(work); err != nil {
-						return err
-					}
+				if err := s.observe(work, key, etagOf(obj), aws.ToTime(obj.LastModified)); err != nil {
+					return err
 				}
 			}
-			// Everything up to here is listed; after the flush it is
-			// reconciled, and the next scan may start after it.
+			if cfg.MaxObjects > 0 && s.sum.ObjectsListed >= cfg.MaxObjects {
+				return s.stop(work, true)
+			}
+			// Everything up to here is listed; after the flush the folders
+			// it completed are reconciled (a folder still open goes on on
+			// the next page), and the next scan may start after it.
 			if err := s.flush(work); err != nil {
 				return err
 			}
 			s.sum.LastKey = s.lastListed
-			if cfg.MaxObjects > 0 && s.sum.ObjectsListed >= cfg.MaxObjects {
-				return nil
-			}
+		}
+		if err := s.closeAll(work); err != nil {
+			return err
+		}
+		if err := s.flush(work); err != nil {
+			return err
 		}
 		s.sum.Complete = true
 		s.sum.LastKey = ""
 		return nil
 	}()
+	if s.sum.Unsummarized > 0 {
+		cfg.Logger.Info("reconcile: published folders whose batch records no summary of the objects it loaded (a build before the summary) were not compared",
+			"folders", s.sum.Unsummarized, "first_folder", s.firstUnsummarized)
+	}
 	if n := s.sum.KeysSkipped - MaxSkippedKeysLogged; n > 0 {
 		cfg.Logger.Warn("reconcile: more object keys skipped than logged one by one", "keys_skipped", s.sum.KeysSkipped, "not_logged", n)
 	}
@@ -359,8 +412,14 @@ func prefetch(ctx context.Context, pages *s3.ListObjectsV2Paginator) <-chan list
 type scan struct {
 	cfg        Config
 	sum        Summary
-	pending    []marker
-	lastListed string
+	startAfter string
+	// dirs are the directories the listing is inside, outermost first:
+	// the ancestors of the last key observed.
+	dirs []*openDir
+	// pending are the completed folders listed and not yet reconciled.
+	pending           []*openDir
+	lastListed        string
+	firstUnsummarized string
 }
 
 // skip counts a listed key no door reads and logs it escaped, the first
@@ -373,6 +432,119 @@ func (s *scan) skip(key string, reason error) {
 	}
 }
 
+// observe accounts for one listed key: the directories the listing left
+// are complete (a folder's keys are contiguous in key order), those it
+// entered are opened, and the key is added to each directory it is in.
+func (s *scan) observe(ctx context.Context, key, etag string, modified time.Time) error {
+	for len(s.dirs) > 0 && !strings.HasPrefix(key, s.dirs[len(s.dirs)-1].dir+"/") {
+		if err := s.closeDir(ctx); err != nil {
+			return err
+		}
+	}
+	from := 0
+	if len(s.dirs) > 0 {
+		from = len(s.dirs[len(s.dirs)-1].dir) + 1
+	}
+	for i := from; i < len(key); i++ {
+		if key[i] == '/' {
+			s.dirs = append(s.dirs, newOpenDir(key[:i], s.cfg.Prefix, s.startAfter))
+		}
+	}
+	for _, d := range s.dirs {
+		d.add(key, etag, modified, s.cfg.Marker)
+	}
+	return nil
+}
+
+// closeDir closes the innermost open directory: a completed folder (its
+// marker listed) is reconciled with the next burst, when its marker or
+// one of its objects was modified at or after Since.
+func (s *scan) closeDir(ctx context.Context) error {
+	d := s.dirs[len(s.dirs)-1]
+	s.dirs = s.dirs[:len(s.dirs)-1]
+	if d.marker == nil || !d.touchedSince(s.cfg.Since) {
+		return nil
+	}
+	d.recent = slices.Clip(d.recent)
+	s.pending = append(s.pending, d)
+	if len(s.pending) >= s.cfg.BurstSize {
+		return s.flush(ctx)
+	}
+	return nil
+}
+
+// closeAll closes every open directory (the listing's end).
+func (s *scan) closeAll(ctx context.Context) error {
+	for len(s.dirs) > 0 {
+		if err := s.closeDir(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stop ends a scan that did not reach the listing's end, and reconciles
+// every folder whose marker was listed. At the end of a period
+// (MaxObjects), the folder of the last key listed is listed to its end
+// (its own prefix, after that key), so that it is compared whole; the next
+// scan, starting inside it, lists the rest again and does not compare it
+// (ComparedPartial). Other open folders are cut: reconciled, not compared.
+func (s *scan) stop(ctx context.Context, period bool) error {
+	var completed *openDir
+	if period && len(s.dirs) > 0 {
+		d := s.dirs[len(s.dirs)-1]
+		if d.whole && d.dir == path.Dir(s.lastListed) {
+			if err := s.listRest(ctx, d); err != nil {
+				s.cfg.Logger.Warn("reconcile: could not list the rest of the folder the period ended in; it is not compared", "folder", d.dir, "error", err.Error())
+			} else {
+				completed = d
+			}
+		}
+	}
+	for _, d := range s.dirs {
+		if d != completed {
+			d.whole = false
+		}
+	}
+	if err := s.closeAll(ctx); err != nil {
+		return err
+	}
+	if err := s.flush(ctx); err != nil {
+		return err
+	}
+	if period {
+		s.sum.LastKey = s.lastListed
+	}
+	return nil
+}
+
+// listRest lists d's objects after the last key listed into d.
+func (s *scan) listRest(ctx context.Context, d *openDir) error {
+	in := &s3.ListObjectsV2Input{Bucket: aws.String(s.cfg.Bucket), EncodingType: types.EncodingTypeUrl,
+		Prefix: aws.String(d.dir + "/"), StartAfter: aws.String(s.lastListed)}
+	pages := s3.NewListObjectsV2Paginator(s.cfg.S3, in)
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return err
+		}
+		for _, obj := range page.Contents {
+			key, err := folder.DecodeListedKey(aws.ToString(obj.Key))
+			if err != nil || folder.CheckKey(key) != nil {
+				continue // the next scan meets it, counts and logs it
+			}
+			d.add(key, etagOf(obj), aws.ToTime(obj.LastModified), s.cfg.Marker)
+		}
+	}
+	return nil
+}
+
+// etagOf returns a listed object's ETag as the worker records it
+// (folder.Object.ETag): S3's, without its quotes.
+func etagOf(o types.Object) string {
+	return strings.Trim(aws.ToString(o.ETag), `"`)
+}
+
 func (s *scan) report(f Folder) {
 	s.sum.Folders++
 	s.sum.Outcomes[f.Outcome]++
@@ -381,19 +553,25 @@ func (s *scan) report(f Folder) {
 		s.cfg.Metrics.ReconcileMissed.Inc()
 		s.cfg.Logger.Info("reconcile: a completed folder had no batch; enqueued", "folder", f.Folder, "tenant_id", f.TenantID, "batch_id", f.BatchID, "marked_at", f.MarkedAt)
 	}
+	if c := f.Change; c != nil {
+		s.cfg.Logger.Info("reconcile: a published folder changed since its load; imported again",
+			"outcome", f.Outcome, "folder", f.Folder, "tenant_id", f.TenantID, "batch_id", f.BatchID,
+			"previous_batch_id", c.PreviousBatchID, "reason", c.Reason, "keys", c.Keys, "keys_truncated", c.KeysTruncated,
+			"objects_before", c.ObjectsBefore, "objects_now", c.ObjectsNow)
+	}
 	s.cfg.Report(f)
 }
 
-// flush reconciles the pending markers: look-up, then one burst.
+// flush reconciles the pending folders: look-up, then one burst.
 func (s *scan) flush(ctx context.Context) error {
 	if len(s.pending) == 0 {
 		return nil
 	}
-	markers := s.pending
+	dirs := s.pending
 	s.pending = nil
-	events := make([]uploads.ObjectEvent, len(markers))
-	for i, m := range markers {
-		events[i] = uploads.ObjectEvent{Bucket: s.cfg.Bucket, Key: m.key, Created: true}
+	events := make([]uploads.ObjectEvent, len(dirs))
+	for i, d := range dirs {
+		events[i] = uploads.ObjectEvent{Bucket: s.cfg.Bucket, Key: d.marker.key, Created: true}
 	}
 	plans := uploads.PlanEvents(events, s.cfg.Marker, s.cfg.mapping())
 	type candidate struct {
@@ -405,7 +583,7 @@ func (s *scan) flush(ctx context.Context) error {
 	var keys []scopeKey
 	reports := make([]*Folder, len(plans))
 	for i, p := range plans {
-		f := &Folder{Folder: "s3://" + p.Bucket + "/" + path.Dir(p.Key), MarkedAt: markers[i].modified}
+		f := &Folder{Folder: "s3://" + p.Bucket + "/" + path.Dir(p.Key), MarkedAt: dirs[i].marker.modified}
 		reports[i] = f
 		switch p.Outcome {
 		case "":
@@ -440,7 +618,25 @@ func (s *scan) flush(ctx context.Context) error {
 			f.Outcome, f.BatchID, f.Phase = OutcomeResumable, st.failed, st.failedPhase
 		case st.succeeded != 0:
 			f.Outcome, f.BatchID = OutcomeAlreadySucceeded, st.succeeded
-		case st.failedIncompleteAt != nil && !markedSince(markers[c.i].modified, *st.failedIncompleteAt):
+			if !st.newestSucceeded {
+				continue // a newer batch failed: not compared
+			}
+			if f.Compared, f.Change = s.compare(dirs[c.i], st); f.Change == nil {
+				continue
+			}
+			s.cfg.Metrics.ReconcileChanged.WithLabelValues(f.Change.Reason).Inc()
+			s.sum.Changed[f.Change.Reason]++
+			if s.cfg.DryRun {
+				f.Outcome, f.BatchID = OutcomeWouldReimport, 0
+				continue
+			}
+			// The newest batch Succeeded: a new batch of the folder,
+			// past the already_succeeded skip (and only for this folder).
+			req := c.req
+			req.Reimport = true
+			burst = append(burst, req)
+			burstAt = append(burstAt, c.i)
+		case st.failedIncompleteAt != nil && !markedSince(dirs[c.i].marker.modified, *st.failedIncompleteAt):
 			// The worker found no marker, and this one is not newer than
 			// that failure: reported, not enqueued again (a marker the
 			// worker does not take for its own, --marker differing between
@@ -467,6 +663,9 @@ func (s *scan) flush(ctx context.Context) error {
 			switch r.Outcome {
 			case jobs.OutcomeEnqueued:
 				f.Outcome = OutcomeEnqueued
+				if f.Change != nil {
+					f.Outcome = OutcomeReimported
+				}
 			case jobs.OutcomeConflict:
 				f.Outcome = OutcomeConflict
 			case jobs.OutcomeAlreadySucceeded:
@@ -492,6 +691,30 @@ func (s *scan) flush(ctx context.Context) error {
 // second counts as newer (at worst one more batch fails, once).
 func markedSince(marked, failedAt time.Time) bool {
 	return !marked.Truncate(time.Second).Before(failedAt.Truncate(time.Second))
+}
+
+// compare compares a folder whose newest batch Succeeded with the summary
+// of the objects that batch loaded: what Folder.Compared says, and the
+// change, nil when there is none or the folder cannot be compared.
+func (s *scan) compare(d *openDir, st scopeState) (string, *Change) {
+	if !d.whole {
+		return ComparedPartial, nil
+	}
+	sum, ok := parseSummary(st.objects)
+	if !ok {
+		s.sum.Unsummarized++
+		s.cfg.Metrics.ReconcileUnsummarized.Inc()
+		if s.firstUnsummarized == "" {
+			s.firstUnsummarized = "s3://" + s.cfg.Bucket + "/" + d.dir
+		}
+		return ComparedNoSummary, nil
+	}
+	c := d.compare(sum, s.cfg.Marker)
+	if c == nil {
+		return ComparedUnchanged, nil
+	}
+	c.PreviousBatchID = st.succeeded
+	return ComparedChanged, c
 }
 
 // preCommit reports whether a failed batch's phase is a failure before

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,12 +29,20 @@ type scopeState struct {
 	// resumable: the folder's newest batch is a failed publication that
 	// can still be resumed (batch.ResumablePublicationSQL); it is failed.
 	resumable bool
+	// newestSucceeded: the folder's newest batch is the Succeeded one;
+	// objects is its details' summary of the objects it loaded (JSON,
+	// batch.ObjectsSummary), nil when it has none (a load of a build
+	// before the summary) or its details are of a version this build does
+	// not know (never guessed at).
+	newestSucceeded bool
+	objects         []byte
 }
 
 // lookup reads, for each folder, its Running and Succeeded batches, its
-// newest Failed one, and whether its newest batch is a failed publication
-// committed less than window ago that can still be resumed, in one
-// statement (index ix_ingestion_batches_scope).
+// newest Failed one, whether its newest batch is a failed publication
+// committed less than window ago that can still be resumed, and whether
+// its newest batch Succeeded with the summary of the objects it loaded,
+// in one statement (index ix_ingestion_batches_scope).
 func lookup(ctx context.Context, pool *pgxpool.Pool, keys []scopeKey, window time.Duration) (map[scopeKey]scopeState, error) {
 	out := make(map[scopeKey]scopeState, len(keys))
 	if len(keys) == 0 {
@@ -51,10 +60,12 @@ func lookup(ctx context.Context, pool *pgxpool.Pool, keys []scopeKey, window tim
 		       coalesce((array_agg(b.id ORDER BY b.id DESC) FILTER (WHERE b.status = 'Failed'))[1], 0),
 		       coalesce((array_agg(b.details->>'phase' ORDER BY b.id DESC) FILTER (WHERE b.status = 'Failed'))[1], ''),
 		       (array_agg(CASE WHEN b.details->'lastError'->>'reason' = '`+string(batch.ReasonFolderIncomplete)+`' THEN b.completed_at END ORDER BY b.id DESC) FILTER (WHERE b.status = 'Failed'))[1],
-		       coalesce((array_agg(`+batch.ResumablePublicationSQL("b", "$3 * interval '1 microsecond'")+` ORDER BY b.id DESC))[1], false)
+		       coalesce((array_agg(`+batch.ResumablePublicationSQL("b", "$3 * interval '1 microsecond'")+` ORDER BY b.id DESC))[1], false),
+		       (array_agg(b.status ORDER BY b.id DESC))[1] = 'Succeeded',
+		       (array_agg(CASE WHEN b.details->>'version' = $4 THEN b.details->'objects' END ORDER BY b.id DESC))[1]
 		FROM unnest($1::text[], $2::text[]) AS r(tenant_id, source_scope)
 		JOIN ingestion_batches b ON b.tenant_id = r.tenant_id AND b.source_scope = r.source_scope
-		GROUP BY r.tenant_id, r.source_scope`, tenants, scopes, window.Microseconds())
+		GROUP BY r.tenant_id, r.source_scope`, tenants, scopes, window.Microseconds(), strconv.Itoa(batch.DetailsVersion))
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +73,7 @@ func lookup(ctx context.Context, pool *pgxpool.Pool, keys []scopeKey, window tim
 	for rows.Next() {
 		var k scopeKey
 		var st scopeState
-		if err := rows.Scan(&k.tenant, &k.scope, &st.running, &st.succeeded, &st.failed, &st.failedPhase, &st.failedIncompleteAt, &st.resumable); err != nil {
+		if err := rows.Scan(&k.tenant, &k.scope, &st.running, &st.succeeded, &st.failed, &st.failedPhase, &st.failedIncompleteAt, &st.resumable, &st.newestSucceeded, &st.objects); err != nil {
 			return nil, err
 		}
 		out[k] = st

@@ -54,6 +54,9 @@ const (
 	DeletedImported  = "imported"
 	DeletedIgnored   = "ignored"
 	DeletedTestEvent = "test_event"
+	// DeletedLateObject: the message imports nothing and names data
+	// objects of folders already published (uploads.OutcomeLateObject).
+	DeletedLateObject = "late_object"
 )
 
 // permanent reports whether a message left for reason can never succeed
@@ -122,6 +125,12 @@ type Config struct {
 	// DelayAfterCommit pauses between the burst's commit and the delete.
 	// For tests only: it widens the window a crash can fall into.
 	DelayAfterCommit time.Duration
+	// Batches, if set, looks up the folders of data-object events, once
+	// per round: a message naming data objects of a folder whose newest
+	// batch Succeeded is counted (ingest_late_object_events_total, once
+	// per folder and message), logged, and deleted as late_object rather
+	// than ignored. *batch.Store is one. Nil: such events are ignored.
+	Batches uploads.LatestFinder
 	// Metrics defaults to a fresh set.
 	Metrics *metrics.Metrics
 	// Logger defaults to slog.Default().
@@ -409,6 +418,9 @@ type message struct {
 	// burst holds the indices of its imports in its delivery's, then its
 	// round's, burst.
 	burst []int
+	// data are its events for data objects of mapped folders
+	// (uploads.Planned.DataFolder), looked up with the round's.
+	data []uploads.Planned
 }
 
 func (m *message) leave(reason, detail string) {
@@ -578,6 +590,9 @@ func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
 			*burst = append(*burst, p.Request)
 			m.outcome = DeletedImported
 		case "ignored":
+			if p.DataFolder != nil {
+				m.data = append(m.data, p)
+			}
 		case "unmapped":
 			reason := LeftUnmapped
 			if c.cfg.Mapping.BucketAccepted(p.Bucket) != nil {
@@ -593,6 +608,7 @@ func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
 // importBurst imports the round's folders in one transaction (if it has
 // any) and marks each message by its folders' outcomes.
 func (c *Consumer) importBurst(ctx context.Context, r *round) error {
+	c.findLateObjects(ctx, r)
 	if len(r.burst) == 0 {
 		return nil
 	}
@@ -621,6 +637,44 @@ func (c *Consumer) importBurst(ctx context.Context, r *round) error {
 		return fmt.Errorf("importing %d folders: %w", len(r.burst), err)
 	}
 	return nil
+}
+
+// findLateObjects looks up, once for the round, the folders its messages'
+// data-object events name, and counts and logs, once per folder and
+// message, those already published; a message that imports nothing is
+// then deleted as late_object. A failed look-up leaves the messages as
+// they were (ignored): nothing depends on it, and reconcile finds the
+// changed folders all the same.
+func (c *Consumer) findLateObjects(ctx context.Context, r *round) {
+	if c.cfg.Batches == nil {
+		return
+	}
+	var all []uploads.Planned
+	for _, m := range r.msgs {
+		all = append(all, m.data...)
+	}
+	if len(all) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ImportTimeout)
+	defer cancel()
+	if _, err := uploads.FindLateObjects(ctx, c.cfg.Batches, all); err != nil {
+		c.log.Warn("could not look up the folders of data-object events; the messages count as ignored", "error", err.Error())
+		return
+	}
+	for _, m := range r.msgs {
+		own := all[:len(m.data)]
+		all = all[len(m.data):]
+		late := uploads.LateFoldersOf(own)
+		if len(late) == 0 {
+			continue
+		}
+		c.m.LateObjectEvents.WithLabelValues(metrics.DoorSQS).Add(float64(len(late)))
+		uploads.LogLateFolders(c.log.With("message_id", m.id), metrics.DoorSQS, late)
+		if m.outcome == DeletedIgnored {
+			m.outcome = DeletedLateObject
+		}
+	}
 }
 
 // delete deletes the messages that are done, ten to a call, the calls at

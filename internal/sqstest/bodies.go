@@ -27,6 +27,19 @@ func S3Event(bucket, key string) string {
 	return string(b)
 }
 
+// S3Events is an S3 event notification of several objects created (S3
+// sends one record per object; a notification may hold several).
+func S3Events(bucket string, keys ...string) string {
+	var records []any
+	for _, k := range keys {
+		var one map[string][]any
+		_ = json.Unmarshal([]byte(S3Event(bucket, k)), &one)
+		records = append(records, one["Records"]...)
+	}
+	b, _ := json.Marshal(map[string]any{"Records": records})
+	return string(b)
+}
+
 // TestEvent is the s3:TestEvent S3 sends when a bucket's notifications are
 // configured.
 func TestEvent(bucket string) string {

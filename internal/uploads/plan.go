@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path"
 
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
@@ -104,6 +105,14 @@ type Planned struct {
 	Field, Reason string
 	// Status is the HTTP status of a refusal.
 	Status int
+	// DataFolder is, for the creation of a data object (not a marker,
+	// folder.IsMarker) in a folder that maps to a tenant, the import of
+	// that folder (its directory), though the event is ignored: a door
+	// looks it up (FindLateObjects) to tell an object added to a folder
+	// already published.
+	DataFolder *jobs.ImportRequest
+	// BatchID is the published batch of a late_object outcome.
+	BatchID int64
 }
 
 // PlanEvents decides, for every object event, whether it completes a
@@ -116,6 +125,12 @@ func PlanEvents(events []ObjectEvent, marker string, m Mapping) []Planned {
 		p := Planned{Bucket: ev.Bucket, Key: ev.Key, Status: http.StatusOK}
 		dir, isMarker := folderOf(ev.Key, marker)
 		switch target, err := m.ResolveObjectFolder(ev.Bucket, dir); {
+		case ev.Created && !isMarker && !folder.IsMarker(path.Base(ev.Key)) && err == nil:
+			p.Outcome = "ignored"
+			req := jobs.ImportRequest{TenantID: target.TenantID, TenantDatabase: target.TenantDatabase, CompanyID: target.CompanyID, Folder: target.Folder}
+			if jobs.ValidateImport(req) == nil {
+				p.DataFolder = &req
+			}
 		case !ev.Created || !isMarker:
 			p.Outcome = "ignored"
 		case errors.Is(err, folder.ErrInvalidFolder) && folder.ValidateBucketName(ev.Bucket) != nil:

@@ -31,7 +31,8 @@
 //     request, refuses changes a page of another site could have sent
 //     (crossSiteRefusal).
 //
-// Status codes: 202 enqueued, 200 already_succeeded or ignored, 409
+// Status codes: 202 enqueued, 200 already_succeeded, ignored or
+// late_object (a data object of a folder already published), 409
 // conflict, 422 invalid input or unmapped folder, 400 malformed body, 401
 // unauthenticated, 403 the import token on an operator route (or a
 // cross-site change in the River UI), 404 an operator route without an
@@ -56,6 +57,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
@@ -170,6 +172,9 @@ type Server struct {
 	// imports runs the imports: through group commit when GroupLinger is
 	// set, else one transaction per request.
 	imports *jobs.Grouper
+	// batches finds the published folders of data-object events
+	// (FindLateObjects), through the Enqueuer's pool; nil without one.
+	batches LatestFinder
 }
 
 // ConfigError is a Config that Validate refuses; Setting names the field.
@@ -264,6 +269,9 @@ func New(cfg Config) (*Server, error) {
 	})
 	if cfg.Pool != nil {
 		s.replay = NewReplayStore(cfg.Pool)
+	}
+	if cfg.Enqueuer.Pool != nil {
+		s.batches = batch.NewStore(cfg.Enqueuer.Pool)
 	}
 	if cfg.SNS != nil {
 		v, err := newSNSVerifier(*cfg.SNS)
@@ -654,6 +662,7 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 // signature (zero without one), released when the answer asks the sender
 // to retry.
 func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Planned, claimed ReplayClaim) {
+	s.findLateObjects(r.Context(), plans)
 	results := make([]eventResult, 0, len(plans))
 	// The folders an event completes are imported together: one burst,
 	// one transaction (jobs.Enqueuer.ImportMany).
@@ -670,7 +679,8 @@ func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Pla
 				metric = "invalid"
 			}
 			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, metric).Inc()
-			if p.Outcome != "ignored" {
+			res.BatchID = p.BatchID
+			if p.Outcome != "ignored" && p.Outcome != OutcomeLateObject {
 				s.cfg.Logger.Warn("upload notification refused", "bucket", p.Bucket, "key", p.Key, "outcome", p.Outcome, "field", p.Field, "reason", p.Reason)
 			}
 		} else {
@@ -713,6 +723,26 @@ func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Pla
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(worst)
 	_ = json.NewEncoder(w).Encode(map[string]any{"results": results})
+}
+
+// findLateObjects marks the events for data objects of folders already
+// published late_object (one look-up for the request), and counts and
+// logs each such folder once. A failed look-up leaves them ignored, as
+// they were before: the answer does not depend on it, and reconcile finds
+// the changed folder all the same.
+func (s *Server) findLateObjects(ctx context.Context, plans []Planned) {
+	if s.batches == nil {
+		return
+	}
+	late, err := FindLateObjects(ctx, s.batches, plans)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.cfg.Logger.Warn("could not look up the folders of data-object events; answered ignored", "error", err.Error())
+		}
+		return
+	}
+	s.cfg.Metrics.LateObjectEvents.WithLabelValues(metrics.DoorEvents).Add(float64(len(late)))
+	LogLateFolders(s.cfg.Logger, metrics.DoorEvents, late)
 }
 
 // bearerCredential names the credential of a request that passed
