@@ -28,24 +28,8 @@ import (
 // parallel.
 func TestResumeProvesTheSliceInRedshift(t *testing.T) {
 	ctx := context.Background()
-	srv := s3test.Start(t)
-	const (
-		ownerSecret  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-admin-AbCdEf"
-		readerSecret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-enqueue-AbCdEf"
-	)
-	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "fleet", Database: "dev",
-		Identities: map[string]redshifttest.Identity{
-			redshifttest.IdentityKey(ownerSecret, "", ""):  {User: "fleet_admin", Owner: true},
-			redshifttest.IdentityKey(readerSecret, "", ""): {User: "fleet_enqueue", Roles: []string{"fleet_reader"}},
-		}})
-	for _, kv := range append(srv.Env(), double.Env()...) {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
-	migrator, err := redshift.OpenMigrator(ctx, redshift.Config{WorkgroupName: "fleet", Database: "dev", SecretARN: ownerSecret})
-	require.NoError(t, err)
-	_, err = migrator.Migrate(ctx)
-	require.NoError(t, err)
+	double := migratedRedshift(t)
+	var err error
 
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
@@ -101,24 +85,7 @@ func TestResumeProvesTheSliceInRedshift(t *testing.T) {
 // not run in parallel.
 func TestStatusObjectsReadsTheLedgerInRedshift(t *testing.T) {
 	ctx := context.Background()
-	srv := s3test.Start(t)
-	const (
-		ownerSecret  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-admin-AbCdEf"
-		readerSecret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-enqueue-AbCdEf"
-	)
-	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "fleet", Database: "dev",
-		Identities: map[string]redshifttest.Identity{
-			redshifttest.IdentityKey(ownerSecret, "", ""):  {User: "fleet_admin", Owner: true},
-			redshifttest.IdentityKey(readerSecret, "", ""): {User: "fleet_enqueue", Roles: []string{"fleet_reader"}},
-		}})
-	for _, kv := range append(srv.Env(), double.Env()...) {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
-	migrator, err := redshift.OpenMigrator(ctx, redshift.Config{WorkgroupName: "fleet", Database: "dev", SecretARN: ownerSecret})
-	require.NoError(t, err)
-	_, err = migrator.Migrate(ctx)
-	require.NoError(t, err)
+	double := migratedRedshift(t)
 
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
@@ -127,7 +94,7 @@ func TestStatusObjectsReadsTheLedgerInRedshift(t *testing.T) {
 	require.Equal(t, older.TenantID, b.TenantID)
 	// phased names a folder per phase: the older batch is pointed at b's
 	// scope, which the slice is written for.
-	_, err = pool.Exec(ctx, `UPDATE ingestion_batches SET source_scope = $2 WHERE id = $1`, older.ID, b.Scope())
+	_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET source_scope = $2 WHERE id = $1`, older.ID, b.Scope())
 	require.NoError(t, err)
 	_, err = double.Pool.Exec(ctx, `
 		INSERT INTO curated.fleet_slices (tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
@@ -172,4 +139,34 @@ func TestStatusObjectsReadsTheLedgerInRedshift(t *testing.T) {
 	require.Equal(t, cli.ExitNoLedger, code, out)
 	require.Contains(t, out, `"outcome":"slice_of_another_batch"`)
 	require.Contains(t, out, fmt.Sprintf(`"slice_batch_id":%d`, b.ID))
+}
+
+// The Data API identities of the Redshift tests: the schema's owner, and a
+// user holding only fleet_reader, as enqueue's commands read.
+const (
+	ownerSecret  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-admin-AbCdEf"
+	readerSecret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-enqueue-AbCdEf"
+)
+
+// migratedRedshift starts a Data API double (with an S3 server), points
+// this process's AWS environment at both, and migrates the warehouse as
+// its owner. The environment is the process's, so its tests do not run in
+// parallel.
+func migratedRedshift(t *testing.T) *redshifttest.Double {
+	t.Helper()
+	srv := s3test.Start(t)
+	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "fleet", Database: "dev",
+		Identities: map[string]redshifttest.Identity{
+			redshifttest.IdentityKey(ownerSecret, "", ""):  {User: "fleet_admin", Owner: true},
+			redshifttest.IdentityKey(readerSecret, "", ""): {User: "fleet_enqueue", Roles: []string{"fleet_reader"}},
+		}})
+	for _, kv := range append(srv.Env(), double.Env()...) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	migrator, err := redshift.OpenMigrator(context.Background(), redshift.Config{WorkgroupName: "fleet", Database: "dev", SecretARN: ownerSecret})
+	require.NoError(t, err)
+	_, err = migrator.Migrate(context.Background())
+	require.NoError(t, err)
+	return double
 }

@@ -155,38 +155,33 @@ func (f *Flags) Open(ctx context.Context, databaseURL string, pooler cli.Pooler,
 	return wh, "postgres " + cli.Redact(url), pool.Close, nil
 }
 
+// Reader reads what the operator commands need of the warehouse: slice
+// stamps (resume) and the load ledger (status --objects).
+type Reader interface {
+	warehouse.StampReader
+	warehouse.LedgerReader
+}
+
 // OpenStamps returns a reader of the warehouse's slice stamps (what resume
 // needs), a description of it for logs and a function releasing it. For
 // PostgreSQL it connects to --warehouse-url; with none it returns nil: the
 // caller reads the stamps on the operational database it already holds.
 func (f *Flags) OpenStamps(ctx context.Context, pooler cli.Pooler, log *slog.Logger) (warehouse.StampReader, string, func(), error) {
-	if err := f.Validate(false); err != nil {
-		return nil, "", nil, err
-	}
-	if f.IsRedshift() {
-		cfg := f.Redshift.Config(log)
-		st, err := redshift.OpenStamps(ctx, cfg)
-		if err != nil {
-			return nil, "", nil, flagError(err)
-		}
-		return st, describe(cfg), func() {}, nil
-	}
-	if f.WarehouseURL == "" {
-		return nil, "", func() {}, nil
-	}
-	pool, url, err := f.connect(ctx, "", pooler, 2)
-	if err != nil {
-		return nil, "", nil, err
-	}
-	return warehouse.NewPostgres(pool), "postgres " + cli.Redact(url), pool.Close, nil
+	return f.OpenReader(ctx, pooler, log) // a nil Reader is a nil StampReader
 }
 
 // OpenLedger returns a reader of the warehouse's load ledger (what status
-// --objects needs), a description of it for logs and a function releasing
-// it. It needs what OpenStamps needs; for PostgreSQL without
-// --warehouse-url it returns nil: the caller reads the ledger on the
-// operational database it already holds.
+// --objects needs), as OpenStamps does.
 func (f *Flags) OpenLedger(ctx context.Context, pooler cli.Pooler, log *slog.Logger) (warehouse.LedgerReader, string, func(), error) {
+	return f.OpenReader(ctx, pooler, log)
+}
+
+// OpenReader returns a Reader of the warehouse, a description of it for
+// logs and a function releasing it: the Data API for Redshift, a pool on
+// --warehouse-url for PostgreSQL, or, with no --warehouse-url, nil (the
+// caller reads the local warehouse on the operational database it already
+// holds).
+func (f *Flags) OpenReader(ctx context.Context, pooler cli.Pooler, log *slog.Logger) (Reader, string, func(), error) {
 	if err := f.Validate(false); err != nil {
 		return nil, "", nil, err
 	}
