@@ -1,7 +1,6 @@
 package folder
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -13,26 +12,7 @@ import (
 // up to tolerance bad records.
 func readTolerant(t *testing.T, tolerance int, files map[string]string) ([]Record, []BadRecord, error) {
 	t.Helper()
-	bucket := fmt.Sprintf("bad-%d", limitsBucketSeq.Add(1))
-	writeMem(t, bucket, files)
-	ctx := context.Background()
-	f, err := Canonicalize("mem://" + bucket + "/f")
-	require.NoError(t, err)
-	src, err := Opener{}.Open(ctx, f)
-	require.NoError(t, err)
-	defer src.Close()
-	src.Tolerate(tolerance)
-	objs, err := src.Objects(ctx)
-	require.NoError(t, err)
-	rr := src.Records(ctx, objs)
-	defer rr.Close()
-	var out []Record
-	for rr.Next() {
-		r := rr.Record()
-		r.JSON = append([]byte(nil), r.JSON...)
-		out = append(out, r)
-	}
-	return out, rr.Bad(), rr.Err()
+	return readWith(t, Limits{}, tolerance, files)
 }
 
 // threeBad is a folder of 7 records, 3 of them bad: a CSV row with a field

@@ -23,6 +23,14 @@ var limitsBucketSeq atomic.Int64
 // readLimited reads every record of a mem folder holding files, with limits.
 func readLimited(t *testing.T, limits Limits, files map[string]string) ([]Record, error) {
 	t.Helper()
+	recs, _, err := readWith(t, limits, 0, files)
+	return recs, err
+}
+
+// readWith reads every record of a mem folder holding files, with limits,
+// skipping up to tolerance bad records, which it returns.
+func readWith(t *testing.T, limits Limits, tolerance int, files map[string]string) ([]Record, []BadRecord, error) {
+	t.Helper()
 	bucket := fmt.Sprintf("limits-%d", limitsBucketSeq.Add(1))
 	writeMem(t, bucket, files)
 	ctx := context.Background()
@@ -31,6 +39,7 @@ func readLimited(t *testing.T, limits Limits, files map[string]string) ([]Record
 	src, err := Opener{Limits: limits}.Open(ctx, f)
 	require.NoError(t, err)
 	defer src.Close()
+	src.Tolerate(tolerance)
 	objs, err := src.Objects(ctx)
 	require.NoError(t, err)
 	rr := src.Records(ctx, objs)
@@ -41,7 +50,7 @@ func readLimited(t *testing.T, limits Limits, files map[string]string) ([]Record
 		r.JSON = append([]byte(nil), r.JSON...)
 		out = append(out, r)
 	}
-	return out, rr.Err()
+	return out, rr.Bad(), rr.Err()
 }
 
 // TestCSVRecordBounds: a CSV record of exactly MaxRecordBytes (line
