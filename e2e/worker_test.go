@@ -298,7 +298,13 @@ func TestWorkerProbesAndFlagValidation(t *testing.T) {
 	for _, name := range []string{"ingest_lease_acquisitions_total", "ingest_leases_held", "go_goroutines", "process_resident_memory_bytes"} {
 		require.Contains(t, body, name)
 	}
-	require.NotContains(t, body, "tenant_id", "no tenant label by default")
+	// Tenants label one family only, bounded per pod (--metrics-max-tenants):
+	// no other series names a tenant.
+	for _, line := range strings.Split(body, "\n") {
+		if strings.Contains(line, `tenant="`) || strings.Contains(line, "tenant_id") {
+			require.True(t, strings.HasPrefix(line, "ingest_tenant_batches{"), "a tenant label outside ingest_tenant_batches: %s", line)
+		}
+	}
 	w.signal(syscall.SIGTERM)
 	require.Equal(t, 0, w.wait(20*time.Second))
 
