@@ -56,6 +56,10 @@ type Stamp struct {
 	CommittedAt time.Time
 	// PublishedAt is set once the slice is published.
 	PublishedAt *time.Time
+	// BadRecords is the number of bad records the load skipped within
+	// the import's tolerance (folder.Source.Tolerate), each recorded in
+	// the warehouse's errors table with the slice; set by Load.
+	BadRecords int64
 }
 
 // Errors of a Warehouse.
