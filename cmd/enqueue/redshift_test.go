@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -90,4 +91,85 @@ func TestResumeProvesTheSliceInRedshift(t *testing.T) {
 	b, err = batch.NewStore(pool).Get(ctx, missing.ID)
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusFailed, b.Status)
+}
+
+// TestStatusObjectsReadsTheLedgerInRedshift: with --warehouse redshift,
+// status --objects reads the load ledger through the Data API (its
+// double) as a database user holding only the fleet_reader role: the
+// rows of the batch the slice is stamped with, and, for an older batch,
+// slice_of_another_batch (exit 8). It sets the AWS environment, so it does
+// not run in parallel.
+func TestStatusObjectsReadsTheLedgerInRedshift(t *testing.T) {
+	ctx := context.Background()
+	srv := s3test.Start(t)
+	const (
+		ownerSecret  = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-admin-AbCdEf"
+		readerSecret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fleet-enqueue-AbCdEf"
+	)
+	double := redshifttest.Start(t, redshifttest.Options{DatabaseURL: pgtest.EmptyDatabaseURL(t), S3: srv.Client(), Workgroup: "fleet", Database: "dev",
+		Identities: map[string]redshifttest.Identity{
+			redshifttest.IdentityKey(ownerSecret, "", ""):  {User: "fleet_admin", Owner: true},
+			redshifttest.IdentityKey(readerSecret, "", ""): {User: "fleet_enqueue", Roles: []string{"fleet_reader"}},
+		}})
+	for _, kv := range append(srv.Env(), double.Env()...) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	migrator, err := redshift.OpenMigrator(ctx, redshift.Config{WorkgroupName: "fleet", Database: "dev", SecretARN: ownerSecret})
+	require.NoError(t, err)
+	_, err = migrator.Migrate(ctx)
+	require.NoError(t, err)
+
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	older := phased(t, pool, "tenant-r", batch.PhaseFailedPreCommit, batch.StatusFailed, 0)
+	b := phased(t, pool, "tenant-r", batch.PhasePublished, batch.StatusSucceeded, 0)
+	require.Equal(t, older.TenantID, b.TenantID)
+	// phased names a folder per phase: the older batch is pointed at b's
+	// scope, which the slice is written for.
+	_, err = pool.Exec(ctx, `UPDATE ingestion_batches SET source_scope = $2 WHERE id = $1`, older.ID, b.Scope())
+	require.NoError(t, err)
+	_, err = double.Pool.Exec(ctx, `
+		INSERT INTO curated.fleet_slices (tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
+		VALUES ($1, $2, $3, 1, 5, now(), now())`, b.TenantID, b.Scope(), b.ID)
+	require.NoError(t, err)
+	_, err = double.Pool.Exec(ctx, `
+		INSERT INTO curated.fleet_load_objects (tenant_id, source_scope, batch_id, object_key, etag, size_bytes, record_count, last_modified, marker_modified)
+		VALUES ($1, $2, $3, 'in/a.csv', '9e107d9d372bb6826bd81d3542a419d6', 120, 3, '2026-12-01 09:00:00.5', '2026-12-01 09:30:00'),
+		       ($1, $2, $3, 'in/b.csv', '"weird"etag', 40, 2, '2026-12-01 09:01:00', '2026-12-01 09:30:00'),
+		       ($1, $2, $4, 'in/old.csv', 'ffff', 1, 1, '2026-11-01 09:00:00', NULL)`, b.TenantID, b.Scope(), b.ID, older.ID)
+	require.NoError(t, err)
+
+	redshiftFlags := []string{"--warehouse", "redshift", "--redshift-workgroup", "fleet", "--redshift-database", "dev", "--redshift-secret-arn", readerSecret}
+	out, code := runCLI(t, dbURL, append([]string{"status", "--batch-id", fmt.Sprint(b.ID), "--objects", "--json"}, redshiftFlags...)...)
+	require.Equal(t, cli.ExitOK, code, out)
+	var lv struct {
+		Outcome     string `json:"outcome"`
+		RecordCount int64  `json:"record_count"`
+		Objects     []struct {
+			BatchID        int64     `json:"batch_id"`
+			ObjectKey      string    `json:"object_key"`
+			ETag           string    `json:"etag"`
+			SizeBytes      int64     `json:"size_bytes"`
+			RecordCount    int64     `json:"record_count"`
+			LastModified   time.Time `json:"last_modified"`
+			MarkerModified time.Time `json:"marker_modified"`
+		} `json:"objects"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &lv), out)
+	require.Equal(t, "ledger", lv.Outcome)
+	require.Equal(t, int64(5), lv.RecordCount)
+	require.Len(t, lv.Objects, 2, "the stamped batch's rows only")
+	require.Equal(t, "in/a.csv", lv.Objects[0].ObjectKey)
+	require.Equal(t, "9e107d9d372bb6826bd81d3542a419d6", lv.Objects[0].ETag)
+	require.Equal(t, int64(120), lv.Objects[0].SizeBytes)
+	require.Equal(t, int64(3), lv.Objects[0].RecordCount)
+	require.Equal(t, time.Date(2026, 12, 1, 9, 0, 0, 500_000_000, time.UTC), lv.Objects[0].LastModified)
+	require.Equal(t, time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC), lv.Objects[0].MarkerModified)
+	require.Equal(t, `"weird"etag`, lv.Objects[1].ETag)
+
+	out, code = runCLI(t, dbURL, append([]string{"status", "--batch-id", fmt.Sprint(older.ID), "--objects"}, redshiftFlags...)...)
+	require.Equal(t, cli.ExitNoLedger, code, out)
+	require.Contains(t, out, `"outcome":"slice_of_another_batch"`)
+	require.Contains(t, out, fmt.Sprintf(`"slice_batch_id":%d`, b.ID))
 }

@@ -23,6 +23,8 @@ import (
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/warehouse"
+	"github.com/fleet/ingest/internal/warehouse/warehousecli"
 )
 
 type statusCmd struct {
@@ -31,6 +33,12 @@ type statusCmd struct {
 	JSON     bool          `name:"json" help:"Print JSON instead of a table."`
 	Watch    bool          `name:"watch" help:"Redraw a progress line until the batch is terminal (with --json: one JSON line per change)."`
 	Interval time.Duration `name:"interval" default:"1s" help:"How often --watch looks at the batch."`
+	Objects  bool          `name:"objects" help:"List the batch's load ledger instead: one row per object its warehouse slice was loaded from (key, ETag, size, records, last modified), read from the warehouse the workers load (--warehouse, --warehouse-url, --redshift-*). Exits 8 when the slice belongs to another batch, or there is none."`
+
+	// The warehouse whose load ledger --objects reads: the same settings
+	// as the workers' (--redshift-iam-role and --redshift-staging are not
+	// needed to read it).
+	warehousecli.Flags
 }
 
 type listCmd struct {
@@ -120,7 +128,13 @@ type batchView struct {
 	CompletedAt            *time.Time `json:"completed_at,omitempty"`
 	AgeSeconds             float64    `json:"age_seconds"`
 	LastError              string     `json:"last_error,omitempty"`
-	DetailsError           string     `json:"details_error,omitempty"`
+	// Reason names the kind of the last failure where one is
+	// distinguished (batch.Reason: folder_incomplete, …).
+	Reason string `json:"reason,omitempty"`
+	// Objects summarizes the objects the load read (the details' objects),
+	// when the worker recorded it.
+	Objects      *objectsView `json:"objects,omitempty"`
+	DetailsError string       `json:"details_error,omitempty"`
 	// RetryOf is the batch this one retries (enqueue retry); RetriedBy the
 	// batches that retry this one.
 	RetryOf   int64   `json:"retry_of,omitempty"`
@@ -133,6 +147,18 @@ type batchView struct {
 	// the load's progress since the watch began.
 	RecordsPerSecond *float64 `json:"records_per_second,omitempty"`
 	ETASeconds       *float64 `json:"eta_seconds,omitempty"`
+}
+
+// objectsView is what status shows of a load's objects summary
+// (batch.ObjectsSummary).
+type objectsView struct {
+	Count          int64      `json:"count"`
+	Bytes          int64      `json:"bytes"`
+	NewestModified *time.Time `json:"newest_modified,omitempty"`
+	Digest         string     `json:"digest"`
+	Marker         string     `json:"marker,omitempty"`
+	MarkerModified *time.Time `json:"marker_modified,omitempty"`
+	Late           int64      `json:"late,omitempty"`
 }
 
 func seconds(d time.Duration) *float64 {
@@ -178,7 +204,11 @@ func view(b batch.Batch, now time.Time) batchView {
 		} else {
 			v.Phase, v.RedshiftCommitted, v.RecordCount, v.RetryOf = string(d.Phase), d.RedshiftCommitted, d.RecordCount, d.RetryOf
 			if d.LastError != nil {
-				v.LastError = d.LastError.Message
+				v.LastError, v.Reason = d.LastError.Message, string(d.LastError.Reason)
+			}
+			if o := d.Objects; o != nil {
+				v.Objects = &objectsView{Count: o.Count, Bytes: o.Bytes, NewestModified: o.NewestModified, Digest: o.Digest,
+					Marker: o.Marker, MarkerModified: o.MarkerModified, Late: o.Late}
 			}
 			if p := d.Progress; p != nil {
 				v.ObjectsDone, v.ObjectsTotal, v.RecordsDone, v.ProgressAt = &p.ObjectsDone, &p.ObjectsTotal, &p.RecordsDone, &p.At
@@ -221,6 +251,14 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if s.Watch && s.Interval < 100*time.Millisecond {
 		return invalid(e, &jobs.InputError{Field: "interval", Reason: "must be at least 100ms"})
 	}
+	if s.Objects && s.Watch {
+		return invalid(e, &jobs.InputError{Field: "objects", Reason: "lists a committed slice's objects once: not with --watch"})
+	}
+	if s.Objects {
+		if err := s.Flags.Validate(false); err != nil {
+			return invalidFlag(e, err)
+		}
+	}
 	pool, err := connect(c, e)
 	if err != nil {
 		return err
@@ -255,6 +293,9 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return err
 	}
+	if s.Objects {
+		return s.ledger(c, e, pool, v)
+	}
 	if s.Watch {
 		return s.watch(e, v, look)
 	}
@@ -263,7 +304,142 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return nil
 	}
 	printTable(e.Stdout, []batchView{v})
+	printObjectsSummary(e.Stdout, v)
 	return nil
+}
+
+// printObjectsSummary prints, under status's table, the summary of the
+// objects the batch's load read, when the worker recorded one.
+func printObjectsSummary(w io.Writer, v batchView) {
+	o := v.Objects
+	if o == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nobjects: %d, %d bytes", o.Count, o.Bytes)
+	if o.NewestModified != nil {
+		fmt.Fprintf(w, ", newest modified %s", o.NewestModified.UTC().Format(time.RFC3339))
+	}
+	switch {
+	case o.Marker != "" && o.MarkerModified != nil:
+		fmt.Fprintf(w, ", marker %s modified %s", inert(o.Marker), o.MarkerModified.UTC().Format(time.RFC3339))
+	case o.Marker != "":
+		fmt.Fprintf(w, ", marker %s", inert(o.Marker))
+	default:
+		fmt.Fprint(w, ", no marker")
+	}
+	if o.Late > 0 {
+		fmt.Fprintf(w, ", %d late (modified after the marker)", o.Late)
+	}
+	fmt.Fprintf(w, "\ndigest:  %s\n", inert(o.Digest))
+}
+
+// ledgerView is what status --objects prints: the batch's load ledger, as
+// the warehouse holds it with the slice's stamp.
+type ledgerView struct {
+	Outcome     string     `json:"outcome"`
+	BatchID     int64      `json:"batch_id"`
+	TenantID    string     `json:"tenant_id"`
+	SourceScope string     `json:"source_scope"`
+	Generation  int64      `json:"lease_generation"`
+	RecordCount int64      `json:"record_count"`
+	CommittedAt time.Time  `json:"committed_at"`
+	PublishedAt *time.Time `json:"published_at,omitempty"`
+	// ObjectCount and Bytes add up the objects.
+	ObjectCount int64                    `json:"object_count"`
+	Bytes       int64                    `json:"bytes"`
+	Objects     []warehouse.LedgerObject `json:"objects"`
+}
+
+// Outcomes of status --objects besides the ledger itself.
+const (
+	outcomeLedger = "ledger"
+	// outcomeSliceOfAnotherBatch: the slice is stamped with another batch
+	// (a newer one replaced it and its ledger, or the batch never
+	// committed its load over an older one).
+	outcomeSliceOfAnotherBatch = "slice_of_another_batch"
+	// outcomeSliceMissing: the warehouse holds no slice of the batch's
+	// scope (reason warehouse_slice_missing, as resume says it).
+	outcomeSliceMissing = "warehouse_slice_missing"
+)
+
+// ledger prints the load ledger of v's batch (status --objects), read from
+// the warehouse with the slice's stamp: the rows are the batch's only when
+// the slice is stamped with it; otherwise it says whose the slice is and
+// exits ExitNoLedger.
+func (s *statusCmd) ledger(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, v batchView) error {
+	reader, _, closeReader, err := s.Flags.OpenLedger(e.Ctx, c.DatabasePooler, e.Logger)
+	if err != nil {
+		return invalidFlag(e, err)
+	}
+	defer closeReader()
+	if reader == nil {
+		reader = warehouse.NewPostgres(pool) // the local warehouse shares the operational database
+	}
+	if v.SourceScope == "" {
+		printJSON(e.Stdout, map[string]any{"outcome": outcomeSliceMissing, "batch_id": v.BatchID,
+			"error": fmt.Sprintf("batch %d has no source scope, so no warehouse slice", v.BatchID)})
+		return cli.ExitError{Code: cli.ExitNoLedger}
+	}
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
+	defer cancel()
+	st, objects, found, err := reader.Ledger(ctx, v.TenantID, v.SourceScope)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !found:
+		printJSON(e.Stdout, map[string]any{"outcome": outcomeSliceMissing, "batch_id": v.BatchID, "tenant_id": v.TenantID, "source_scope": v.SourceScope,
+			"error": fmt.Sprintf("the warehouse holds no slice of batch %d's scope: it has no load ledger", v.BatchID)})
+		return cli.ExitError{Code: cli.ExitNoLedger}
+	case st.BatchID != v.BatchID:
+		why := fmt.Sprintf("the slice now belongs to batch %d, whose load replaced batch %d's slice and ledger: see status --batch-id %d --objects", st.BatchID, v.BatchID, st.BatchID)
+		if st.BatchID < v.BatchID {
+			why = fmt.Sprintf("the slice belongs to batch %d: batch %d has not committed its load", st.BatchID, v.BatchID)
+		}
+		printJSON(e.Stdout, map[string]any{"outcome": outcomeSliceOfAnotherBatch, "batch_id": v.BatchID, "slice_batch_id": st.BatchID,
+			"tenant_id": v.TenantID, "source_scope": v.SourceScope, "error": why})
+		return cli.ExitError{Code: cli.ExitNoLedger}
+	}
+	lv := ledgerView{Outcome: outcomeLedger, BatchID: v.BatchID, TenantID: v.TenantID, SourceScope: v.SourceScope,
+		Generation: st.Generation, RecordCount: st.RecordCount, CommittedAt: st.CommittedAt, PublishedAt: st.PublishedAt,
+		ObjectCount: int64(len(objects)), Objects: objects}
+	if lv.Objects == nil {
+		lv.Objects = []warehouse.LedgerObject{}
+	}
+	for _, o := range objects {
+		lv.Bytes += o.SizeBytes
+	}
+	if s.JSON {
+		printJSON(e.Stdout, lv)
+		return nil
+	}
+	printLedger(e.Stdout, lv)
+	return nil
+}
+
+// printLedger prints a load ledger for people; every text cell goes
+// through inert (object keys come from outside).
+func printLedger(w io.Writer, lv ledgerView) {
+	published := "not published"
+	if lv.PublishedAt != nil {
+		published = "published " + lv.PublishedAt.UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintf(w, "batch %d, tenant %s, scope %s: %d objects, %d bytes, %d records; committed %s, %s\n",
+		lv.BatchID, inert(lv.TenantID), inert(lv.SourceScope), lv.ObjectCount, lv.Bytes, lv.RecordCount,
+		lv.CommittedAt.UTC().Format(time.RFC3339), published)
+	if len(lv.Objects) > 0 {
+		if m := lv.Objects[0].MarkerModified; m != nil {
+			fmt.Fprintf(w, "marker modified %s\n", m.UTC().Format(time.RFC3339Nano))
+		} else {
+			fmt.Fprintln(w, "no marker")
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "OBJECT\tETAG\tSIZE\tRECORDS\tLAST MODIFIED")
+	for _, o := range lv.Objects {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", cell(o.ObjectKey), cell(o.ETag), o.SizeBytes, o.RecordCount, o.LastModified.UTC().Format(time.RFC3339Nano))
+	}
+	tw.Flush()
 }
 
 // watch redraws one progress line until the batch is terminal (or the
@@ -369,6 +545,9 @@ func progressLine(v batchView) string {
 	fmt.Fprintf(&b, "batch %d %s", v.BatchID, v.Status)
 	if v.Phase != "" {
 		fmt.Fprintf(&b, " %s", v.Phase)
+	}
+	if v.Reason != "" {
+		fmt.Fprintf(&b, " (%s)", v.Reason)
 	}
 	if v.ObjectsDone != nil {
 		fmt.Fprintf(&b, ": %d/%d objects, %d records", *v.ObjectsDone, *v.ObjectsTotal, *v.RecordsDone)
@@ -478,12 +657,21 @@ func printTable(w io.Writer, views []batchView) {
 			note = "parked: " + v.ParkedReason
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n",
-			v.BatchID, cell(v.TenantID), cell(v.Status), cell(v.Phase), v.RedshiftCommitted, progressCell(v), cell(v.LeaseHolder),
+			v.BatchID, cell(v.TenantID), cell(v.Status), phaseCell(v), v.RedshiftCommitted, progressCell(v), cell(v.LeaseHolder),
 			ago(v.LeaseRenewedSecondsAgo), secondsCell(v.LeaseExpiresInSeconds),
 			v.LeaseGeneration, (time.Duration(v.AgeSeconds * float64(time.Second))).Round(time.Second),
 			jobsCell(v.RiverJobs), retryCell(v), cell(v.SourceScope), oneLine(note, 60))
 	}
 	tw.Flush()
+}
+
+// phaseCell is the phase, with the failure's reason next to it when one is
+// named: failed_pre_commit (folder_incomplete).
+func phaseCell(v batchView) string {
+	if v.Reason == "" {
+		return cell(v.Phase)
+	}
+	return cell(v.Phase + " (" + v.Reason + ")")
 }
 
 // jobsCell lists River jobs as id:state, oldest first.

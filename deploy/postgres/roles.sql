@@ -322,7 +322,8 @@ CREATE OR REPLACE TRIGGER fleet_river_job_insert_only BEFORE UPDATE ON public.ri
 
 -- ---------------------------------------------------------------------------
 -- Local warehouse (schema curated): the worker loads and publishes; the
--- operator reads the stamp to prove resumes.
+-- operator reads the stamp to prove resumes, and the load ledger (status
+-- --objects).
 -- ---------------------------------------------------------------------------
 DO $$
 BEGIN
@@ -334,6 +335,9 @@ BEGIN
         GRANT SELECT, INSERT ON curated.fleet_publications TO fleet_worker;
         GRANT USAGE ON SEQUENCE curated.fleet_publications_id_seq TO fleet_worker;
         GRANT SELECT ON curated.fleet_slices TO fleet_operator;
+        -- The load ledger: written with the slice; enqueue status --objects reads it.
+        GRANT SELECT, INSERT, DELETE ON curated.fleet_load_objects TO fleet_worker;
+        GRANT SELECT ON curated.fleet_load_objects TO fleet_operator;
     END IF;
 END
 $$;

@@ -266,6 +266,7 @@ func TestDoorLoginReservesAndInsertsButChangesNothing(t *testing.T) {
 
 	for _, sql := range []string{
 		`SELECT count(*) FROM curated.fleet_slices`,
+		`SELECT count(*) FROM curated.fleet_load_objects`,
 		`UPDATE ingest_sweeps SET swept_at = now()`,
 		`INSERT INTO river_leader (leader_id, elected_at, expires_at) VALUES ('door', now(), now() + interval '1 hour')`,
 		`UPDATE river_queue SET paused_at = now()`,
@@ -351,11 +352,15 @@ func TestOperatorLoginCancelsRetriesResumesButNeverUndoesSuccess(t *testing.T) {
 		`INSERT INTO ingest_reconcile_checkpoints (bucket, prefix) VALUES ('b', '')`,
 		`INSERT INTO curated.fleet_records (tenant_id, source_scope, batch_id, object_key, line_number, record) VALUES ('t','s',1,'k',1,'{}')`,
 		`UPDATE curated.fleet_slices SET published_at = now()`,
+		`INSERT INTO curated.fleet_load_objects (tenant_id, source_scope, batch_id, object_key, etag, size_bytes, record_count, last_modified) VALUES ('t','s',1,'k','e',1,1,now())`,
+		`DELETE FROM curated.fleet_load_objects`,
 		`INSERT INTO river_leader (leader_id, elected_at, expires_at) VALUES ('operator', now(), now() + interval '1 hour')`,
 		`CREATE TABLE sneaky (i int)`,
 	} {
 		requireDenied(t, db.operator, sql)
 	}
+	_, err = db.operator.Exec(ctx, `SELECT count(*) FROM curated.fleet_load_objects`)
+	require.NoError(t, err, "the operator reads the load ledger (status --objects)")
 }
 
 // TestWorkerLoginChangesOnlyRunningBatchesLifecycle: the worker's login
@@ -426,4 +431,12 @@ func TestWorkerLoginChangesOnlyRunningBatchesLifecycle(t *testing.T) {
 	} {
 		requireDenied(t, db.worker, sql)
 	}
+
+	// The load ledger is written with the slice, by the worker's loads.
+	_, err = db.worker.Exec(ctx, `
+		INSERT INTO curated.fleet_load_objects (tenant_id, source_scope, batch_id, object_key, etag, size_bytes, record_count, last_modified)
+		VALUES ('t', 's', 1, 'k', 'e', 1, 1, now())`)
+	require.NoError(t, err, "the worker writes the load ledger")
+	_, err = db.worker.Exec(ctx, `DELETE FROM curated.fleet_load_objects WHERE tenant_id = 't'`)
+	require.NoError(t, err, "and replaces it")
 }

@@ -33,6 +33,7 @@ const (
 	ExitNotResumable = 5 // refused: not resumable, retryable or cancellable, or batch not found
 	ExitLockTimeout  = 6 // worker migrate gave way to locks held by other sessions on every attempt
 	ExitResumable    = 7 // the folder's newest batch committed its load and failed publication: resume it; nothing was started
+	ExitNoLedger     = 8 // status --objects: the warehouse slice (and its load ledger) belongs to another batch, or there is none
 )
 
 // Globals are the flags every command has.

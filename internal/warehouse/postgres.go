@@ -108,12 +108,16 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 		}
 		rr := src.Records(ctx, objects)
 		defer rr.Close()
+		ledger := NewLedgerCounter(s, src, objects)
 		// A small folder (the usual upload) is read whole, then inserted
 		// and stamped in one pipelined round trip. A larger one is
 		// streamed with COPY, starting with the records already read.
 		head, whole := readHead(rr)
 		if err := rr.Err(); err != nil {
 			return err
+		}
+		for _, k := range head.keys {
+			ledger.Count(k)
 		}
 		if whole {
 			b = &pgx.Batch{}
@@ -128,19 +132,25 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 				QueryRow(func(row pgx.Row) error {
 					return row.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt)
 				})
+			queueLedger(b, s, ledger.Objects())
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return err
 			}
 		} else {
-			n, err := tx.CopyFrom(ctx, pgx.Identifier{"curated", "fleet_records"}, recordColumns, &copySource{s: s, rr: rr, head: head})
+			n, err := tx.CopyFrom(ctx, pgx.Identifier{"curated", "fleet_records"}, recordColumns, &copySource{s: s, rr: rr, head: head, ledger: ledger})
 			if err != nil {
 				if rerr := rr.Err(); rerr != nil {
 					return rerr
 				}
 				return interpretCopyError(err)
 			}
-			if err := tx.QueryRow(ctx, stampSliceSQL, s.TenantID, s.SourceScope, s.BatchID, s.Generation, n).
-				Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt); err != nil {
+			b = &pgx.Batch{}
+			b.Queue(stampSliceSQL, s.TenantID, s.SourceScope, s.BatchID, s.Generation, n).
+				QueryRow(func(row pgx.Row) error {
+					return row.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt)
+				})
+			queueLedger(b, s, ledger.Objects())
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return err
 			}
 		}
@@ -211,6 +221,40 @@ const (
 		RETURNING batch_id, lease_generation, record_count, committed_at`
 )
 
+// Statements of the load ledger: the slice's rows are replaced in the
+// load's transaction, after its records and stamp.
+const (
+	deleteLedgerSQL = `DELETE FROM curated.fleet_load_objects WHERE tenant_id = $1 AND source_scope = $2`
+	insertLedgerSQL = `
+		INSERT INTO curated.fleet_load_objects
+			(tenant_id, source_scope, batch_id, object_key, etag, size_bytes, record_count, last_modified, marker_modified)
+		SELECT $1::varchar, $2::varchar, $3::bigint, o.object_key, o.etag, o.size_bytes, o.record_count, o.last_modified, $4::timestamptz
+		FROM unnest($5::text[], $6::text[], $7::bigint[], $8::bigint[], $9::timestamptz[])
+			AS o(object_key, etag, size_bytes, record_count, last_modified)`
+)
+
+// queueLedger queues the replacement of the slice's ledger rows with
+// objects: one DELETE and one INSERT, whatever the number of objects.
+func queueLedger(b *pgx.Batch, s Slice, objects []LedgerObject) {
+	b.Queue(deleteLedgerSQL, s.TenantID, s.SourceScope)
+	if len(objects) == 0 {
+		return
+	}
+	var (
+		keys   = make([]string, len(objects))
+		etags  = make([]string, len(objects))
+		sizes  = make([]int64, len(objects))
+		counts = make([]int64, len(objects))
+		mods   = make([]time.Time, len(objects))
+		marker *time.Time
+	)
+	for i, o := range objects {
+		keys[i], etags[i], sizes[i], counts[i], mods[i] = o.ObjectKey, o.ETag, o.SizeBytes, o.RecordCount, o.LastModified
+		marker = o.MarkerModified
+	}
+	b.Queue(insertLedgerSQL, s.TenantID, s.SourceScope, s.BatchID, marker, keys, etags, sizes, counts, mods)
+}
+
 // A folder of at most smallLoadRecords records and smallLoadBytes bytes of
 // them is a small load (see Load).
 const (
@@ -244,13 +288,15 @@ func readHead(rr *folder.RecordReader) (head loadHead, whole bool) {
 }
 
 // copySource adapts a folder.RecordReader to pgx.CopyFromSource: the
-// records of head first, then rr's current record and the rest.
+// records of head first, then rr's current record and the rest. It counts
+// the records past head in ledger (head's are counted already).
 type copySource struct {
-	s    Slice
-	rr   *folder.RecordReader
-	head loadHead
-	i    int // the next record of head; past it, rr's
-	vals [6]any
+	s      Slice
+	rr     *folder.RecordReader
+	head   loadHead
+	ledger *LedgerCounter
+	i      int // the next record of head; past it, rr's
+	vals   [6]any
 }
 
 func (c *copySource) Next() bool {
@@ -273,6 +319,7 @@ func (c *copySource) Values() ([]any, error) {
 		return c.vals[:], nil
 	}
 	r := c.rr.Record()
+	c.ledger.Count(r.ObjectKey)
 	c.vals = [6]any{c.s.TenantID, c.s.SourceScope, c.s.BatchID, r.ObjectKey, r.Line, r.JSON}
 	return c.vals[:], nil
 }
@@ -293,6 +340,60 @@ func (p *Postgres) Stamp(ctx context.Context, tenantID, sourceScope string) (Sta
 		return Stamp{}, false, fmt.Errorf("reading warehouse stamp: %w", err)
 	}
 	return st, true, nil
+}
+
+var _ LedgerReader = (*Postgres)(nil)
+
+// ledgerSQL reads a slice's stamp and the ledger rows of the batch it is
+// stamped with, in one statement (one snapshot): a stamp without rows is
+// the one row of NULL ledger columns.
+const ledgerSQL = `
+	SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at,
+	       o.object_key, o.etag, o.size_bytes, o.record_count, o.last_modified, o.marker_modified
+	FROM curated.fleet_slices s
+	LEFT JOIN curated.fleet_load_objects o
+	  ON o.tenant_id = s.tenant_id AND o.source_scope = s.source_scope AND o.batch_id = s.batch_id
+	WHERE s.tenant_id = $1 AND s.source_scope = $2
+	ORDER BY o.object_key`
+
+// Ledger implements LedgerReader.
+func (p *Postgres) Ledger(ctx context.Context, tenantID, sourceScope string) (Stamp, []LedgerObject, bool, error) {
+	rows, err := p.pool.Query(ctx, ledgerSQL, tenantID, sourceScope)
+	if err != nil {
+		return Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %w", err)
+	}
+	defer rows.Close()
+	var (
+		st      Stamp
+		found   bool
+		objects []LedgerObject
+	)
+	for rows.Next() {
+		var (
+			key, etag     *string
+			size, records *int64
+			modified      *time.Time
+			o             = LedgerObject{TenantID: tenantID, SourceScope: sourceScope}
+		)
+		if err := rows.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt,
+			&key, &etag, &size, &records, &modified, &o.MarkerModified); err != nil {
+			return Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %w", err)
+		}
+		found = true
+		if key == nil {
+			continue // a stamp without ledger rows
+		}
+		o.BatchID, o.ObjectKey, o.ETag, o.SizeBytes, o.RecordCount, o.LastModified = st.BatchID, *key, *etag, *size, *records, modified.UTC()
+		if o.MarkerModified != nil {
+			m := o.MarkerModified.UTC()
+			o.MarkerModified = &m
+		}
+		objects = append(objects, o)
+	}
+	if err := rows.Err(); err != nil {
+		return Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %w", err)
+	}
+	return st, objects, found, nil
 }
 
 // publishSQL stamps a slice published, keeping the time of an earlier

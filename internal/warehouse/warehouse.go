@@ -12,6 +12,12 @@
 // COPY … MANIFEST through the Redshift Data API. Both pass the same contract
 // suite (package warehousetest).
 //
+// Each load also replaces the slice's load ledger (LedgerObject, table
+// curated.fleet_load_objects): one row per object the slice's records came
+// from, written in the load's own transaction (Postgres) or its swap
+// (Redshift), so it lists exactly the objects of the slice now stamped.
+// LedgerReader reads it with the stamp.
+//
 // A Redshift COPY can commit after its client session died, so commit
 // detection never trusts the client's view: callers read the stamp back
 // (Stamp) to learn whether a load committed.
@@ -43,9 +49,88 @@ type Slice struct {
 	BatchID     int64
 	Generation  int64
 	// MarkerModified is the last-modified time of the folder's completion
-	// marker, zero when it has none (an import that opted out).
+	// marker, zero when it has none (an import that opted out), written
+	// into every ledger row of the load (LedgerObject).
 	MarkerModified time.Time
 }
+
+// LedgerObject is one row of the load ledger, curated.fleet_load_objects:
+// a data object of the slice stamped with BatchID, as the load read it.
+// The ledger is warehouse data, replaced together with the slice (in the
+// load's own transaction, or the Redshift swap), so it always lists
+// exactly the objects the slice's records came from.
+type LedgerObject struct {
+	BatchID     int64  `json:"batch_id"`
+	TenantID    string `json:"tenant_id"`
+	SourceScope string `json:"source_scope"`
+	// ObjectKey is the object's full key in its bucket, as the slice's
+	// records name it (fleet_records.object_key).
+	ObjectKey string `json:"object_key"`
+	// ETag is the object's ETag as the store reported it when the load
+	// listed the folder (folder.Object.ETag); empty when it reported none.
+	ETag        string `json:"etag"`
+	SizeBytes   int64  `json:"size_bytes"`
+	RecordCount int64  `json:"record_count"`
+	// LastModified is the object's last-modified time in the listing.
+	LastModified time.Time `json:"last_modified"`
+	// MarkerModified is the completion marker's last-modified time
+	// (Slice.MarkerModified), nil when the folder had none.
+	MarkerModified *time.Time `json:"marker_modified,omitempty"`
+}
+
+// LedgerReader reads the load ledger.
+type LedgerReader interface {
+	// Ledger returns the stamp of the slice (tenantID, sourceScope) and
+	// the ledger rows of the batch it is stamped with, in key order, read
+	// together (one snapshot); found is false when there is no slice.
+	Ledger(ctx context.Context, tenantID, sourceScope string) (st Stamp, objects []LedgerObject, found bool, err error)
+}
+
+// LedgerCounter builds a load's ledger: it counts the records the load
+// stores per object (Count, called with each record's ObjectKey, in the
+// order the records are read) and returns one LedgerObject per object of
+// the load (Objects), zero records included. Times are UTC, to the
+// microsecond, as both warehouses store them.
+type LedgerCounter struct {
+	s       Slice
+	objects []LedgerObject
+	index   map[string]int
+	last    int // the object of the last record counted
+}
+
+// NewLedgerCounter returns the counter of a load of objects from src into s.
+func NewLedgerCounter(s Slice, src *folder.Source, objects []folder.Object) *LedgerCounter {
+	c := &LedgerCounter{s: s, objects: make([]LedgerObject, len(objects)), index: make(map[string]int, len(objects)), last: -1}
+	var marker *time.Time
+	if !s.MarkerModified.IsZero() {
+		m := s.MarkerModified.UTC().Truncate(time.Microsecond)
+		marker = &m
+	}
+	for i, o := range objects {
+		key := src.FullKey(o)
+		c.objects[i] = LedgerObject{
+			BatchID: s.BatchID, TenantID: s.TenantID, SourceScope: s.SourceScope, ObjectKey: key,
+			ETag: o.ETag, SizeBytes: o.Size, LastModified: o.LastModified.UTC().Truncate(time.Microsecond), MarkerModified: marker,
+		}
+		c.index[key] = i
+	}
+	return c
+}
+
+// Count counts one record of the object named key.
+func (c *LedgerCounter) Count(key string) {
+	if c.last < 0 || c.objects[c.last].ObjectKey != key {
+		i, ok := c.index[key]
+		if !ok {
+			return // not an object of the load: the reader reads only those
+		}
+		c.last = i
+	}
+	c.objects[c.last].RecordCount++
+}
+
+// Objects returns the ledger rows of the load, in the order of its objects.
+func (c *LedgerCounter) Objects() []LedgerObject { return c.objects }
 
 // Stamp is the warehouse's record of which batch a slice belongs to.
 type Stamp struct {
@@ -90,8 +175,10 @@ type StampReader interface {
 // Warehouse is where Fleet folders are loaded and published.
 type Warehouse interface {
 	// Load replaces the slice (s.TenantID, s.SourceScope) with every record
-	// of objects, stamped with s, in one transaction: either the whole new
-	// slice is committed and stamped, or nothing changes. beforeCommit, if
+	// of objects, stamped with s, and the slice's load ledger with one row
+	// per object (LedgerObject: its records counted as they are loaded,
+	// s.MarkerModified), in one transaction: either the whole new slice is
+	// committed, stamped and in the ledger, or nothing changes. beforeCommit, if
 	// not nil, runs just before the commit; its error aborts the load.
 	// Returns ErrSliceSuperseded if a newer batch or generation stamped the
 	// slice; records that cannot be stored wrap folder.ErrMalformed.

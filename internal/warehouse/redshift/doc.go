@@ -10,12 +10,16 @@
 //	    │
 //	stage: records ─▶ gzip NDJSON parts (≤ PartBytes, multipart uploads) ─▶ manifest.json
 //	    │   (a record Redshift could not load ─▶ folder.ErrMalformed, naming object and line)
+//	    │   ledger: one row per object (key, ETag, size, its records counted
+//	    │   while staging, last-modified, the marker's time) ─▶ ledger.ndjson.gz ─▶ ledger-manifest.json
 //	beforeCommit (lease check)
 //	    │
 //	transaction 1, the COPY — no shared lock, nothing shared written:
 //	    DROP TABLE IF EXISTS curated_staging.fleet_load_<batch>_<generation>
 //	    CREATE TABLE … (LIKE curated.fleet_records INCLUDING DEFAULTS)
 //	    COPY … FROM '<manifest>' IAM_ROLE … MANIFEST FORMAT AS JSON 'auto' GZIP
+//	    (the same for the ledger: curated_staging.fleet_load_<batch>_<generation>_objects
+//	     LIKE curated.fleet_load_objects, COPY … FROM '<ledger manifest>')
 //	    │
 //	beforeCommit (lease check)
 //	    │
@@ -26,7 +30,9 @@
 //	    INSERT INTO curated.fleet_records SELECT … FROM the staging table
 //	    guard: the slice holds exactly the staged count
 //	    DELETE + INSERT the stamp (committed_at = GETDATE(), the swap's moment)
-//	    DROP the staging table
+//	    DELETE the slice's ledger rows, INSERT … SELECT the staged ones
+//	    guard: the ledger holds exactly the staged rows, their records the staged count
+//	    DROP the staging tables
 //	    │
 //	DescribeStatement until FINISHED, FAILED or ABORTED, or LoadTimeout
 //	    │
@@ -82,8 +88,14 @@
 // record, the record itself as a JSON object loaded into a SUPER column.
 // The manifest names exactly the parts of the load, each "mandatory" with
 // its meta.content_length, so a missing part fails the COPY and with it the
-// transaction. A load with no records stages nothing, runs no COPY, and
-// its swap empties the slice.
+// transaction. A load with no records stages no records and COPYs none; its
+// swap empties the slice. The load ledger (warehouse.LedgerObject: one row
+// per object of the load, curated.fleet_load_objects) is always staged,
+// as ledger.ndjson.gz with its ledger-manifest.json beside the parts, and
+// always COPYed into its own staging table by the first transaction, so
+// the swap always replaces it with the slice: the ledger changes exactly
+// when the slice does, and a swap rebuilt by a later delivery
+// (follow.rebuild) depends on the record count alone.
 //
 // Values are written into the statements as literals (see sql.go): the
 // Data API documents parameters for SELECT, INSERT, UPDATE and DELETE

@@ -107,7 +107,11 @@ func (w *Warehouse) rebuild(ps warehouse.Slice, p warehouse.Statement) ([]string
 	}
 	switch p.Kind {
 	case kindLoadCopy:
-		return stageSQL(ps, w.manifestURL(ps), w.cfg.IAMRole), loadName("copy", ps), true, nil
+		recordsURL := ""
+		if p.Records > 0 {
+			recordsURL = w.manifestURL(ps)
+		}
+		return stageSQL(ps, recordsURL, w.ledgerManifestURL(ps), w.cfg.IAMRole), loadName("copy", ps), true, nil
 	case kindLoadSwap:
 		return swapSQL(ps, v, p.Records, p.Records > 0), loadName("swap", ps), true, nil
 	}

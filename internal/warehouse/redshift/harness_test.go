@@ -185,6 +185,16 @@ func (e *env) harness() warehousetest.Harness {
 			}
 		},
 		OrphanCommits: true,
+		LedgerRows:    warehousetest.PoolLedger(e.double.Pool),
+		// The swap fails at its last statement, after it replaced the
+		// slice's records, its stamp and its ledger rows: the transaction
+		// is rolled back, as when the cluster loses it before its commit.
+		KilledLoad: func(t *testing.T, s warehouse.Slice, src *folder.Source, objs []folder.Object) {
+			in := e.double.Inject(redshifttest.Fault{Match: swapMatch, FailAt: redshift.SwapStatements(true), Error: "ERROR: the transaction was lost before its commit"})
+			_, err := e.wh.Load(context.Background(), s, src, objs, nil)
+			require.ErrorContains(t, err, "lost before its commit")
+			waitEnded(t, in)
+		},
 	}
 }
 

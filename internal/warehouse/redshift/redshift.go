@@ -143,31 +143,36 @@ func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Sou
 	}
 
 	rr := src.Records(ctx, objects)
-	st, err := w.stage(ctx, s, rr)
+	ledger := warehouse.NewLedgerCounter(s, src, objects)
+	st, err := w.stage(ctx, s, rr, ledger)
 	rr.Close()
+	var ledgerURL string
+	if err == nil {
+		ledgerURL, err = w.stageLedger(ctx, s, ledger.Objects())
+	}
 	if err != nil {
 		w.deleteStaging(ctx, s.BatchID, s.Generation)
 		return warehouse.Stamp{}, err
 	}
-	log.Info("load staged", "records", st.Records, "parts", st.Parts, "bytes", st.Bytes, "compressed_bytes", st.Compressed, "manifest", st.ManifestURL)
+	log.Info("load staged", "records", st.Records, "objects", len(objects), "parts", st.Parts, "bytes", st.Bytes, "compressed_bytes", st.Compressed,
+		"manifest", st.ManifestURL, "ledger_manifest", ledgerURL)
 
 	staged := st.ManifestURL != ""
 	sub := submission{slice: s, records: st.Records, timeout: w.cfg.LoadTimeout, poll: w.cfg.LoadPollInterval, pollMax: w.cfg.LoadPollMax,
 		before: beforeCommit, journal: j}
-	if staged {
-		// The lease is checked before the COPY too: a delivery that lost
-		// it does not start one.
-		copySub := sub
-		copySub.kind, copySub.name, copySub.sqls = kindLoadCopy, loadName("copy", s), stageSQL(s, st.ManifestURL, w.cfg.IAMRole)
-		start := time.Now()
-		id, err := w.run(ctx, copySub)
-		if err != nil {
-			return w.loadFailed(ctx, s, id, err)
-		}
-		log.Info("load copied into its staging table", "statement_id", id, "table", stagingTable(s), "copy_seconds", time.Since(start).Seconds())
+	// The lease is checked before the COPY too: a delivery that lost it
+	// does not start one.
+	copySub := sub
+	copySub.kind, copySub.name, copySub.sqls = kindLoadCopy, loadName("copy", s), stageSQL(s, st.ManifestURL, ledgerURL, w.cfg.IAMRole)
+	start := time.Now()
+	id, err := w.run(ctx, copySub)
+	if err != nil {
+		return w.loadFailed(ctx, s, id, err)
 	}
+	log.Info("load copied into its staging tables", "statement_id", id, "table", stagingTable(s), "ledger_table", ledgerStagingTable(s),
+		"copy_seconds", time.Since(start).Seconds())
 	sub.kind, sub.name, sub.sqls = kindLoadSwap, loadName("swap", s), swapSQL(s, v, st.Records, staged)
-	id, err := w.run(ctx, sub)
+	id, err = w.run(ctx, sub)
 	if err != nil {
 		return w.loadFailed(ctx, s, id, err)
 	}
@@ -198,13 +203,14 @@ func (w *Warehouse) loadFailed(ctx context.Context, s warehouse.Slice, id string
 	}
 }
 
-// dropStagingTable drops a load's staging table once its load can no longer
-// use it. Failures are logged.
+// dropStagingTable drops a load's staging tables (records and ledger) once
+// its load can no longer use them. Failures are logged.
 func (w *Warehouse) dropStagingTable(ctx context.Context, s warehouse.Slice) {
 	ctx, done := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 	defer done()
-	if err := w.exec(ctx, fmt.Sprintf("fleet-load-drop-%d-%d", s.BatchID, s.Generation), []string{`DROP TABLE IF EXISTS ` + stagingTable(s)}); err != nil {
-		w.cfg.Logger.Warn("dropping staging table", "batch_id", s.BatchID, "table", stagingTable(s), "error", err)
+	if err := w.exec(ctx, fmt.Sprintf("fleet-load-drop-%d-%d", s.BatchID, s.Generation),
+		[]string{`DROP TABLE IF EXISTS ` + stagingTable(s), `DROP TABLE IF EXISTS ` + ledgerStagingTable(s)}); err != nil {
+		w.cfg.Logger.Warn("dropping staging table", "batch_id", s.BatchID, "table", stagingTable(s), "ledger_table", ledgerStagingTable(s), "error", err)
 	}
 }
 

@@ -150,29 +150,49 @@ func stagingTable(s warehouse.Slice) string {
 	return "curated_staging.fleet_load_" + strconv.FormatInt(s.BatchID, 10) + "_" + strconv.FormatInt(s.Generation, 10)
 }
 
+// ledgerStagingTable names the table a load COPYs its ledger rows into,
+// beside its records' staging table.
+func ledgerStagingTable(s warehouse.Slice) string {
+	return stagingTable(s) + "_objects"
+}
+
 // copyColumns are the columns the staged NDJSON carries.
 const copyColumns = `tenant_id, source_scope, batch_id, lease_generation, object_key, line_number, record`
 
-// copyManifest loads exactly the parts a manifest names into table.
-func copyManifest(table, manifestURL, iamRole string) string {
+// ledgerColumns are the columns of curated.fleet_load_objects, which the
+// staged ledger NDJSON carries.
+const ledgerColumns = `tenant_id, source_scope, batch_id, object_key, etag, size_bytes, record_count, last_modified, marker_modified`
+
+// copyManifest loads exactly the parts a manifest names into the columns
+// of table.
+func copyManifest(table, columns, manifestURL, iamRole string) string {
 	role := "default"
 	if iamRole != "default" {
 		role = "'" + iamRole + "'"
 	}
-	return "COPY " + table + " (" + copyColumns + ")\nFROM '" + manifestURL + "'\nIAM_ROLE " + role +
+	return "COPY " + table + " (" + columns + ")\nFROM '" + manifestURL + "'\nIAM_ROLE " + role +
 		"\nMANIFEST\nFORMAT AS JSON 'auto'\nGZIP"
 }
 
 // stageSQL is a load's first transaction: no shared lock, nothing shared
-// written. It (re)creates the load's staging table and COPYs the manifest
-// into it; however long the COPY takes, no other load or publication waits.
-func stageSQL(s warehouse.Slice, manifestURL, iamRole string) []string {
-	table := stagingTable(s)
-	return []string{
-		`DROP TABLE IF EXISTS ` + table,
-		`CREATE TABLE ` + table + ` (LIKE curated.fleet_records INCLUDING DEFAULTS)`,
-		copyManifest(table, manifestURL, iamRole),
+// written. It (re)creates the load's staging tables and COPYs the
+// manifests into them: the records' (recordsURL, empty for a load with no
+// records, which stages none) and the ledger's (ledgerURL, always staged);
+// however long the COPY takes, no other load or publication waits.
+func stageSQL(s warehouse.Slice, recordsURL, ledgerURL, iamRole string) []string {
+	var sqls []string
+	if recordsURL != "" {
+		table := stagingTable(s)
+		sqls = append(sqls,
+			`DROP TABLE IF EXISTS `+table,
+			`CREATE TABLE `+table+` (LIKE curated.fleet_records INCLUDING DEFAULTS)`,
+			copyManifest(table, copyColumns, recordsURL, iamRole))
 	}
+	ledger := ledgerStagingTable(s)
+	return append(sqls,
+		`DROP TABLE IF EXISTS `+ledger,
+		`CREATE TABLE `+ledger+` (LIKE curated.fleet_load_objects)`,
+		copyManifest(ledger, ledgerColumns, ledgerURL, iamRole))
 }
 
 // guardNotSuperseded fails when the slice is stamped with a newer batch, or
@@ -205,10 +225,28 @@ const insertStamp = `INSERT INTO curated.fleet_slices
   (tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
 VALUES (:tenant_id, :source_scope, :batch_id, :generation, :record_count, GETDATE(), NULL)`
 
+const deleteLedger = `DELETE FROM curated.fleet_load_objects WHERE tenant_id = :tenant_id AND source_scope = :source_scope`
+
+// insertLedger moves the staged ledger rows of exactly this slice and
+// batch into the ledger.
+const insertLedger = `INSERT INTO curated.fleet_load_objects (` + ledgerColumns + `)
+SELECT ` + ledgerColumns + ` FROM :ledger_table
+WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND batch_id = :batch_id`
+
+// guardLedger fails unless the slice's ledger holds exactly the rows
+// staged, and their records add up to the records staged.
+const guardLedger = `SELECT 1 / CASE WHEN (SELECT count(*) FROM curated.fleet_load_objects
+  WHERE tenant_id = :tenant_id AND source_scope = :source_scope) = (SELECT count(*) FROM :ledger_table)
+  AND (SELECT COALESCE(SUM(record_count), 0) FROM curated.fleet_load_objects
+  WHERE tenant_id = :tenant_id AND source_scope = :source_scope) = :record_count
+  THEN 1 ELSE 0 END`
+
 // swapSQL is a load's second transaction, the only one under the writer
 // lock: guard, replace the slice's rows with the staged ones, check the
-// count, replace the stamp, drop the staging table. A load with no records
-// has no staging table: it empties the slice and stamps it.
+// count, replace the stamp, replace the ledger rows with the staged ones
+// and check them, drop the staging tables. A load with no records has no
+// records' staging table (staged false): it empties the slice, stamps it
+// and writes its ledger (of objects without records).
 func swapSQL(s warehouse.Slice, v values, records int64, staged bool) []string {
 	v = v.with("record_count", records)
 	sqls := []string{lockWriters, render(guardNotSuperseded, v), render(deleteSlice, v)}
@@ -216,12 +254,25 @@ func swapSQL(s warehouse.Slice, v values, records int64, staged bool) []string {
 		v["staging_table"] = stagingTable(s)
 		sqls = append(sqls, render(insertStaged, v))
 	}
-	sqls = append(sqls, render(guardCount, v), render(deleteStamp, v), render(insertStamp, v))
+	v["ledger_table"] = ledgerStagingTable(s)
+	sqls = append(sqls, render(guardCount, v), render(deleteStamp, v), render(insertStamp, v),
+		render(deleteLedger, v), render(insertLedger, v), render(guardLedger, v))
 	if staged {
 		sqls = append(sqls, `DROP TABLE `+stagingTable(s))
 	}
-	return sqls
+	return append(sqls, `DROP TABLE `+ledgerStagingTable(s))
 }
+
+// readLedger reads a slice's stamp and the ledger rows of the batch it is
+// stamped with, in one statement (one snapshot); a stamp without rows is
+// one row of NULL ledger columns.
+const readLedger = `SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at,
+       o.object_key, o.etag, o.size_bytes, o.record_count, o.last_modified, o.marker_modified
+FROM curated.fleet_slices s
+LEFT JOIN curated.fleet_load_objects o
+  ON o.tenant_id = s.tenant_id AND o.source_scope = s.source_scope AND o.batch_id = s.batch_id
+WHERE s.tenant_id = :tenant_id AND s.source_scope = :source_scope
+ORDER BY o.object_key`
 
 // readStamp reads a slice's stamp and its age in seconds on the warehouse
 // clock.

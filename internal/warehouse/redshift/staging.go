@@ -25,6 +25,8 @@ import (
 //
 //	batch-{batch id}/gen-{lease generation}/part-00000.ndjson.gz …
 //	batch-{batch id}/gen-{lease generation}/manifest.json
+//	batch-{batch id}/gen-{lease generation}/ledger.ndjson.gz
+//	batch-{batch id}/gen-{lease generation}/ledger-manifest.json
 //
 // A delivery stages under its own lease generation, so a retried delivery
 // never overwrites objects a still-running COPY of an earlier one reads.
@@ -42,6 +44,11 @@ func (w *Warehouse) genPrefix(s warehouse.Slice) string {
 // manifestURL is where a load's manifest is staged.
 func (w *Warehouse) manifestURL(s warehouse.Slice) string {
 	return "s3://" + w.bucket + "/" + w.genPrefix(s) + "manifest.json"
+}
+
+// ledgerManifestURL is where a load's ledger manifest is staged.
+func (w *Warehouse) ledgerManifestURL(s warehouse.Slice) string {
+	return "s3://" + w.bucket + "/" + w.genPrefix(s) + "ledger-manifest.json"
 }
 
 // Manifest is a COPY manifest: exactly the parts of one load, each
@@ -75,9 +82,10 @@ type staged struct {
 
 // stage reads the objects' records once and writes them as gzip NDJSON
 // parts of at most PartBytes each, then a manifest naming exactly those
-// parts. A record Redshift could not load is refused before anything of it
-// is written, wrapping folder.ErrMalformed and naming object and line.
-func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.RecordReader) (staged, error) {
+// parts, counting each record in ledger. A record Redshift could not load
+// is refused before anything of it is written, wrapping folder.ErrMalformed
+// and naming object and line.
+func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.RecordReader, ledger *warehouse.LedgerCounter) (staged, error) {
 	var (
 		out     staged
 		man     Manifest
@@ -115,6 +123,7 @@ func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.Rec
 		}
 		out.Records++
 		out.Bytes += int64(len(line))
+		ledger.Count(rec.ObjectKey)
 		if part.compressed() >= rotate {
 			entry, err := part.close()
 			part = nil
@@ -152,6 +161,69 @@ func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.Rec
 	}
 	out.ManifestURL = w.manifestURL(s)
 	return out, nil
+}
+
+// stageLedger writes a load's ledger rows as one gzip NDJSON part (the
+// columns of curated.fleet_load_objects, times in COPY's default
+// TIMESTAMP format, UTC) and a manifest naming it, and returns the
+// manifest's URL. It is staged even without rows (an empty part): the
+// load's COPY transaction always loads it, so that the swap always
+// replaces the ledger.
+func (w *Warehouse) stageLedger(ctx context.Context, s warehouse.Slice, objects []warehouse.LedgerObject) (string, error) {
+	prefix := w.genPrefix(s)
+	part := w.openPart(ctx, prefix+"ledger.ndjson.gz")
+	var line []byte
+	for _, o := range objects {
+		line = appendLedgerLine(line[:0], o)
+		if err := part.write(line); err != nil {
+			return "", err
+		}
+	}
+	entry, err := part.close()
+	if err != nil {
+		return "", err
+	}
+	body, err := json.Marshal(Manifest{Entries: []ManifestEntry{entry}})
+	if err != nil {
+		return "", err
+	}
+	key := prefix + "ledger-manifest.json"
+	if _, err := w.s3.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: aws.String(w.bucket), Key: aws.String(key), Body: strings.NewReader(string(body)),
+		ContentType: aws.String("application/json"),
+	}); err != nil {
+		return "", fmt.Errorf("writing staging manifest s3://%s/%s: %w", w.bucket, key, err)
+	}
+	return w.ledgerManifestURL(s), nil
+}
+
+// copyTimeLayout is COPY's default TIMESTAMP format, with microseconds.
+const copyTimeLayout = "2006-01-02 15:04:05.999999"
+
+// appendLedgerLine appends one ledger row as the NDJSON line COPY … FORMAT
+// JSON 'auto' loads into curated.fleet_load_objects.
+func appendLedgerLine(buf []byte, o warehouse.LedgerObject) []byte {
+	buf = append(buf, `{"tenant_id":`...)
+	buf = appendJSONString(buf, o.TenantID)
+	buf = append(buf, `,"source_scope":`...)
+	buf = appendJSONString(buf, o.SourceScope)
+	buf = append(buf, `,"batch_id":`...)
+	buf = strconv.AppendInt(buf, o.BatchID, 10)
+	buf = append(buf, `,"object_key":`...)
+	buf = appendJSONString(buf, o.ObjectKey)
+	buf = append(buf, `,"etag":`...)
+	buf = appendJSONString(buf, o.ETag)
+	buf = append(buf, `,"size_bytes":`...)
+	buf = strconv.AppendInt(buf, o.SizeBytes, 10)
+	buf = append(buf, `,"record_count":`...)
+	buf = strconv.AppendInt(buf, o.RecordCount, 10)
+	buf = append(buf, `,"last_modified":`...)
+	buf = appendJSONString(buf, o.LastModified.UTC().Format(copyTimeLayout))
+	if o.MarkerModified != nil {
+		buf = append(buf, `,"marker_modified":`...)
+		buf = appendJSONString(buf, o.MarkerModified.UTC().Format(copyTimeLayout))
+	}
+	return append(buf, "}\n"...)
 }
 
 // partWriter streams one gzip part to S3. Its compressed bytes go into one

@@ -8,9 +8,10 @@ import (
 	"github.com/fleet/ingest/internal/warehouse"
 )
 
-// Stamps reads slice stamps only: what enqueue resume needs to prove a
-// failed publication's slice is still its batch's. It needs only the
-// warehouse's target (ValidateTarget), not the staging settings.
+// Stamps reads slice stamps and the load ledger only: what enqueue resume
+// needs to prove a failed publication's slice is still its batch's, and
+// what enqueue status --objects lists. It needs only the warehouse's
+// target (ValidateTarget), not the staging settings.
 type Stamps struct {
 	dataAPI
 }

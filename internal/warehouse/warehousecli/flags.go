@@ -1,7 +1,7 @@
 // Package warehousecli holds the command-line settings that choose and
 // reach the warehouse, shared by both binaries: worker run and migrate load
 // and migrate it; enqueue resume reads its stamps to prove a slice is still
-// a failed publication's own.
+// a failed publication's own, and enqueue status --objects its load ledger.
 package warehousecli
 
 import (
@@ -160,6 +160,33 @@ func (f *Flags) Open(ctx context.Context, databaseURL string, pooler cli.Pooler,
 // PostgreSQL it connects to --warehouse-url; with none it returns nil: the
 // caller reads the stamps on the operational database it already holds.
 func (f *Flags) OpenStamps(ctx context.Context, pooler cli.Pooler, log *slog.Logger) (warehouse.StampReader, string, func(), error) {
+	if err := f.Validate(false); err != nil {
+		return nil, "", nil, err
+	}
+	if f.IsRedshift() {
+		cfg := f.Redshift.Config(log)
+		st, err := redshift.OpenStamps(ctx, cfg)
+		if err != nil {
+			return nil, "", nil, flagError(err)
+		}
+		return st, describe(cfg), func() {}, nil
+	}
+	if f.WarehouseURL == "" {
+		return nil, "", func() {}, nil
+	}
+	pool, url, err := f.connect(ctx, "", pooler, 2)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return warehouse.NewPostgres(pool), "postgres " + cli.Redact(url), pool.Close, nil
+}
+
+// OpenLedger returns a reader of the warehouse's load ledger (what status
+// --objects needs), a description of it for logs and a function releasing
+// it. It needs what OpenStamps needs; for PostgreSQL without
+// --warehouse-url it returns nil: the caller reads the ledger on the
+// operational database it already holds.
+func (f *Flags) OpenLedger(ctx context.Context, pooler cli.Pooler, log *slog.Logger) (warehouse.LedgerReader, string, func(), error) {
 	if err := f.Validate(false); err != nil {
 		return nil, "", nil, err
 	}

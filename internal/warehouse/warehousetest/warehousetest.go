@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -44,6 +45,17 @@ type Harness struct {
 	// statement whatever the client does), false if it rolls back
 	// (PostgreSQL: the session ends with its client).
 	OrphanCommits bool
+	// LedgerRows returns every row of the load ledger
+	// (curated.fleet_load_objects) of the slice, whatever its batch, in key
+	// order: what the ledger holds, not only what LedgerReader shows. Nil
+	// skips the checks that need it.
+	LedgerRows func(ctx context.Context, tenantID, scope string) ([]warehouse.LedgerObject, error)
+	// KilledLoad runs a Load that dies after it wrote the new slice's
+	// records and ledger rows and before its commit (PostgreSQL: its
+	// client is gone at the last lease check; Redshift: the swap
+	// transaction fails at its last statement), and returns once the Load
+	// returned. Nil skips the case.
+	KilledLoad func(t *testing.T, s warehouse.Slice, src *folder.Source, objects []folder.Object)
 }
 
 // Row is one stored record.
@@ -83,6 +95,9 @@ func Exercise(t *testing.T, factory Factory) {
 		{"PublishRefusesMissingAndSuperseded", testPublishRefused},
 		{"StaleLeasePublishIsRefused", testStaleLeasePublish},
 		{"StampAfterALoadWhoseClientDied", testDyingLoad},
+		{"LedgerListsTheLoadedObjects", testLedger},
+		{"ALoadKilledBeforeItsCommitLeavesTheOldSliceAndLedger", testLedgerKilled},
+		{"AReimportReplacesTheLedger", testLedgerReimport},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -143,6 +158,37 @@ func PoolReaders(pool *pgxpool.Pool) (
 		return err
 	}
 	return records, publications, age
+}
+
+// PoolLedger returns LedgerRows for a warehouse whose tables are readable
+// as curated.fleet_* through pool.
+func PoolLedger(pool *pgxpool.Pool) func(context.Context, string, string) ([]warehouse.LedgerObject, error) {
+	return func(ctx context.Context, tenant, scope string) ([]warehouse.LedgerObject, error) {
+		rows, err := pool.Query(ctx, `
+			SELECT batch_id, object_key, etag, size_bytes, record_count, last_modified, marker_modified
+			FROM curated.fleet_load_objects
+			WHERE tenant_id = $1 AND source_scope = $2 ORDER BY object_key, batch_id`, tenant, scope)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var out []warehouse.LedgerObject
+		for rows.Next() {
+			o := warehouse.LedgerObject{TenantID: tenant, SourceScope: scope}
+			// timestamptz locally, timestamp (UTC) in the Redshift double.
+			var modified, marker any
+			if err := rows.Scan(&o.BatchID, &o.ObjectKey, &o.ETag, &o.SizeBytes, &o.RecordCount, &modified, &marker); err != nil {
+				return nil, err
+			}
+			o.LastModified = modified.(time.Time).UTC()
+			if m, ok := marker.(time.Time); ok {
+				m = m.UTC()
+				o.MarkerModified = &m
+			}
+			out = append(out, o)
+		}
+		return out, rows.Err()
+	}
 }
 
 var folderSeq atomic.Int64
@@ -212,13 +258,69 @@ func consistent(t *testing.T, h Harness, s warehouse.Slice) (warehouse.Stamp, []
 	require.NoError(t, err)
 	if !found {
 		require.Empty(t, recs, "an unstamped slice holds no records")
+		_, objs, found := ledger(t, h, s.TenantID, s.SourceScope)
+		require.False(t, found)
+		require.Empty(t, objs, "an unstamped slice has no ledger")
+		if h.LedgerRows != nil {
+			raw, err := h.LedgerRows(ctx, s.TenantID, s.SourceScope)
+			require.NoError(t, err)
+			require.Empty(t, raw, "an unstamped slice has no ledger rows")
+		}
 		return st, nil, false
 	}
 	require.Len(t, recs, int(st.RecordCount), "the slice holds the stamped count")
 	for _, r := range recs {
 		require.Equal(t, st.BatchID, r.BatchID, "every record is of the stamped batch")
 	}
+	ledgerConsistent(t, h, s, st, recs)
 	return st, recs, true
+}
+
+// ledger reads the slice's ledger through the warehouse's LedgerReader.
+func ledger(t *testing.T, h Harness, tenantID, scope string) (warehouse.Stamp, []warehouse.LedgerObject, bool) {
+	t.Helper()
+	lr, ok := h.Warehouse.(warehouse.LedgerReader)
+	require.True(t, ok, "the warehouse reads its load ledger (warehouse.LedgerReader)")
+	st, objs, found, err := lr.Ledger(context.Background(), tenantID, scope)
+	require.NoError(t, err)
+	return st, objs, found
+}
+
+// ledgerConsistent checks that the ledger is the stamped slice's: read
+// through LedgerReader with the same stamp, every row of the stamped batch,
+// record counts per object equal to the slice's records of that object,
+// adding up to the stamp's; and, through LedgerRows, that the table holds
+// those rows and no other of the slice (an older batch's are gone).
+func ledgerConsistent(t *testing.T, h Harness, s warehouse.Slice, st warehouse.Stamp, recs []Row) {
+	t.Helper()
+	perObject := map[string]int64{}
+	for _, r := range recs {
+		perObject[r.ObjectKey]++
+	}
+	check := func(what string, objs []warehouse.LedgerObject) {
+		t.Helper()
+		var total int64
+		for _, o := range objs {
+			require.Equal(t, st.BatchID, o.BatchID, "%s: every ledger row is of the stamped batch", what)
+			require.Equal(t, perObject[o.ObjectKey], o.RecordCount, "%s: %s: the ledger counts the slice's records of the object", what, o.ObjectKey)
+			total += o.RecordCount
+		}
+		require.Equal(t, st.RecordCount, total, "%s: the ledger's records add up to the stamp's", what)
+		for key := range perObject {
+			require.True(t, slices.ContainsFunc(objs, func(o warehouse.LedgerObject) bool { return o.ObjectKey == key }),
+				"%s: the slice's object %s is in the ledger", what, key)
+		}
+	}
+	lst, objs, found := ledger(t, h, s.TenantID, s.SourceScope)
+	require.True(t, found)
+	require.Equal(t, st.BatchID, lst.BatchID, "the ledger is read with the stamp")
+	check("LedgerReader", objs)
+	if h.LedgerRows != nil {
+		raw, err := h.LedgerRows(context.Background(), s.TenantID, s.SourceScope)
+		require.NoError(t, err)
+		check("the table", raw)
+		require.Equal(t, objs, raw, "the table holds exactly the rows the reader shows")
+	}
 }
 
 func testLoad(t *testing.T, h Harness) {
@@ -515,4 +617,133 @@ func testDyingLoad(t *testing.T, h Harness) {
 	require.Equal(t, int64(2), next.Generation)
 	got, _, _ := consistent(t, h, slice(scope, 2, 2))
 	require.Equal(t, int64(5), got.RecordCount)
+}
+
+// testLedger loads a folder of objects of every kind (CSV, NDJSON, a CSV
+// of its header only, one past the local warehouse's small-load limit, a
+// marker that is not data): the ledger holds exactly the folder's data
+// objects, each with its ETag, size, last-modified time and number of
+// records, and the marker's time; LedgerReader reads it with the stamp.
+func testLedger(t *testing.T, h Harness) {
+	ctx := context.Background()
+	files := map[string]string{
+		"a.csv":         "id,name\n1,Ann\n2,Bo\n",
+		"b/c.ndjson":    "{\"id\": 3}\n\n{\"id\": 4}\n{\"id\": 5}\n",
+		"big.csv":       rows("big", 300),
+		"empty.csv":     "id,tag\n",
+		"_SUCCESS":      "",
+		"manifest.json": "{}",
+	}
+	want := map[string]int64{"a.csv": 2, "b/c.ndjson": 3, "big.csv": 300, "empty.csv": 0}
+	src, objs, scope := Source(t, files)
+	require.Len(t, objs, len(want), "the folder's data objects")
+	marker := time.Date(2026, 11, 30, 10, 0, 0, 123456000, time.UTC)
+	s := slice(scope, 11, 3)
+	s.MarkerModified = marker
+	st, err := h.Warehouse.Load(ctx, s, src, objs, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(305), st.RecordCount)
+	consistent(t, h, s)
+
+	lst, ledgerObjs, found := ledger(t, h, s.TenantID, s.SourceScope)
+	require.True(t, found)
+	require.Equal(t, int64(11), lst.BatchID)
+	require.Equal(t, int64(3), lst.Generation)
+	require.Equal(t, st.RecordCount, lst.RecordCount)
+	require.Len(t, ledgerObjs, len(objs), "one ledger row per data object, the marker and manifest.json are not data")
+	for _, o := range objs {
+		i := slices.IndexFunc(ledgerObjs, func(l warehouse.LedgerObject) bool { return l.ObjectKey == src.FullKey(o) })
+		require.GreaterOrEqual(t, i, 0, "%s is in the ledger", o.Key)
+		l := ledgerObjs[i]
+		name := strings.TrimPrefix(o.Key, "in/")
+		require.Equal(t, int64(11), l.BatchID)
+		require.Equal(t, s.TenantID, l.TenantID)
+		require.Equal(t, s.SourceScope, l.SourceScope)
+		require.NotEmpty(t, o.ETag, "the store names an ETag")
+		require.Equal(t, o.ETag, l.ETag, name)
+		require.Equal(t, int64(len(files[name])), l.SizeBytes, name)
+		require.Equal(t, o.Size, l.SizeBytes, name)
+		require.Equal(t, want[name], l.RecordCount, name)
+		require.WithinDuration(t, o.LastModified, l.LastModified, time.Millisecond, name)
+		require.NotNil(t, l.MarkerModified, name)
+		require.True(t, marker.Equal(*l.MarkerModified), "%s: marker %s", name, l.MarkerModified)
+	}
+
+	// Without a marker (an import that opted out of it) the column is NULL.
+	src, objs, scope = Source(t, map[string]string{"x.csv": rows("x", 2)})
+	s = slice(scope, 12, 1)
+	_, err = h.Warehouse.Load(ctx, s, src, objs, nil)
+	require.NoError(t, err)
+	_, ledgerObjs, _ = ledger(t, h, s.TenantID, s.SourceScope)
+	require.Len(t, ledgerObjs, 1)
+	require.Nil(t, ledgerObjs[0].MarkerModified)
+	require.Equal(t, int64(2), ledgerObjs[0].RecordCount)
+}
+
+// testLedgerKilled: a load that dies after it wrote the new slice and its
+// ledger, before its commit, leaves neither visible: the old slice and its
+// ledger stay, whole.
+func testLedgerKilled(t *testing.T, h Harness) {
+	if h.KilledLoad == nil {
+		t.Skip("the harness cannot kill a load before its commit")
+	}
+	scope := newScope()
+	old := slice(scope, 1, 1)
+	load(t, h, old, map[string]string{"x.csv": rows("one", 3), "w.csv": rows("w", 1)})
+	_, before, _ := ledger(t, h, old.TenantID, old.SourceScope)
+	require.Len(t, before, 2)
+
+	src, objs, _ := Source(t, map[string]string{"y.csv": rows("two", 5), "z.csv": rows("z", 2), "v.csv": rows("v", 1)})
+	h.KilledLoad(t, slice(scope, 2, 1), src, objs)
+	st, _, found := consistent(t, h, old)
+	require.True(t, found)
+	require.Equal(t, int64(1), st.BatchID, "the killed load committed nothing")
+	require.Equal(t, int64(4), st.RecordCount)
+	_, after, _ := ledger(t, h, old.TenantID, old.SourceScope)
+	require.Equal(t, before, after, "the old slice's ledger is intact")
+}
+
+// testLedgerReimport: a newer batch loading the same scope from a
+// different set of objects (one gone, one rewritten, one new) replaces the
+// ledger with its own: no row of the old batch is left.
+func testLedgerReimport(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	first := slice(scope, 1, 1)
+	load(t, h, first, map[string]string{"gone.csv": rows("gone", 2), "kept.csv": rows("kept", 3)})
+	_, err := h.Warehouse.Publish(ctx, first, time.Hour, nil)
+	require.NoError(t, err)
+	_, firstObjs, _ := ledger(t, h, first.TenantID, first.SourceScope)
+	require.Len(t, firstObjs, 2)
+
+	files := map[string]string{"kept.csv": rows("rewritten", 4), "new.ndjson": "{\"n\": 1}\n"}
+	src, objs, _ := Source(t, files)
+	second := slice(scope, 2, 1)
+	_, err = h.Warehouse.Load(ctx, second, src, objs, nil)
+	require.NoError(t, err)
+	st, _, _ := consistent(t, h, second)
+	require.Equal(t, int64(2), st.BatchID)
+	_, got, _ := ledger(t, h, second.TenantID, second.SourceScope)
+	require.Len(t, got, 2, "the new slice's objects only")
+	for _, o := range objs {
+		i := slices.IndexFunc(got, func(l warehouse.LedgerObject) bool { return l.ObjectKey == src.FullKey(o) })
+		require.GreaterOrEqual(t, i, 0, "%s is in the ledger", o.Key)
+		require.Equal(t, int64(2), got[i].BatchID)
+		require.Equal(t, o.ETag, got[i].ETag)
+		require.Equal(t, o.Size, got[i].SizeBytes)
+	}
+	for _, o := range got {
+		require.NotContains(t, o.ObjectKey, "gone.csv", "the old batch's objects are gone from the ledger")
+		for _, f := range firstObjs {
+			if strings.HasSuffix(f.ObjectKey, "/kept.csv") && strings.HasSuffix(o.ObjectKey, "/kept.csv") {
+				require.NotEqual(t, f.ETag, o.ETag, "the rewritten object has its new ETag")
+				require.Equal(t, int64(4), o.RecordCount)
+			}
+		}
+	}
+	if h.LedgerRows != nil {
+		raw, err := h.LedgerRows(ctx, second.TenantID, second.SourceScope)
+		require.NoError(t, err)
+		require.Equal(t, got, raw, "no row of the old batch is left in the table")
+	}
 }
