@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -119,9 +120,24 @@ func LoadErrors(s Slice, bad []folder.BadRecord) []LoadError {
 	out := make([]LoadError, len(bad))
 	for i, b := range bad {
 		out[i] = LoadError{BatchID: s.BatchID, TenantID: s.TenantID, SourceScope: s.SourceScope, Ordinal: int64(i + 1),
-			ObjectKey: b.ObjectKey, Line: b.Line, Column: b.Column, Reason: b.Reason, Excerpt: b.Excerpt}
+			ObjectKey: b.ObjectKey, Line: b.Line, Column: b.Column, Reason: truncateUTF8(b.Reason, maxReasonBytes), Excerpt: b.Excerpt}
 	}
 	return out
+}
+
+// maxReasonBytes bounds a load error's reason, as both warehouses' tables
+// hold it (VARCHAR(1024), bytes in Redshift).
+const maxReasonBytes = 1024
+
+// truncateUTF8 cuts s to at most n bytes, at a character boundary.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // ErrorsReader reads the load errors table.

@@ -102,8 +102,8 @@ func TestStagingCleanupUnderAnEncodedPrefix(t *testing.T) {
 
 // TestStagingManifestAndCleanup: a load stages gzip NDJSON parts and a
 // manifest naming exactly those parts (mandatory, with their sizes) under
-// batch-{id}/gen-{generation}/, and its ledger rows beside them (one part
-// and its manifest), sends its transactions to the configured target, and
+// batch-{id}/gen-{generation}/, its ledger rows and load errors beside them
+// (one part and a manifest each), sends its transactions to the configured target, and
 // deletes its staging once the commit is confirmed.
 func TestStagingManifestAndCleanup(t *testing.T) {
 	t.Parallel()
@@ -120,6 +120,7 @@ func TestStagingManifestAndCleanup(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(3), st.RecordCount)
 	require.Equal(t, []string{
+		"fleet/staging/batch-41/gen-3/errors-manifest.json", "fleet/staging/batch-41/gen-3/errors.ndjson.gz",
 		"fleet/staging/batch-41/gen-3/ledger-manifest.json", "fleet/staging/batch-41/gen-3/ledger.ndjson.gz",
 		"fleet/staging/batch-41/gen-3/manifest.json", "fleet/staging/batch-41/gen-3/part-00000.ndjson.gz",
 	}, seen)
@@ -160,6 +161,12 @@ func TestStagingManifestAndCleanup(t *testing.T) {
 	}, copySub.SQLs[3:5], "the ledger is staged in the same transaction, into a table of its own")
 	require.True(t, strings.HasPrefix(copySub.SQLs[5], "COPY curated_staging.fleet_load_41_3_objects ("), copySub.SQLs[5])
 	require.Contains(t, copySub.SQLs[5], "FROM 's3://"+stagingBucket+"/fleet/staging/batch-41/gen-3/ledger-manifest.json'")
+	require.Equal(t, []string{
+		"DROP TABLE IF EXISTS curated_staging.fleet_load_41_3_errors",
+		"CREATE TABLE curated_staging.fleet_load_41_3_errors (LIKE curated.fleet_load_errors)",
+	}, copySub.SQLs[6:8], "the load errors are staged in the same transaction, into a table of their own")
+	require.True(t, strings.HasPrefix(copySub.SQLs[8], "COPY curated_staging.fleet_load_41_3_errors ("), copySub.SQLs[8])
+	require.Contains(t, copySub.SQLs[8], "FROM 's3://"+stagingBucket+"/fleet/staging/batch-41/gen-3/errors-manifest.json'")
 	for _, q := range copySub.SQLs {
 		require.NotContains(t, q, "LOCK", "the COPY's transaction takes no shared lock")
 	}
@@ -169,8 +176,11 @@ func TestStagingManifestAndCleanup(t *testing.T) {
 	require.Contains(t, swap, "FROM curated_staging.fleet_load_41_3")
 	require.Contains(t, swap, "DELETE FROM curated.fleet_load_objects", "the swap replaces the ledger with the slice")
 	require.Contains(t, swap, "INSERT INTO curated.fleet_load_objects")
-	require.Equal(t, []string{"DROP TABLE curated_staging.fleet_load_41_3", "DROP TABLE curated_staging.fleet_load_41_3_objects"},
-		swapSub.SQLs[len(swapSub.SQLs)-2:])
+	require.Contains(t, swap, "DELETE FROM curated.fleet_load_errors", "the swap replaces the load errors with the slice")
+	require.Contains(t, swap, "INSERT INTO curated.fleet_load_errors")
+	require.Equal(t, []string{"DROP TABLE curated_staging.fleet_load_41_3", "DROP TABLE curated_staging.fleet_load_41_3_objects",
+		"DROP TABLE curated_staging.fleet_load_41_3_errors"},
+		swapSub.SQLs[len(swapSub.SQLs)-3:])
 }
 
 // TestStagedLinesAreCuratedRows: each staged line carries the columns of
@@ -349,7 +359,7 @@ func TestConflictsAreRetriedWithoutRestaging(t *testing.T) {
 	}
 	require.Equal(t, 2, names["fleet-load-copy-1-1"], "the aborted COPY ran again from the same manifest")
 	require.Equal(t, 3, names["fleet-load-swap-1-1"], "two conflicts, then the swap committed")
-	require.Equal(t, 4, e.s3.Requests(stagingBucket, "PutObject"), "one part and one manifest, of the records and of the ledger: staged once")
+	require.Equal(t, 6, e.s3.Requests(stagingBucket, "PutObject"), "one part and one manifest, of the records, the ledger and the errors: staged once")
 
 	for range 3 {
 		e.double.Inject(redshifttest.Fault{Match: swapMatch, FailAt: 4, Error: conflict})
@@ -534,7 +544,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		require.NoError(t, rows.Scan(&v))
 		versions = append(versions, v)
 	}
-	require.Equal(t, []int64{1, 2, 3, 4}, versions)
+	require.Equal(t, []int64{1, 2, 3, 4, 5}, versions)
 	var recordType string
 	require.NoError(t, e.double.Pool.QueryRow(context.Background(), `
 		SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = 'curated.fleet_records'::regclass AND attname = 'record'`).Scan(&recordType))
