@@ -256,7 +256,8 @@ func TestStagingPartsAreBoundedAndUploadedInParts(t *testing.T) {
 
 // TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging: records Redshift
 // could not load are malformed, named by object and line, before any COPY
-// is submitted, and leave no staging behind.
+// is submitted, and leave no staging behind. They are bad records: within
+// the import's tolerance they are skipped and recorded in the load errors.
 func TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -282,6 +283,32 @@ func TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging(t *testing.T) {
 	}
 	require.Zero(t, e.loadSubmissions(), "nothing was submitted")
 	require.Empty(t, e.stagingKeys(t), "nothing is left staged")
+
+	// They are bad records, like the reader's own: failing the load as
+	// bad_records does, or skipped and recorded within the tolerance.
+	for i, c := range cases {
+		src, objs, _ := warehousetest.Source(t, map[string]string{"records.ndjson": c.body})
+		s := warehouse.Slice{TenantID: "tenant-1", SourceScope: fmt.Sprintf("fleet_s3:mem://limits/tolerated-%d", i), BatchID: int64(i + 1), Generation: 1}
+		_, err := e.wh.Load(context.Background(), s, src, objs, nil)
+		bad, ok := folder.AsBadRecord(err)
+		require.True(t, ok, "%s: %v", c.name, err)
+		require.Equal(t, int64(2), bad.Line, c.name)
+		require.Contains(t, bad.Reason, c.want, c.name)
+		require.LessOrEqual(t, len(bad.Excerpt), folder.MaxExcerptBytes, c.name)
+
+		src, objs, _ = warehousetest.Source(t, map[string]string{"records.ndjson": c.body})
+		src.Tolerate(1)
+		st, err := e.wh.Load(context.Background(), s, src, objs, nil)
+		require.NoError(t, err, c.name)
+		require.Equal(t, int64(1), st.RecordCount, c.name)
+		require.Equal(t, int64(1), st.BadRecords, c.name)
+		_, errs, _, err := e.wh.LoadErrors(context.Background(), s.TenantID, s.SourceScope)
+		require.NoError(t, err)
+		require.Len(t, errs, 1, c.name)
+		require.Equal(t, int64(2), errs[0].Line, c.name)
+		require.Contains(t, errs[0].Reason, c.want, c.name)
+		require.LessOrEqual(t, len(errs[0].Excerpt), folder.MaxExcerptBytes, c.name)
+	}
 
 	// Just within the limits, the same shapes load.
 	st, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://limits/ok", BatchID: 99, Generation: 1},

@@ -90,8 +90,10 @@ type staged struct {
 // stage reads the objects' records once and writes them as gzip NDJSON
 // parts of at most PartBytes each, then a manifest naming exactly those
 // parts, counting each record in ledger. A record Redshift could not load
-// is refused before anything of it is written, wrapping folder.ErrMalformed
-// and naming object and line.
+// is a bad record (folder.BadRecord, naming object and line), refused
+// before anything of it is written: skipped within the import's tolerance
+// (rr.Reject; rr.Bad lists it with the reader's own), else the end of the
+// load.
 func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.RecordReader, ledger *warehouse.LedgerCounter) (staged, error) {
 	var (
 		out     staged
@@ -108,15 +110,27 @@ func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.Rec
 			return staged{}, err
 		}
 	)
+	// reject reports a record Redshift could not load as a bad record of
+	// rr, within the import's tolerance like the reader's own: nil when it
+	// is skipped.
+	reject := func(rec folder.Record, reason string) error {
+		return rr.Reject(&folder.BadRecord{ObjectKey: rec.ObjectKey, Line: rec.Line, Reason: reason, Excerpt: folder.Excerpt(rec.JSON)})
+	}
 	for rr.Next() {
 		rec := rr.Record()
 		if err := checkRecord(rec.JSON, w.cfg.MaxStringBytes, w.cfg.MaxDepth); err != nil {
-			return failing(fmt.Errorf("%w: %s: line %d: %v", folder.ErrMalformed, rec.ObjectKey, rec.Line, err))
+			if err := reject(rec, err.Error()); err != nil {
+				return failing(err)
+			}
+			continue
 		}
 		line = enc.append(line[:0], rec)
 		if len(line) > w.cfg.MaxRecordBytes {
-			return failing(fmt.Errorf("%w: %s: line %d: the record is %d bytes as staged, over Redshift's limit of %d bytes for one JSON object",
-				folder.ErrMalformed, rec.ObjectKey, rec.Line, len(line), w.cfg.MaxRecordBytes))
+			if err := reject(rec, fmt.Sprintf("the record is %d bytes as staged, over Redshift's limit of %d bytes for one JSON object",
+				len(line), w.cfg.MaxRecordBytes)); err != nil {
+				return failing(err)
+			}
+			continue
 		}
 		if part == nil {
 			key := fmt.Sprintf("%spart-%05d.ndjson.gz", prefix, out.Parts)
