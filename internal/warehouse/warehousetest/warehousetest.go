@@ -868,6 +868,20 @@ func testBadRecords(t *testing.T, h Harness) {
 		require.Equal(t, errs, raw, "the table holds exactly the slice's errors")
 	}
 
+	// The same past the local warehouse's small-load limit (its COPY
+	// stream).
+	files := BadFiles()
+	files["0big.csv"] = rows("big", 300) // read first: the bad records come in the stream
+	src, objs, scope = badSource(t, files, 5)
+	s = slice(scope, 23, 1)
+	st, err = h.Warehouse.Load(ctx, s, src, objs, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), st.BadRecords)
+	require.Equal(t, int64(305), st.RecordCount)
+	_, errs, _ = loadErrors(t, h, s)
+	require.Len(t, errs, 3)
+	require.Equal(t, int64(5), errs[1].Line)
+
 	// A load without bad records has none, and the stamp says 0.
 	src, objs, scope = badSource(t, map[string]string{"x.csv": rows("x", 2)}, 5)
 	s = slice(scope, 22, 1)
