@@ -151,3 +151,75 @@ func TestStatusObjectsListsTheLoadLedger(t *testing.T) {
 		require.Contains(t, out, "failed_pre_commit (folder_incomplete)", strings.Join(args, " "))
 	}
 }
+
+// TestStatusErrorsListsTheLoadErrors: a slice loaded with 3 bad records
+// skipped within its tolerance: status --objects counts them (text and
+// --json), status --errors lists them (text and --json) with object, line,
+// column, reason and excerpt; --errors with --watch or --objects is invalid
+// input (exit 2), and for a batch whose scope has no slice it exits 8.
+func TestStatusErrorsListsTheLoadErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	wh := warehouse.NewPostgres(pool)
+
+	b := phased(t, pool, "tenant-e", batch.PhaseReserved, batch.StatusRunning, 0)
+	src, objs, _ := warehousetest.Source(t, warehousetest.BadFiles())
+	src.Tolerate(5)
+	_, err := wh.Load(ctx, warehouse.Slice{TenantID: b.TenantID, SourceScope: b.Scope(), BatchID: b.ID, Generation: 1}, src, objs, nil)
+	require.NoError(t, err)
+	status := func(args ...string) (string, int) {
+		t.Helper()
+		return runCLI(t, dbURL, append([]string{"status", "--batch-id", fmt.Sprint(b.ID)}, args...)...)
+	}
+
+	out, code := status("--objects", "--json")
+	require.Equal(t, cli.ExitOK, code, out)
+	require.Contains(t, out, `"bad_records":3`)
+	out, code = status("--objects")
+	require.Equal(t, cli.ExitOK, code, out)
+	require.Contains(t, out, "5 records, 3 bad records skipped (status --errors lists them)")
+
+	out, code = status("--errors", "--json")
+	require.Equal(t, cli.ExitOK, code, out)
+	var ev struct {
+		Outcome    string                `json:"outcome"`
+		BatchID    int64                 `json:"batch_id"`
+		BadRecords int64                 `json:"bad_records"`
+		Errors     []warehouse.LoadError `json:"errors"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &ev), out)
+	require.Equal(t, "load_errors", ev.Outcome)
+	require.Equal(t, b.ID, ev.BatchID)
+	require.Equal(t, int64(3), ev.BadRecords)
+	require.Len(t, ev.Errors, 3)
+	require.Equal(t, "in/a.csv", ev.Errors[1].ObjectKey[strings.LastIndex(ev.Errors[1].ObjectKey, "in/"):])
+	require.Equal(t, int64(5), ev.Errors[1].Line)
+	require.Equal(t, 2, ev.Errors[1].Column)
+	require.NotEmpty(t, ev.Errors[1].Reason)
+	require.Contains(t, ev.Errors[1].Excerpt, `bad\x00value`)
+	require.LessOrEqual(t, len(ev.Errors[1].Excerpt), 1024)
+	require.Contains(t, out, `"line_number":5,"column_number":2`, "snake_case keys")
+
+	out, code = status("--errors")
+	require.Equal(t, cli.ExitOK, code, out)
+	require.Contains(t, out, "3 bad records skipped")
+	require.Contains(t, out, "REASON")
+	require.Contains(t, out, "b.ndjson")
+	require.Contains(t, out, `"not json"`)
+	for _, line := range strings.Split(out, "\n") {
+		require.LessOrEqual(t, len(line), 400, "a long excerpt is cut in the table: %q", line)
+	}
+
+	for _, args := range [][]string{{"--errors", "--watch"}, {"--errors", "--objects"}} {
+		out, code = status(args...)
+		require.Equal(t, cli.ExitInvalidInput, code, out)
+		require.Contains(t, out, `"field":"errors"`)
+	}
+	other := phased(t, pool, "tenant-f", batch.PhaseFailedPreCommit, batch.StatusFailed, 0)
+	out, code = runCLI(t, dbURL, "status", "--batch-id", fmt.Sprint(other.ID), "--errors")
+	require.Equal(t, cli.ExitNoLedger, code, out)
+	require.Contains(t, out, `"outcome":"warehouse_slice_missing"`)
+	require.Contains(t, out, "no load errors")
+}

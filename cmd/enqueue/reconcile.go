@@ -22,6 +22,7 @@ import (
 type reconcileCmd struct {
 	Bucket               string        `name:"bucket" env:"RECONCILE_BUCKET" help:"The bucket to list. Required."`
 	Prefix               string        `name:"prefix" env:"RECONCILE_PREFIX" help:"List only keys under this prefix (e.g. tenants/)."`
+	MaxBadRecords        int           `name:"max-bad-records" env:"MAX_BAD_RECORDS" default:"0" help:"Tolerance of bad records of the imports this door makes, unless a request says (max_bad_records): up to this many records that cannot be stored are skipped, each recorded with the slice in the warehouse's errors table; one more fails the batch. 0 to 10000; 0: the first fails it."`
 	Marker               string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"Object name whose existence completes a folder."`
 	PathPattern          string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company (as enqueue serve, enqueue sqs and the worker)."`
 	Since                string        `name:"since" help:"Only folders whose marker or any data object was last modified at or after this: an RFC 3339 time, or a duration before now (24h)."`
@@ -73,9 +74,11 @@ func (r *reconcileCmd) config(c *enqueueCLI, e *cli.Env) (reconcile.Config, erro
 		return reconcile.Config{}, refuseSetting(e, "max_objects", errors.New("--max-objects must be at least 1000 (a page)"))
 	case r.Marker == "" || strings.Contains(r.Marker, "/"):
 		return reconcile.Config{}, refuseSetting(e, "marker", errors.New("--marker must be an object name without '/'"))
+	case r.MaxBadRecords < 0 || r.MaxBadRecords > folder.MaxBadRecordsCap:
+		return reconcile.Config{}, refuseSetting(e, "max_bad_records", fmt.Errorf("--max-bad-records must be between 0 and %d", folder.MaxBadRecordsCap))
 	}
 	cfg := reconcile.Config{
-		Bucket: r.Bucket, Prefix: r.Prefix, Marker: r.Marker, Mapping: folder.Mapping{Pattern: r.PathPattern},
+		Bucket: r.Bucket, Prefix: r.Prefix, Marker: r.Marker, MaxBadRecords: r.MaxBadRecords, Mapping: folder.Mapping{Pattern: r.PathPattern},
 		Since: since, DryRun: r.DryRun, RetryFailedPreCommit: r.RetryFailedPreCommit, BurstSize: r.BurstSize, Logger: e.Logger,
 	}
 	if r.Every > 0 {

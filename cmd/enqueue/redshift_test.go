@@ -14,6 +14,7 @@ import (
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/redshift"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
 )
@@ -139,6 +140,29 @@ func TestStatusObjectsReadsTheLedgerInRedshift(t *testing.T) {
 	require.Equal(t, cli.ExitNoLedger, code, out)
 	require.Contains(t, out, `"outcome":"slice_of_another_batch"`)
 	require.Contains(t, out, fmt.Sprintf(`"slice_batch_id":%d`, b.ID))
+
+	// The load errors, read the same way (fleet_reader may read them):
+	// the stamped batch's only, and the stamp counts them.
+	_, err = double.Pool.Exec(ctx, `
+		INSERT INTO curated.fleet_load_errors (tenant_id, source_scope, batch_id, ordinal, object_key, line_number, column_number, reason, raw_excerpt)
+		VALUES ($1, $2, $3, 1, 'in/a.csv', 4, 2, 'NUL in a value', '"bad\x00"'),
+		       ($1, $2, $4, 1, 'in/old.csv', 9, 0, 'old', '"old"')`, b.TenantID, b.Scope(), b.ID, older.ID)
+	require.NoError(t, err)
+	out, code = runCLI(t, dbURL, append([]string{"status", "--batch-id", fmt.Sprint(b.ID), "--errors", "--json"}, redshiftFlags...)...)
+	require.Equal(t, cli.ExitOK, code, out)
+	var ev struct {
+		Outcome    string                `json:"outcome"`
+		BadRecords int64                 `json:"bad_records"`
+		Errors     []warehouse.LoadError `json:"errors"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &ev), out)
+	require.Equal(t, "load_errors", ev.Outcome)
+	require.Equal(t, int64(1), ev.BadRecords)
+	require.Equal(t, []warehouse.LoadError{{BatchID: b.ID, TenantID: b.TenantID, SourceScope: b.Scope(), Ordinal: 1,
+		ObjectKey: "in/a.csv", Line: 4, Column: 2, Reason: "NUL in a value", Excerpt: `"bad\x00"`}}, ev.Errors)
+	out, code = runCLI(t, dbURL, append([]string{"status", "--batch-id", fmt.Sprint(b.ID), "--objects", "--json"}, redshiftFlags...)...)
+	require.Equal(t, cli.ExitOK, code, out)
+	require.Contains(t, out, `"bad_records":1`)
 }
 
 // The Data API identities of the Redshift tests: the schema's owner, and a

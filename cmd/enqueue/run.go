@@ -170,6 +170,7 @@ type importCmd struct {
 	Folder         string `name:"folder" required:"" xor:"source" help:"Source folder URL: s3://bucket/prefix, file:///dir or mem://bucket/prefix."`
 	FromFile       string `name:"from-file" required:"" xor:"source" type:"existingfile" help:"Import every folder listed in this file (one URL per line; blank lines and lines starting with # are skipped) as bursts of up to 1000 in one transaction each. Prints one JSON line per folder, in order; exits with the code of the worst outcome."`
 	Reimport       bool   `name:"reimport" help:"Start a new batch even if the folder's latest batch succeeded (otherwise: already_succeeded)."`
+	MaxBadRecords  int    `name:"max-bad-records" default:"0" help:"Skip up to this many bad records (a CSV row or NDJSON line that cannot be stored), each recorded with the slice in the warehouse's errors table (curated.fleet_load_errors); one more fails the batch. 0 to 10000; 0: the first bad record fails the batch."`
 	NoMarker       bool   `name:"no-marker" help:"Load the folder without its completion marker (for a producer that writes none). Without it, a folder that holds no marker (worker --marker, _SUCCESS) fails before any warehouse write: failed_pre_commit, reason folder_incomplete."`
 }
 
@@ -177,7 +178,7 @@ func (i *importCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if i.FromFile != "" {
 		return i.runFromFile(c, e)
 	}
-	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder, Reimport: i.Reimport, NoMarker: i.NoMarker}
+	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder, Reimport: i.Reimport, NoMarker: i.NoMarker, MaxBadRecords: i.MaxBadRecords}
 	if err := jobs.ValidateImport(req); err != nil {
 		return invalid(e, err)
 	}
@@ -199,7 +200,7 @@ func (i *importCmd) runFromFile(c *enqueueCLI, e *cli.Env) error {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		reqs = append(reqs, jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: line, Reimport: i.Reimport, NoMarker: i.NoMarker})
+		reqs = append(reqs, jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: line, Reimport: i.Reimport, NoMarker: i.NoMarker, MaxBadRecords: i.MaxBadRecords})
 	}
 	if len(reqs) == 0 {
 		return invalid(e, &jobs.InputError{Field: "from_file", Reason: "lists no folder"})

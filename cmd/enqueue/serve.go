@@ -30,6 +30,7 @@ type serveCmd struct {
 	InsecureNoAuth    bool          `name:"insecure-no-auth" help:"Accept import requests without authentication. Never in production. Operator routes still need the operator token."`
 	HMACSecretFile    string        `name:"hmac-secret-file" env:"ENQUEUE_HMAC_SECRET_FILE" help:"File holding a shared secret; /v1/events/s3 then also accepts requests signed with X-Fleet-Timestamp and X-Fleet-Signature."`
 	Marker            string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"Object name whose creation completes a folder."`
+	MaxBadRecords     int           `name:"max-bad-records" env:"MAX_BAD_RECORDS" default:"0" help:"Tolerance of bad records of the imports this door makes, unless a request says (max_bad_records): up to this many records that cannot be stored are skipped, each recorded with the slice in the warehouse's errors table; one more fails the batch. 0 to 10000; 0: the first fails it."`
 	ImportsNoMarker   bool          `name:"imports-without-marker" env:"IMPORTS_WITHOUT_MARKER" help:"POST /v1/imports loads a folder without its completion marker when the body does not say (no \"no_marker\" field): for producers that write none. A body's \"no_marker\": false still requires it. Default: required, as on every door."`
 	PathPattern       string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
 	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). Give the worker the same list."`
@@ -70,7 +71,7 @@ func readSecret(path string) (string, error) {
 // settingFields names the flag (as an invalid_input field) behind each
 // uploads.Config setting that Validate may refuse.
 var settingFields = map[string]string{
-	"AuthToken": "auth_token_file", "OperatorToken": "operator_token_file", "Marker": "marker",
+	"AuthToken": "auth_token_file", "OperatorToken": "operator_token_file", "Marker": "marker", "MaxBadRecords": "max_bad_records",
 	"RequestTimeout": "timeout", "Mapping": "path_pattern", "SNS": "sns_topic_arn",
 	"SignedMaxBodyBytes": "signed_max_body_bytes", "RateLimit": "rate_limit", "RateBurst": "rate_burst",
 	"GroupLinger": "group_linger", "GroupMax": "group_max",
@@ -173,7 +174,7 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 	}
 	cfg := uploads.Config{
 		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorToken: operator, HMACSecret: []byte(hmacSecret), SNS: sns,
-		AllowLocalFolders: s.DevLocal, ImportsWithoutMarker: s.ImportsNoMarker,
+		AllowLocalFolders: s.DevLocal, ImportsWithoutMarker: s.ImportsNoMarker, MaxBadRecords: s.MaxBadRecords,
 		Marker: s.Marker, Mapping: uploads.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
 		MaxBodyBytes: s.MaxBodyBytes, RequestTimeout: c.Timeout, Logger: e.Logger,
 		SignedMaxBodyBytes: s.SignedMaxBodyBytes, RateLimit: s.RateLimit, RateBurst: s.RateBurst,

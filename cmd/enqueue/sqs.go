@@ -23,6 +23,7 @@ import (
 
 type sqsCmd struct {
 	QueueURL          string        `name:"queue-url" env:"SQS_QUEUE_URL" help:"URL of the SQS queue S3 notifications arrive in (directly, through SNS, or from an EventBridge rule). Required."`
+	MaxBadRecords     int           `name:"max-bad-records" env:"MAX_BAD_RECORDS" default:"0" help:"Tolerance of bad records of the imports this door makes, unless a request says (max_bad_records): up to this many records that cannot be stored are skipped, each recorded with the slice in the warehouse's errors table; one more fails the batch. 0 to 10000; 0: the first fails it."`
 	Marker            string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"Object name whose creation completes a folder."`
 	PathPattern       string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company (as enqueue serve and the worker)."`
 	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Import folders only of these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). A message of another bucket is left for the dead-letter queue."`
@@ -88,12 +89,15 @@ func (s *sqsCmd) config(c *enqueueCLI, e *cli.Env) (sqsconsumer.Config, error) {
 		linger = -1 // no wait
 	}
 	cfg := sqsconsumer.Config{
-		QueueURL: s.QueueURL, Marker: s.Marker, Mapping: folder.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
+		QueueURL: s.QueueURL, Marker: s.Marker, MaxBadRecords: s.MaxBadRecords, Mapping: folder.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
 		WaitTime: wait, MaxMessages: s.MaxMessages, Receivers: s.Receivers, MaxBurst: s.MaxBurst, Linger: linger, VisibilityTimeout: s.VisibilityTimeout,
 		ImportTimeout: c.Timeout, BackoffMax: s.BackoffMax, DelayAfterCommit: s.DelayAfterCommit, Logger: e.Logger,
 	}
 	if s.Marker == "" || strings.Contains(s.Marker, "/") {
 		return sqsconsumer.Config{}, refuseSetting(e, "marker", errors.New("--marker must be an object name without '/'"))
+	}
+	if s.MaxBadRecords < 0 || s.MaxBadRecords > folder.MaxBadRecordsCap {
+		return sqsconsumer.Config{}, refuseSetting(e, "max_bad_records", fmt.Errorf("--max-bad-records must be between 0 and %d", folder.MaxBadRecordsCap))
 	}
 	if err := cfg.Validate(); err != nil {
 		var ce *sqsconsumer.ConfigError

@@ -34,6 +34,7 @@ type statusCmd struct {
 	Watch    bool          `name:"watch" help:"Redraw a progress line until the batch is terminal (with --json: one JSON line per change)."`
 	Interval time.Duration `name:"interval" default:"1s" help:"How often --watch looks at the batch."`
 	Objects  bool          `name:"objects" help:"List the batch's load ledger instead: one row per object its warehouse slice was loaded from (key, ETag, size, records, last modified), read from the warehouse the workers load (--warehouse, --warehouse-url, --redshift-*). Exits 8 when the slice belongs to another batch, or there is none."`
+	Errors   bool          `name:"errors" help:"List the batch's load errors instead: one row per bad record its load skipped within the import's tolerance (--max-bad-records): object, line, column, reason and an excerpt of the raw value, read from the warehouse as --objects does. Exits 8 as --objects does."`
 
 	// The warehouse whose load ledger --objects reads: the same settings
 	// as the workers' (--redshift-iam-role and --redshift-staging are not
@@ -159,6 +160,9 @@ type objectsView struct {
 	Marker         string     `json:"marker,omitempty"`
 	MarkerModified *time.Time `json:"marker_modified,omitempty"`
 	Late           int64      `json:"late,omitempty"`
+	// BadRecords counts the bad records the load skipped within the
+	// import's tolerance (status --errors lists them).
+	BadRecords int64 `json:"bad_records,omitempty"`
 }
 
 func seconds(d time.Duration) *float64 {
@@ -208,7 +212,7 @@ func view(b batch.Batch, now time.Time) batchView {
 			}
 			if o := d.Objects; o != nil {
 				v.Objects = &objectsView{Count: o.Count, Bytes: o.Bytes, NewestModified: o.NewestModified, Digest: o.Digest,
-					Marker: o.Marker, MarkerModified: o.MarkerModified, Late: o.Late}
+					Marker: o.Marker, MarkerModified: o.MarkerModified, Late: o.Late, BadRecords: o.BadRecords}
 			}
 			if p := d.Progress; p != nil {
 				v.ObjectsDone, v.ObjectsTotal, v.RecordsDone, v.ProgressAt = &p.ObjectsDone, &p.ObjectsTotal, &p.RecordsDone, &p.At
@@ -254,7 +258,13 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if s.Objects && s.Watch {
 		return invalid(e, &jobs.InputError{Field: "objects", Reason: "lists a committed slice's objects once: not with --watch"})
 	}
-	if s.Objects {
+	if s.Errors && s.Watch {
+		return invalid(e, &jobs.InputError{Field: "errors", Reason: "lists a committed slice's load errors once: not with --watch"})
+	}
+	if s.Errors && s.Objects {
+		return invalid(e, &jobs.InputError{Field: "errors", Reason: "lists the load errors: not with --objects, which lists the ledger"})
+	}
+	if s.Objects || s.Errors {
 		if err := s.Flags.Validate(false); err != nil {
 			return invalidFlag(e, err)
 		}
@@ -293,7 +303,7 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return err
 	}
-	if s.Objects {
+	if s.Objects || s.Errors {
 		return s.ledger(c, e, pool, v)
 	}
 	if s.Watch {
@@ -330,6 +340,9 @@ func printObjectsSummary(w io.Writer, v batchView) {
 	if o.Late > 0 {
 		fmt.Fprintf(w, ", %d late (modified after the marker)", o.Late)
 	}
+	if o.BadRecords > 0 {
+		fmt.Fprintf(w, ", %d bad records skipped (status --errors lists them)", o.BadRecords)
+	}
 	fmt.Fprintf(w, "\ndigest:  %s\n", inert(o.Digest))
 }
 
@@ -344,15 +357,35 @@ type ledgerView struct {
 	RecordCount int64      `json:"record_count"`
 	CommittedAt time.Time  `json:"committed_at"`
 	PublishedAt *time.Time `json:"published_at,omitempty"`
+	// BadRecords counts the bad records the load skipped within the
+	// import's tolerance (status --errors lists them).
+	BadRecords int64 `json:"bad_records"`
 	// ObjectCount and Bytes add up the objects.
 	ObjectCount int64                    `json:"object_count"`
 	Bytes       int64                    `json:"bytes"`
 	Objects     []warehouse.LedgerObject `json:"objects"`
 }
 
+// errorsView is what status --errors prints: the batch's load errors, as
+// the warehouse holds them with the slice's stamp.
+type errorsView struct {
+	Outcome     string                `json:"outcome"`
+	BatchID     int64                 `json:"batch_id"`
+	TenantID    string                `json:"tenant_id"`
+	SourceScope string                `json:"source_scope"`
+	Generation  int64                 `json:"lease_generation"`
+	RecordCount int64                 `json:"record_count"`
+	CommittedAt time.Time             `json:"committed_at"`
+	PublishedAt *time.Time            `json:"published_at,omitempty"`
+	BadRecords  int64                 `json:"bad_records"`
+	Errors      []warehouse.LoadError `json:"errors"`
+}
+
 // Outcomes of status --objects besides the ledger itself.
 const (
 	outcomeLedger = "ledger"
+	// outcomeErrors: status --errors listed the load errors.
+	outcomeErrors = "load_errors"
 	// outcomeSliceOfAnotherBatch: the slice is stamped with another batch
 	// (a newer one replaced it and its ledger, or the batch never
 	// committed its load over an older one).
@@ -362,10 +395,10 @@ const (
 	outcomeSliceMissing = "warehouse_slice_missing"
 )
 
-// ledger prints the load ledger of v's batch (status --objects), read from
-// the warehouse with the slice's stamp: the rows are the batch's only when
-// the slice is stamped with it; otherwise it says whose the slice is and
-// exits ExitNoLedger.
+// ledger prints the load ledger (status --objects) or the load errors
+// (status --errors) of v's batch, read from the warehouse with the slice's
+// stamp: the rows are the batch's only when the slice is stamped with it;
+// otherwise it says whose the slice is and exits ExitNoLedger.
 func (s *statusCmd) ledger(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, v batchView) error {
 	reader, _, closeReader, err := s.Flags.OpenLedger(e.Ctx, c.DatabasePooler, e.Logger)
 	if err != nil {
@@ -382,17 +415,37 @@ func (s *statusCmd) ledger(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, v batc
 	}
 	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
-	st, objects, found, err := reader.Ledger(ctx, v.TenantID, v.SourceScope)
+	var (
+		st      warehouse.Stamp
+		objects []warehouse.LedgerObject
+		errs    []warehouse.LoadError
+		found   bool
+		what    = "ledger"
+	)
+	if s.Errors {
+		what = "load errors"
+		er, ok := reader.(warehouse.ErrorsReader)
+		if !ok {
+			return fmt.Errorf("the warehouse %T cannot list load errors", reader)
+		}
+		st, errs, found, err = er.LoadErrors(ctx, v.TenantID, v.SourceScope)
+	} else {
+		st, objects, found, err = reader.Ledger(ctx, v.TenantID, v.SourceScope)
+	}
 	if err != nil {
 		return err
 	}
 	switch {
 	case !found:
 		printJSON(e.Stdout, map[string]any{"outcome": outcomeSliceMissing, "batch_id": v.BatchID, "tenant_id": v.TenantID, "source_scope": v.SourceScope,
-			"error": fmt.Sprintf("the warehouse holds no slice of batch %d's scope: it has no load ledger", v.BatchID)})
+			"error": fmt.Sprintf("the warehouse holds no slice of batch %d's scope: it has no %s", v.BatchID, what)})
 		return cli.ExitError{Code: cli.ExitNoLedger}
 	case st.BatchID != v.BatchID:
-		why := fmt.Sprintf("the slice now belongs to batch %d, whose load replaced batch %d's slice and ledger: see status --batch-id %d --objects", st.BatchID, v.BatchID, st.BatchID)
+		flag := "--objects"
+		if s.Errors {
+			flag = "--errors"
+		}
+		why := fmt.Sprintf("the slice now belongs to batch %d, whose load replaced batch %d's slice and %s: see status --batch-id %d %s", st.BatchID, v.BatchID, what, st.BatchID, flag)
 		if st.BatchID < v.BatchID {
 			why = fmt.Sprintf("the slice belongs to batch %d: batch %d has not committed its load", st.BatchID, v.BatchID)
 		}
@@ -400,9 +453,23 @@ func (s *statusCmd) ledger(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, v batc
 			"tenant_id": v.TenantID, "source_scope": v.SourceScope, "error": why})
 		return cli.ExitError{Code: cli.ExitNoLedger}
 	}
+	if s.Errors {
+		ev := errorsView{Outcome: outcomeErrors, BatchID: v.BatchID, TenantID: v.TenantID, SourceScope: v.SourceScope,
+			Generation: st.Generation, RecordCount: st.RecordCount, CommittedAt: st.CommittedAt, PublishedAt: st.PublishedAt,
+			BadRecords: st.BadRecords, Errors: errs}
+		if ev.Errors == nil {
+			ev.Errors = []warehouse.LoadError{}
+		}
+		if s.JSON {
+			printJSON(e.Stdout, ev)
+			return nil
+		}
+		printLoadErrors(e.Stdout, ev)
+		return nil
+	}
 	lv := ledgerView{Outcome: outcomeLedger, BatchID: v.BatchID, TenantID: v.TenantID, SourceScope: v.SourceScope,
 		Generation: st.Generation, RecordCount: st.RecordCount, CommittedAt: st.CommittedAt, PublishedAt: st.PublishedAt,
-		ObjectCount: int64(len(objects)), Objects: objects}
+		BadRecords: st.BadRecords, ObjectCount: int64(len(objects)), Objects: objects}
 	if lv.Objects == nil {
 		lv.Objects = []warehouse.LedgerObject{}
 	}
@@ -424,8 +491,12 @@ func printLedger(w io.Writer, lv ledgerView) {
 	if lv.PublishedAt != nil {
 		published = "published " + lv.PublishedAt.UTC().Format(time.RFC3339)
 	}
-	fmt.Fprintf(w, "batch %d, tenant %s, scope %s: %d objects, %d bytes, %d records; committed %s, %s\n",
-		lv.BatchID, inert(lv.TenantID), inert(lv.SourceScope), lv.ObjectCount, lv.Bytes, lv.RecordCount,
+	bad := ""
+	if lv.BadRecords > 0 {
+		bad = fmt.Sprintf(", %d bad records skipped (status --errors lists them)", lv.BadRecords)
+	}
+	fmt.Fprintf(w, "batch %d, tenant %s, scope %s: %d objects, %d bytes, %d records%s; committed %s, %s\n",
+		lv.BatchID, inert(lv.TenantID), inert(lv.SourceScope), lv.ObjectCount, lv.Bytes, lv.RecordCount, bad,
 		lv.CommittedAt.UTC().Format(time.RFC3339), published)
 	if len(lv.Objects) > 0 {
 		if m := lv.Objects[0].MarkerModified; m != nil {
@@ -438,6 +509,28 @@ func printLedger(w io.Writer, lv ledgerView) {
 	fmt.Fprintln(tw, "OBJECT\tETAG\tSIZE\tRECORDS\tLAST MODIFIED")
 	for _, o := range lv.Objects {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", cell(o.ObjectKey), cell(o.ETag), o.SizeBytes, o.RecordCount, o.LastModified.UTC().Format(time.RFC3339Nano))
+	}
+	tw.Flush()
+}
+
+// printLoadErrors prints a slice's load errors for people; every text
+// cell goes through cell (object keys, reasons and excerpts come from
+// outside).
+func printLoadErrors(w io.Writer, ev errorsView) {
+	published := "not published"
+	if ev.PublishedAt != nil {
+		published = "published " + ev.PublishedAt.UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintf(w, "batch %d, tenant %s, scope %s: %d records, %d bad records skipped; committed %s, %s\n",
+		ev.BatchID, inert(ev.TenantID), inert(ev.SourceScope), ev.RecordCount, ev.BadRecords,
+		ev.CommittedAt.UTC().Format(time.RFC3339), published)
+	if len(ev.Errors) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "#\tOBJECT\tLINE\tCOLUMN\tREASON\tEXCERPT")
+	for _, e := range ev.Errors {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\n", e.Ordinal, cell(e.ObjectKey), e.Line, e.Column, cell(e.Reason), oneLine(e.Excerpt, 120))
 	}
 	tw.Flush()
 }

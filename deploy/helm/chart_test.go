@@ -475,3 +475,38 @@ func TestChartOneMarkerForTheDoorsAndTheWorker(t *testing.T) {
 	require.Equal(t, "_DONE", v)
 	require.Contains(t, args, "--imports-without-marker")
 }
+
+// TestChartOneToleranceOfBadRecordsForTheDoors: enqueue.maxBadRecords is
+// every door's --max-bad-records (serve, sqs, reconcile), 0 by default;
+// a value enqueue would refuse fails the render.
+func TestChartOneToleranceOfBadRecordsForTheDoors(t *testing.T) {
+	t.Parallel()
+	doors := map[string]any{
+		"sqs":       map[string]any{"enabled": true, "queueURL": "https://sqs.us-east-1.amazonaws.com/123456789012/fleet"},
+		"reconcile": map[string]any{"enabled": true, "bucket": "fleet-uploads"},
+	}
+	for _, c := range []struct {
+		value any
+		want  string
+	}{{nil, "0"}, {25, "25"}} {
+		values := map[string]any{"sqs": doors["sqs"], "reconcile": doors["reconcile"]}
+		if c.value != nil {
+			values["enqueue"] = map[string]any{"maxBadRecords": c.value}
+		}
+		docs := mustRender(t, values)
+		for _, name := range []string{"Deployment/prod-fleet-ingest-enqueue", "Deployment/prod-fleet-ingest-sqs", "Deployment/prod-fleet-ingest-reconcile"} {
+			require.Contains(t, docs, name)
+			d := decode[appsv1.Deployment](t, docs[name])
+			v, ok := argValue(d.Spec.Template.Spec.Containers[0].Args, "--max-bad-records")
+			require.True(t, ok, "%s gets --max-bad-records", name)
+			require.Equal(t, c.want, v, name)
+		}
+		worker := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"])
+		_, ok := argValue(worker.Spec.Template.Spec.Containers[0].Args, "--max-bad-records")
+		require.False(t, ok, "the worker takes each batch's tolerance from its details")
+	}
+	for _, bad := range []int{-1, 10001} {
+		_, err := render(t, map[string]any{"enqueue": map[string]any{"maxBadRecords": bad}})
+		require.ErrorContains(t, err, "enqueue.maxBadRecords must be between 0 and 10000", "%d", bad)
+	}
+}

@@ -322,8 +322,8 @@ CREATE OR REPLACE TRIGGER fleet_river_job_insert_only BEFORE UPDATE ON public.ri
 
 -- ---------------------------------------------------------------------------
 -- Local warehouse (schema curated): the worker loads and publishes; the
--- operator reads the stamp to prove resumes, and the load ledger (status
--- --objects).
+-- operator reads the stamp to prove resumes, the load ledger (status
+-- --objects) and the load errors (status --errors).
 -- ---------------------------------------------------------------------------
 DO $$
 BEGIN
@@ -338,6 +338,12 @@ BEGIN
         -- The load ledger: written with the slice; enqueue status --objects reads it.
         GRANT SELECT, INSERT, DELETE ON curated.fleet_load_objects TO fleet_worker;
         GRANT SELECT ON curated.fleet_load_objects TO fleet_operator;
+        -- The load errors (bad records skipped within the tolerance):
+        -- written with the slice; enqueue status --errors reads them.
+        IF EXISTS (SELECT FROM pg_tables WHERE schemaname = 'curated' AND tablename = 'fleet_load_errors') THEN
+            GRANT SELECT, INSERT, DELETE ON curated.fleet_load_errors TO fleet_worker;
+            GRANT SELECT ON curated.fleet_load_errors TO fleet_operator;
+        END IF;
     END IF;
 END
 $$;

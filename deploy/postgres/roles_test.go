@@ -267,6 +267,7 @@ func TestDoorLoginReservesAndInsertsButChangesNothing(t *testing.T) {
 	for _, sql := range []string{
 		`SELECT count(*) FROM curated.fleet_slices`,
 		`SELECT count(*) FROM curated.fleet_load_objects`,
+		`SELECT count(*) FROM curated.fleet_load_errors`,
 		`UPDATE ingest_sweeps SET swept_at = now()`,
 		`INSERT INTO river_leader (leader_id, elected_at, expires_at) VALUES ('door', now(), now() + interval '1 hour')`,
 		`UPDATE river_queue SET paused_at = now()`,
@@ -354,6 +355,8 @@ func TestOperatorLoginCancelsRetriesResumesButNeverUndoesSuccess(t *testing.T) {
 		`UPDATE curated.fleet_slices SET published_at = now()`,
 		`INSERT INTO curated.fleet_load_objects (tenant_id, source_scope, batch_id, object_key, etag, size_bytes, record_count, last_modified) VALUES ('t','s',1,'k','e',1,1,now())`,
 		`DELETE FROM curated.fleet_load_objects`,
+		`INSERT INTO curated.fleet_load_errors (tenant_id, source_scope, batch_id, ordinal, object_key, line_number, column_number, reason, raw_excerpt) VALUES ('t','s',1,1,'k',1,0,'r','x')`,
+		`DELETE FROM curated.fleet_load_errors`,
 		`INSERT INTO river_leader (leader_id, elected_at, expires_at) VALUES ('operator', now(), now() + interval '1 hour')`,
 		`CREATE TABLE sneaky (i int)`,
 	} {
@@ -361,6 +364,8 @@ func TestOperatorLoginCancelsRetriesResumesButNeverUndoesSuccess(t *testing.T) {
 	}
 	_, err = db.operator.Exec(ctx, `SELECT count(*) FROM curated.fleet_load_objects`)
 	require.NoError(t, err, "the operator reads the load ledger (status --objects)")
+	_, err = db.operator.Exec(ctx, `SELECT count(*) FROM curated.fleet_load_errors`)
+	require.NoError(t, err, "the operator reads the load errors (status --errors)")
 }
 
 // TestWorkerLoginChangesOnlyRunningBatchesLifecycle: the worker's login
@@ -439,4 +444,11 @@ func TestWorkerLoginChangesOnlyRunningBatchesLifecycle(t *testing.T) {
 	require.NoError(t, err, "the worker writes the load ledger")
 	_, err = db.worker.Exec(ctx, `DELETE FROM curated.fleet_load_objects WHERE tenant_id = 't'`)
 	require.NoError(t, err, "and replaces it")
+	// So are the load errors.
+	_, err = db.worker.Exec(ctx, `
+		INSERT INTO curated.fleet_load_errors (tenant_id, source_scope, batch_id, ordinal, object_key, line_number, column_number, reason, raw_excerpt)
+		VALUES ('t', 's', 1, 1, 'k', 3, 2, 'r', '"x"')`)
+	require.NoError(t, err, "the worker writes the load errors")
+	_, err = db.worker.Exec(ctx, `DELETE FROM curated.fleet_load_errors WHERE tenant_id = 't'`)
+	require.NoError(t, err, "and replaces them")
 }

@@ -101,6 +101,11 @@ type Details struct {
 	// without it. Absent (false), a folder without its marker is not
 	// loaded (ReasonFolderIncomplete).
 	MarkerOptional bool `json:"markerOptional,omitempty"`
+	// MaxBadRecords is the import's tolerance of bad records (COPY's
+	// MAXERROR): up to this many records that cannot be stored are
+	// skipped, each recorded with the slice in the warehouse's errors
+	// table; one more fails the batch. 0 (absent): the first fails it.
+	MaxBadRecords int `json:"maxBadRecords,omitempty"`
 	// Objects summarizes the objects the load read, recorded with the
 	// commit: what the operational side compares a folder's listing with
 	// (reconcile's late and changed files) without reading the warehouse,
@@ -207,6 +212,10 @@ const (
 	// the import did not opt out of it (Details.MarkerOptional); nothing
 	// was written to the warehouse.
 	ReasonFolderIncomplete Reason = "folder_incomplete"
+	// ReasonBadRecords: the folder holds more records that cannot be
+	// stored than the import tolerates (Details.MaxBadRecords, 0 by
+	// default); the error names the last one's object, line and column.
+	ReasonBadRecords Reason = "bad_records"
 )
 
 // ObjectsSummary summarizes the objects of a load (Details.Objects).
@@ -226,6 +235,9 @@ type ObjectsSummary struct {
 	// Late counts the objects modified after the marker (loaded all the
 	// same: they were in the listing).
 	Late int64 `json:"late,omitempty"`
+	// BadRecords counts the bad records the load skipped, within the
+	// import's tolerance (Details.MaxBadRecords).
+	BadRecords int64 `json:"badRecords,omitempty"`
 }
 
 // NewDetails returns the initial details of a scoped batch reservation.

@@ -365,6 +365,7 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 	if summary.MarkerModified != nil {
 		slice.MarkerModified = *summary.MarkerModified
 	}
+	src.Tolerate(run.Details.MaxBadRecords)
 	start := time.Now()
 	logger.Info("loading folder", "folder", f.String(), "objects", len(objects), "bytes", summary.Bytes, "marker", summary.Marker != "")
 	var (
@@ -388,6 +389,7 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 		d := run.Details
 		d.Progress = &batch.Progress{ObjectsDone: prog.Objects(), ObjectsTotal: int64(len(objects)), RecordsDone: prog.Records(), At: time.Now().UTC()}
 		d = publishingDetails(committedDetails(d, st), time.Now())
+		summary.BadRecords = st.BadRecords
 		d.Objects = &summary
 		b, err := run.CheckpointTx(ctx, tx, d)
 		if err != nil {
@@ -413,7 +415,12 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 		run.Adopt(*wrote, wroteD)
 	} else {
 		run.Details.Progress = &final
+		summary.BadRecords = st.BadRecords
 		run.Details.Objects = &summary // recorded with the commit by the caller's checkpoint
+	}
+	if st.BadRecords > 0 {
+		logger.Warn("bad records skipped within the import's tolerance: each is in the warehouse's errors table with the slice",
+			"bad_records", st.BadRecords, "max_bad_records", run.Details.MaxBadRecords)
 	}
 	logger.Info("warehouse slice committed", "record_count", st.RecordCount, "load_seconds", time.Since(start).Seconds())
 	return st, wrote != nil, nil
@@ -527,10 +534,14 @@ func (j *journal) Record(ctx context.Context, st warehouse.Statement) error {
 }
 
 // classify returns err itself when it is transient, otherwise a Failure
-// recording phase.
+// recording phase (with reason bad_records for a bad record the import did
+// not tolerate).
 func classify(phase batch.Phase, err error) error {
 	if pipeline.IsTransient(err) || errors.Is(err, context.Canceled) {
 		return err
+	}
+	if _, bad := folder.AsBadRecord(err); bad {
+		return pipeline.FailBecause(phase, batch.ReasonBadRecords, err)
 	}
 	return pipeline.Fail(phase, err)
 }

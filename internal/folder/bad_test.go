@@ -1,6 +1,7 @@
 package folder
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -86,4 +87,46 @@ func TestExcerptEscapesAndBounds(t *testing.T) {
 	long := Excerpt([]byte(strings.Repeat("\x01", 4096)))
 	require.LessOrEqual(t, len(long), MaxExcerptBytes)
 	require.True(t, strings.HasSuffix(long, "… (4096 bytes)"))
+}
+
+// TestRejectCountsAgainstTheTolerance: a record the caller rejects after
+// reading it (a warehouse's own limit) is a bad record of the reader: it
+// is listed with the reader's own while the tolerance lasts, and the one
+// past it ends the read (Err, Next false) with TooManyBadRecordsError.
+func TestRejectCountsAgainstTheTolerance(t *testing.T) {
+	t.Parallel()
+	bucket := fmt.Sprintf("bad-%d", limitsBucketSeq.Add(1))
+	writeMem(t, bucket, map[string]string{"f/a.csv": "id\n1\n2\n3\n4\n"})
+	ctx := context.Background()
+	f, err := Canonicalize("mem://" + bucket + "/f")
+	require.NoError(t, err)
+	src, err := Opener{}.Open(ctx, f)
+	require.NoError(t, err)
+	defer src.Close()
+	src.Tolerate(1)
+	objs, err := src.Objects(ctx)
+	require.NoError(t, err)
+	rr := src.Records(ctx, objs)
+	defer rr.Close()
+	var kept []int64
+	for rr.Next() {
+		r := rr.Record()
+		if r.Line == 2 || r.Line == 4 {
+			if err := rr.Reject(&BadRecord{ObjectKey: r.ObjectKey, Line: r.Line, Reason: "too deep", Excerpt: Excerpt(r.JSON)}); err != nil {
+				var tooMany *TooManyBadRecordsError
+				require.ErrorAs(t, err, &tooMany)
+				require.Equal(t, int64(4), tooMany.Bad.Line)
+				require.Equal(t, 1, tooMany.Tolerated)
+				continue
+			}
+			continue
+		}
+		kept = append(kept, r.Line)
+	}
+	require.Equal(t, []int64{3}, kept, "the rejected record is skipped; the read ends at the one past the tolerance")
+	var tooMany *TooManyBadRecordsError
+	require.ErrorAs(t, rr.Err(), &tooMany, "Err reports the end")
+	require.Len(t, rr.Bad(), 1)
+	require.Equal(t, int64(2), rr.Bad()[0].Line)
+	require.Equal(t, "too deep", rr.Bad()[0].Reason)
 }

@@ -168,6 +168,20 @@ func (r *RecordReader) skip(b *BadRecord) error {
 	return nil
 }
 
+// Reject reports the record the reader just returned as bad: one the
+// warehouse cannot store for a reason the reader does not check (such as
+// Redshift's limits on a SUPER value). It counts against the same
+// tolerance as the reader's own: nil means the caller skips the record
+// (Bad lists it); otherwise the *TooManyBadRecordsError ends the read, and
+// Err returns it too.
+func (r *RecordReader) Reject(b *BadRecord) error {
+	if err := r.skip(b); err != nil {
+		r.err = err
+		return err
+	}
+	return nil
+}
+
 // Next advances to the next record. It returns false at the end or on error;
 // check Err.
 func (r *RecordReader) Next() bool {

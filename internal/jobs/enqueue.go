@@ -81,6 +81,11 @@ type ImportRequest struct {
 	// it, a folder without its marker fails before any warehouse write
 	// (failed_pre_commit, reason folder_incomplete; fleet.Pipeline.Marker).
 	NoMarker bool `json:"no_marker,omitempty"`
+	// MaxBadRecords is the import's tolerance of bad records (0 to
+	// folder.MaxBadRecordsCap): up to this many are skipped and recorded
+	// in the warehouse's errors table with the slice; one more fails the
+	// batch. 0: the first bad record fails it.
+	MaxBadRecords int `json:"max_bad_records,omitempty"`
 
 	// retryOf, if not zero, is the failed batch a retry starts this one
 	// for; recorded in the new batch's details.
@@ -218,6 +223,10 @@ func reservation(req ImportRequest, window time.Duration) (batch.Reservation, er
 	}
 	r.Details.RetryOf = req.retryOf
 	r.Details.MarkerOptional = req.NoMarker
+	if req.MaxBadRecords < 0 || req.MaxBadRecords > folder.MaxBadRecordsCap {
+		return batch.Reservation{}, &InputError{Field: "max_bad_records", Reason: fmt.Sprintf("must be between 0 and %d", folder.MaxBadRecordsCap)}
+	}
+	r.Details.MaxBadRecords = req.MaxBadRecords
 	if err := r.Validate(); err != nil {
 		return batch.Reservation{}, inputError(err)
 	}
@@ -510,15 +519,19 @@ func (e *Enqueuer) retry(ctx context.Context, req RetryRequest) (Result, error) 
 	if res, refused, err := e.newerBatchRefusal(ctx, b); err != nil || refused {
 		return res, err
 	}
-	// The retry meets the marker rule as the batch it retries did: an
-	// import that opted out of the marker is retried without it.
-	var noMarker bool
+	// The retry meets the marker rule as the batch it retries did (an
+	// import that opted out of the marker is retried without it), and
+	// tolerates as many bad records.
+	var (
+		noMarker bool
+		maxBad   int
+	)
 	if d, err := batch.ParseDetails(b.Details); err == nil {
-		noMarker = d.MarkerOptional
+		noMarker, maxBad = d.MarkerOptional, d.MaxBadRecords
 	}
 	res, err := e.Import(ctx, ImportRequest{
 		TenantID: b.TenantID, TenantDatabase: b.TenantDatabase, CompanyID: b.CompanyID,
-		Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), retryOf: b.ID, NoMarker: noMarker,
+		Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), retryOf: b.ID, NoMarker: noMarker, MaxBadRecords: maxBad,
 	})
 	if err != nil {
 		return Result{}, err

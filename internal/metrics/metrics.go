@@ -38,7 +38,7 @@ var (
 	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "snoozed_tenant_cap", "failed", "retry", "lease_lost", "cancelled", "parked", "interrupted"}
 	BatchOutcomes       = []string{"succeeded", "failed"}
 	FailedPhases        = []string{"failed_pre_commit", "failed_publication", "superseded", "publication_expired"}
-	FailureReasons      = []string{"none", "folder_incomplete"}
+	FailureReasons      = []string{"none", "folder_incomplete", "bad_records"}
 	Phases              = []string{"load", "publish"}
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
@@ -328,7 +328,7 @@ func build() (*Metrics, []prometheus.Collector) {
 	f(m.SupersededJobs)
 	m.BatchFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_batch_failures_total",
-		Help: "Batches this worker ended Failed, by phase (failed_pre_commit, failed_publication, superseded, publication_expired) and reason (folder_incomplete: the folder held no completion marker and its import did not opt out; none).",
+		Help: "Batches this worker ended Failed, by phase (failed_pre_commit, failed_publication, superseded, publication_expired) and reason (folder_incomplete: the folder held no completion marker and its import did not opt out; bad_records: more records that cannot be stored than the import tolerates; none).",
 	}, []string{"phase", "reason"})
 	f(m.BatchFailures)
 	for _, p := range FailedPhases {

@@ -139,6 +139,9 @@ type Config struct {
 	Bucket string
 	// Prefix bounds the listing (may be empty: the whole bucket).
 	Prefix string
+	// MaxBadRecords is the tolerance of bad records of the imports a
+	// scan makes (jobs.ImportRequest.MaxBadRecords); 0: none.
+	MaxBadRecords int
 	// Marker is the object name whose existence completes a folder.
 	// Defaults to MarkerDefault.
 	Marker string
@@ -593,6 +596,7 @@ func (s *scan) flush(ctx context.Context) error {
 				continue
 			}
 			f.Folder, f.TenantID = p.Request.Folder, p.Request.TenantID
+			p.Request.MaxBadRecords = s.cfg.MaxBadRecords
 			k := scopeKey{tenant: p.Request.TenantID, scope: canon.Scope()}
 			cands = append(cands, candidate{i: i, req: p.Request, key: k})
 			keys = append(keys, k)

@@ -89,6 +89,9 @@ type Config struct {
 	// Marker is the object name whose creation completes a folder.
 	// Defaults to MarkerDefault.
 	Marker string
+	// MaxBadRecords is the tolerance of bad records of the imports the
+	// notifications make (jobs.ImportRequest.MaxBadRecords); 0: none.
+	MaxBadRecords int
 	// Mapping maps folders to tenants and holds the bucket allow-list: the
 	// rule of enqueue serve.
 	Mapping folder.Mapping
@@ -587,6 +590,7 @@ func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
 		switch p.Outcome {
 		case "":
 			m.burst = append(m.burst, len(*burst))
+			p.Request.MaxBadRecords = c.cfg.MaxBadRecords
 			*burst = append(*burst, p.Request)
 			m.outcome = DeletedImported
 		case "ignored":

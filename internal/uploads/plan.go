@@ -23,6 +23,10 @@ type ImportBody struct {
 	// NoMarker opts out of the completion marker (jobs.ImportRequest);
 	// absent, the door's default applies (Config.ImportsWithoutMarker).
 	NoMarker *bool `json:"no_marker,omitempty"`
+	// MaxBadRecords is the import's tolerance of bad records
+	// (jobs.ImportRequest); absent, the door's default applies
+	// (Config.MaxBadRecords).
+	MaxBadRecords *int `json:"max_bad_records,omitempty"`
 }
 
 // errLocalFolder explains why a file:// or mem:// folder is refused.
@@ -45,6 +49,9 @@ type ImportRules struct {
 	// WithoutMarker is the marker opt-out of a body that does not say
 	// (no_marker absent): false, the marker is required.
 	WithoutMarker bool
+	// MaxBadRecords is the tolerance of bad records of a body that does
+	// not say (max_bad_records absent).
+	MaxBadRecords int
 }
 
 // ResolveImportWith is ResolveImport under rules.
@@ -56,10 +63,13 @@ func ResolveImportWith(m Mapping, body ImportBody, rules ImportRules) (jobs.Impo
 	}
 	req := jobs.ImportRequest{
 		TenantID: body.TenantID, TenantDatabase: body.TenantDatabase, CompanyID: body.CompanyID,
-		Folder: f.String(), Reimport: body.Reimport, NoMarker: rules.WithoutMarker,
+		Folder: f.String(), Reimport: body.Reimport, NoMarker: rules.WithoutMarker, MaxBadRecords: rules.MaxBadRecords,
 	}
 	if body.NoMarker != nil {
 		req.NoMarker = *body.NoMarker
+	}
+	if body.MaxBadRecords != nil {
+		req.MaxBadRecords = *body.MaxBadRecords
 	}
 	switch {
 	case f.Scheme == folder.SchemeS3:

@@ -58,6 +58,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
@@ -121,7 +122,12 @@ type Config struct {
 	// absent); a body's "no_marker": false still requires it. Default
 	// false: the marker is required, as on every other door.
 	ImportsWithoutMarker bool
-	Mapping              Mapping
+	// MaxBadRecords is the tolerance of bad records of a POST /v1/imports
+	// body that does not say (max_bad_records absent), and of the imports
+	// notifications make; 0 (the default): the first bad record fails a
+	// batch.
+	MaxBadRecords int
+	Mapping       Mapping
 	// MaxBodyBytes bounds the body of a request that carries the import
 	// token, which is checked before the body is read. Defaults to 1 MiB.
 	MaxBodyBytes int64
@@ -193,6 +199,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.AuthToken == "" && !c.InsecureNoAuth:
 		return refuse("AuthToken", "an auth token is required (or explicitly allow no auth)")
+	case c.MaxBadRecords < 0 || c.MaxBadRecords > folder.MaxBadRecordsCap:
+		return refuse("MaxBadRecords", fmt.Sprintf("the tolerance of bad records must be between 0 and %d", folder.MaxBadRecordsCap))
 	case c.OperatorToken != "" && tokenEqual(c.OperatorToken, c.AuthToken):
 		return refuse("OperatorToken", "the operator token must differ from the import token")
 	case c.OperatorToken != "" && tokenEqual(c.OperatorToken, string(c.HMACSecret)):
@@ -508,14 +516,14 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil || dec.More() {
-		msg := "body must be one JSON object {folder[, tenant_id, tenant_database, company_id, reimport, no_marker]}"
+		msg := "body must be one JSON object {folder[, tenant_id, tenant_database, company_id, reimport, no_marker, max_bad_records]}"
 		if err != nil {
 			msg += ": " + err.Error()
 		}
 		s.refuse(w, routeImports, http.StatusBadRequest, "invalid", "", msg)
 		return
 	}
-	req, refusal := ResolveImportWith(s.cfg.Mapping, in, ImportRules{AllowLocal: s.cfg.AllowLocalFolders, WithoutMarker: s.cfg.ImportsWithoutMarker})
+	req, refusal := ResolveImportWith(s.cfg.Mapping, in, ImportRules{AllowLocal: s.cfg.AllowLocalFolders, WithoutMarker: s.cfg.ImportsWithoutMarker, MaxBadRecords: s.cfg.MaxBadRecords})
 	httpserver.SetTenant(w, req.TenantID)
 	if refusal != nil {
 		s.cfg.Logger.Warn("import refused", "field", refusal.Field, "error", refusal.Reason)
@@ -684,6 +692,7 @@ func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Pla
 				s.cfg.Logger.Warn("upload notification refused", "bucket", p.Bucket, "key", p.Key, "outcome", p.Outcome, "field", p.Field, "reason", p.Reason)
 			}
 		} else {
+			p.Request.MaxBadRecords = s.cfg.MaxBadRecords
 			burst = append(burst, p.Request)
 			burstAt = append(burstAt, len(results))
 		}

@@ -133,6 +133,7 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 					return row.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt)
 				})
 			queueLedger(b, s, ledger.Objects())
+			queueErrors(b, s, rr.Bad())
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return err
 			}
@@ -150,10 +151,12 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 					return row.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt)
 				})
 			queueLedger(b, s, ledger.Objects())
+			queueErrors(b, s, rr.Bad())
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return err
 			}
 		}
+		st.BadRecords = int64(len(rr.Bad()))
 		if err := p.checkBeforeFence(ctx, beforeCommit); err != nil {
 			return err
 		}
@@ -255,6 +258,39 @@ func queueLedger(b *pgx.Batch, s Slice, objects []LedgerObject) {
 	b.Queue(insertLedgerSQL, s.TenantID, s.SourceScope, s.BatchID, marker, keys, etags, sizes, counts, mods)
 }
 
+// Statements of a load's replacement of its load errors, queued in the
+// load's transaction, after its ledger.
+const (
+	deleteErrorsSQL = `DELETE FROM curated.fleet_load_errors WHERE tenant_id = $1 AND source_scope = $2`
+	insertErrorsSQL = `
+		INSERT INTO curated.fleet_load_errors
+			(tenant_id, source_scope, batch_id, ordinal, object_key, line_number, column_number, reason, raw_excerpt)
+		SELECT $1::varchar, $2::varchar, $3::bigint, e.i, e.object_key, e.line_number, e.column_number, e.reason, e.raw_excerpt
+		FROM unnest($4::text[], $5::bigint[], $6::int[], $7::text[], $8::text[]) WITH ORDINALITY
+			AS e(object_key, line_number, column_number, reason, raw_excerpt, i)`
+)
+
+// queueErrors queues the replacement of the slice's load errors with the
+// bad records its reader skipped: one DELETE and, when there are any, one
+// INSERT.
+func queueErrors(b *pgx.Batch, s Slice, bad []folder.BadRecord) {
+	b.Queue(deleteErrorsSQL, s.TenantID, s.SourceScope)
+	if len(bad) == 0 {
+		return
+	}
+	var (
+		keys    = make([]string, len(bad))
+		lines   = make([]int64, len(bad))
+		columns = make([]int32, len(bad))
+		reasons = make([]string, len(bad))
+		raws    = make([]string, len(bad))
+	)
+	for i, e := range LoadErrors(s, bad) {
+		keys[i], lines[i], columns[i], reasons[i], raws[i] = e.ObjectKey, e.Line, int32(e.Column), e.Reason, e.Excerpt
+	}
+	b.Queue(insertErrorsSQL, s.TenantID, s.SourceScope, s.BatchID, keys, lines, columns, reasons, raws)
+}
+
 // A folder of at most smallLoadRecords records and smallLoadBytes bytes of
 // them is a small load (see Load).
 const (
@@ -330,9 +366,9 @@ func (c *copySource) Err() error { return c.rr.Err() }
 func (p *Postgres) Stamp(ctx context.Context, tenantID, sourceScope string) (Stamp, bool, error) {
 	var st Stamp
 	err := p.pool.QueryRow(ctx, `
-		SELECT batch_id, lease_generation, record_count, committed_at, published_at
-		FROM curated.fleet_slices WHERE tenant_id = $1 AND source_scope = $2`, tenantID, sourceScope).
-		Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt)
+		SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at, `+badRecordsSQL+`
+		FROM curated.fleet_slices s WHERE s.tenant_id = $1 AND s.source_scope = $2`, tenantID, sourceScope).
+		Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &st.BadRecords)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Stamp{}, false, nil
 	}
@@ -344,11 +380,16 @@ func (p *Postgres) Stamp(ctx context.Context, tenantID, sourceScope string) (Sta
 
 var _ LedgerReader = (*Postgres)(nil)
 
+// badRecordsSQL counts the load errors of the batch the slice s is
+// stamped with: the stamp's BadRecords.
+const badRecordsSQL = `(SELECT count(*) FROM curated.fleet_load_errors e
+	  WHERE e.tenant_id = s.tenant_id AND e.source_scope = s.source_scope AND e.batch_id = s.batch_id)`
+
 // ledgerSQL reads a slice's stamp and the ledger rows of the batch it is
 // stamped with, in one statement (one snapshot): a stamp without rows is
 // the one row of NULL ledger columns.
 const ledgerSQL = `
-	SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at,
+	SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at, ` + badRecordsSQL + `,
 	       o.object_key, o.etag, o.size_bytes, o.record_count, o.last_modified, o.marker_modified
 	FROM curated.fleet_slices s
 	LEFT JOIN curated.fleet_load_objects o
@@ -375,7 +416,7 @@ func (p *Postgres) Ledger(ctx context.Context, tenantID, sourceScope string) (St
 			modified      *time.Time
 			o             = LedgerObject{TenantID: tenantID, SourceScope: sourceScope}
 		)
-		if err := rows.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt,
+		if err := rows.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &st.BadRecords,
 			&key, &etag, &size, &records, &modified, &o.MarkerModified); err != nil {
 			return Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %w", err)
 		}
@@ -394,6 +435,55 @@ func (p *Postgres) Ledger(ctx context.Context, tenantID, sourceScope string) (St
 		return Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %w", err)
 	}
 	return st, objects, found, nil
+}
+
+var _ ErrorsReader = (*Postgres)(nil)
+
+// loadErrorsSQL reads a slice's stamp and the load errors of the batch it
+// is stamped with, in one statement (one snapshot): a stamp without errors
+// is the one row of NULL error columns.
+const loadErrorsSQL = `
+	SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at, ` + badRecordsSQL + `,
+	       e.ordinal, e.object_key, e.line_number, e.column_number, e.reason, e.raw_excerpt
+	FROM curated.fleet_slices s
+	LEFT JOIN curated.fleet_load_errors e
+	  ON e.tenant_id = s.tenant_id AND e.source_scope = s.source_scope AND e.batch_id = s.batch_id
+	WHERE s.tenant_id = $1 AND s.source_scope = $2
+	ORDER BY e.ordinal`
+
+// LoadErrors implements ErrorsReader.
+func (p *Postgres) LoadErrors(ctx context.Context, tenantID, sourceScope string) (Stamp, []LoadError, bool, error) {
+	rows, err := p.pool.Query(ctx, loadErrorsSQL, tenantID, sourceScope)
+	if err != nil {
+		return Stamp{}, nil, false, fmt.Errorf("reading the load errors: %w", err)
+	}
+	defer rows.Close()
+	var (
+		st    Stamp
+		found bool
+		errs  []LoadError
+	)
+	for rows.Next() {
+		var (
+			ordinal, line        *int64
+			column               *int32
+			key, reason, excerpt *string
+		)
+		if err := rows.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &st.BadRecords,
+			&ordinal, &key, &line, &column, &reason, &excerpt); err != nil {
+			return Stamp{}, nil, false, fmt.Errorf("reading the load errors: %w", err)
+		}
+		found = true
+		if ordinal == nil {
+			continue // a stamp without errors
+		}
+		errs = append(errs, LoadError{BatchID: st.BatchID, TenantID: tenantID, SourceScope: sourceScope, Ordinal: *ordinal,
+			ObjectKey: *key, Line: *line, Column: int(*column), Reason: *reason, Excerpt: *excerpt})
+	}
+	if err := rows.Err(); err != nil {
+		return Stamp{}, nil, false, fmt.Errorf("reading the load errors: %w", err)
+	}
+	return st, errs, found, nil
 }
 
 // publishSQL stamps a slice published, keeping the time of an earlier

@@ -40,6 +40,7 @@ func TestPostgresContract(t *testing.T) {
 			},
 			OrphanCommits: false,
 			LedgerRows:    warehousetest.PoolLedger(pool),
+			ErrorRows:     warehousetest.PoolErrors(pool),
 			// The client is gone at the last lease check, after the records,
 			// the stamp and the ledger rows were written.
 			KilledLoad: func(t *testing.T, s warehouse.Slice, src *folder.Source, objs []folder.Object) {

@@ -18,6 +18,12 @@
 // (Redshift), so it lists exactly the objects of the slice now stamped.
 // LedgerReader reads it with the stamp.
 //
+// The bad records a load skipped within its import's tolerance
+// (folder.Source.Tolerate) are recorded the same way, in
+// curated.fleet_load_errors (LoadError), replaced with the slice and its
+// ledger; the stamp counts them (Stamp.BadRecords) and ErrorsReader lists
+// them.
+//
 // A Redshift COPY can commit after its client session died, so commit
 // detection never trusts the client's view: callers read the stamp back
 // (Stamp) to learn whether a load committed.
@@ -34,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -84,6 +91,63 @@ type LedgerReader interface {
 	// the ledger rows of the batch it is stamped with, in key order, read
 	// together (one snapshot); found is false when there is no slice.
 	Ledger(ctx context.Context, tenantID, sourceScope string) (st Stamp, objects []LedgerObject, found bool, err error)
+}
+
+// LoadError is one row of curated.fleet_load_errors: a bad record the
+// load of the slice stamped with BatchID skipped, within its import's
+// tolerance, as the reader reported it (folder.BadRecord), like a row of
+// Redshift's STL_LOAD_ERRORS.
+type LoadError struct {
+	BatchID     int64  `json:"batch_id"`
+	TenantID    string `json:"tenant_id"`
+	SourceScope string `json:"source_scope"`
+	// Ordinal numbers the slice's bad records from 1, in the order the
+	// load read them.
+	Ordinal   int64  `json:"ordinal"`
+	ObjectKey string `json:"object_key"`
+	// Line is the line where the record starts in the object.
+	Line int64 `json:"line_number"`
+	// Column is 1-based; 0 when the record as a whole was refused.
+	Column int    `json:"column_number"`
+	Reason string `json:"reason"`
+	// Excerpt is the raw value, escaped, at most folder.MaxExcerptBytes.
+	Excerpt string `json:"raw_excerpt"`
+}
+
+// LoadErrors returns the rows of curated.fleet_load_errors a load of s
+// writes for the bad records its reader skipped, in order.
+func LoadErrors(s Slice, bad []folder.BadRecord) []LoadError {
+	out := make([]LoadError, len(bad))
+	for i, b := range bad {
+		out[i] = LoadError{BatchID: s.BatchID, TenantID: s.TenantID, SourceScope: s.SourceScope, Ordinal: int64(i + 1),
+			ObjectKey: b.ObjectKey, Line: b.Line, Column: b.Column, Reason: truncateUTF8(b.Reason, maxReasonBytes), Excerpt: b.Excerpt}
+	}
+	return out
+}
+
+// maxReasonBytes bounds a load error's reason, as both warehouses' tables
+// hold it (VARCHAR(1024), bytes in Redshift).
+const maxReasonBytes = 1024
+
+// truncateUTF8 cuts s to at most n bytes, at a character boundary.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// ErrorsReader reads the load errors table.
+type ErrorsReader interface {
+	// LoadErrors returns the stamp of the slice (tenantID, sourceScope)
+	// and the bad records its load skipped (the rows of
+	// curated.fleet_load_errors of the batch it is stamped with), in
+	// ordinal order, read together (one snapshot); found is false when
+	// there is no slice.
+	LoadErrors(ctx context.Context, tenantID, sourceScope string) (st Stamp, errs []LoadError, found bool, err error)
 }
 
 // LedgerCounter builds a load's ledger: it counts the records the load
@@ -141,6 +205,11 @@ type Stamp struct {
 	CommittedAt time.Time
 	// PublishedAt is set once the slice is published.
 	PublishedAt *time.Time
+	// BadRecords is the number of bad records the load skipped within
+	// the import's tolerance (folder.Source.Tolerate), each recorded in
+	// the warehouse's errors table (LoadError) with the slice; every
+	// stamp read counts them.
+	BadRecords int64
 }
 
 // Errors of a Warehouse.
@@ -173,8 +242,11 @@ type Warehouse interface {
 	// Load replaces the slice (s.TenantID, s.SourceScope) with every record
 	// of objects, stamped with s, and the slice's load ledger with one row
 	// per object (LedgerObject: its records counted as they are loaded,
-	// s.MarkerModified), in one transaction: either the whole new slice is
-	// committed, stamped and in the ledger, or nothing changes. beforeCommit, if
+	// s.MarkerModified) and its load errors with one row per bad record
+	// the reader skipped (LoadError, src's tolerance), in one transaction:
+	// either the whole new slice is committed, stamped, in the ledger and
+	// its errors, or nothing changes; the stamp returned counts the bad
+	// records (Stamp.BadRecords). beforeCommit, if
 	// not nil, runs just before the commit; its error aborts the load.
 	// Returns ErrSliceSuperseded if a newer batch or generation stamped the
 	// slice; records that cannot be stored wrap folder.ErrMalformed.

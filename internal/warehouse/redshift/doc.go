@@ -12,6 +12,7 @@
 //	    │   (a record Redshift could not load ─▶ folder.ErrMalformed, naming object and line)
 //	    │   ledger: one row per object (key, ETag, size, its records counted
 //	    │   while staging, last-modified, the marker's time) ─▶ ledger.ndjson.gz ─▶ ledger-manifest.json
+//	    │   errors: one row per bad record skipped within the tolerance ─▶ errors.ndjson.gz ─▶ errors-manifest.json
 //	beforeCommit (lease check)
 //	    │
 //	transaction 1, the COPY — no shared lock, nothing shared written:
@@ -19,7 +20,8 @@
 //	    CREATE TABLE … (LIKE curated.fleet_records INCLUDING DEFAULTS)
 //	    COPY … FROM '<manifest>' IAM_ROLE … MANIFEST FORMAT AS JSON 'auto' GZIP
 //	    (the same for the ledger: curated_staging.fleet_load_<batch>_<generation>_objects
-//	     LIKE curated.fleet_load_objects, COPY … FROM '<ledger manifest>')
+//	     LIKE curated.fleet_load_objects, COPY … FROM '<ledger manifest>'; and for
+//	     the errors: …_errors LIKE curated.fleet_load_errors)
 //	    │
 //	beforeCommit (lease check)
 //	    │
@@ -32,6 +34,7 @@
 //	    DELETE + INSERT the stamp (committed_at = GETDATE(), the swap's moment)
 //	    DELETE the slice's ledger rows, INSERT … SELECT the staged ones
 //	    guard: the ledger holds exactly the staged rows, their records the staged count
+//	    DELETE the slice's load errors, INSERT … SELECT the staged ones; guard: exactly those
 //	    DROP the staging tables
 //	    │
 //	DescribeStatement until FINISHED, FAILED or ABORTED, or LoadTimeout
@@ -95,7 +98,15 @@
 // always COPYed into its own staging table by the first transaction, so
 // the swap always replaces it with the slice: the ledger changes exactly
 // when the slice does, and a swap rebuilt by a later delivery
-// (follow.rebuild) depends on the record count alone.
+// (follow.rebuild) depends on the record count alone. The load errors
+// (warehouse.LoadError: the bad records the reader skipped while staging,
+// within the import's tolerance, curated.fleet_load_errors) go the same
+// way, as errors.ndjson.gz and errors-manifest.json into
+// curated_staging.fleet_load_<batch>_<generation>_errors, even when there
+// are none; the swap's guard compares them with that staging table, not
+// with a count, and the stamp read counts them (Stamp.BadRecords), so a
+// later delivery that follows or repeats the swap learns the count the
+// staging delivery found.
 //
 // Values are written into the statements as literals (see sql.go): the
 // Data API documents parameters for SELECT, INSERT, UPDATE and DELETE

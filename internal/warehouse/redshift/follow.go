@@ -111,7 +111,7 @@ func (w *Warehouse) rebuild(ps warehouse.Slice, p warehouse.Statement) ([]string
 		if p.Records > 0 {
 			recordsURL = w.manifestURL(ps)
 		}
-		return stageSQL(ps, recordsURL, w.ledgerManifestURL(ps), w.cfg.IAMRole), loadName("copy", ps), true, nil
+		return stageSQL(ps, recordsURL, w.ledgerManifestURL(ps), w.errorsManifestURL(ps), w.cfg.IAMRole), loadName("copy", ps), true, nil
 	case kindLoadSwap:
 		return swapSQL(ps, v, p.Records, p.Records > 0), loadName("swap", ps), true, nil
 	}

@@ -61,13 +61,16 @@ func (e *env) submissionsNamed(prefix string) int {
 // load's swap runs on the warehouse. Its statement id was recorded before
 // it was awaited; the next delivery polls that same statement (the
 // double sees its DescribeStatement requests) and submits nothing while it
-// can still commit; once it commits, the next delivery settles on it.
+// can still commit; once it commits, the next delivery settles on it, its
+// stamp counting the bad records the first delivery staged (the next one
+// read none of the folder).
 func TestAKilledWorkersLoadIsFollowedNotResubmitted(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	j := &memJournal{}
-	files := map[string]string{"x.csv": csvRows("a", 4)}
+	files := map[string]string{"x.csv": csvRows("a", 4) + "bad\n", "y.ndjson": "{\"a\": 1}\n[1]\n"}
 	src, objs, scope := warehousetest.Source(t, files)
+	src.Tolerate(2)
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 7, Generation: 1}
 
 	in := e.double.Inject(redshifttest.Fault{Match: swapMatch, Hold: true})
@@ -114,7 +117,8 @@ func TestAKilledWorkersLoadIsFollowedNotResubmitted(t *testing.T) {
 	require.NoError(t, r.err)
 	require.Equal(t, int64(7), r.st.BatchID)
 	require.Equal(t, int64(1), r.st.Generation, "the followed statement's commit is the outcome")
-	require.Equal(t, int64(4), r.st.RecordCount)
+	require.Equal(t, int64(5), r.st.RecordCount)
+	require.Equal(t, int64(2), r.st.BadRecords, "the stamp counts the bad records the followed statement committed")
 	require.Equal(t, 1, e.submissionsNamed("fleet-load-copy-"), "one COPY in all")
 	require.Equal(t, 1, e.submissionsNamed("fleet-load-swap-"), "one swap in all")
 	_, pending := j.Pending()
@@ -181,8 +185,9 @@ func TestASubmissionRecordedWithoutItsIDIsRepeatedWithItsToken(t *testing.T) {
 		}
 		return nil
 	}}
-	files := map[string]string{"x.csv": csvRows("a", 5)}
+	files := map[string]string{"x.csv": csvRows("a", 5) + "bad\n"}
 	src, objs, scope := warehousetest.Source(t, files)
+	src.Tolerate(1)
 	s := warehouse.Slice{TenantID: "tenant-1", SourceScope: scope, BatchID: 9, Generation: 1}
 	in := e.double.Inject(redshifttest.Fault{Match: swapMatch, Hold: true})
 	mortal := e.mortal(t, kt)
@@ -208,7 +213,9 @@ func TestASubmissionRecordedWithoutItsIDIsRepeatedWithItsToken(t *testing.T) {
 	in.Release()
 	require.NoError(t, testproc.Await(t, done, "the repeated load to end"))
 	require.Equal(t, 1, e.submissionsNamed("fleet-load-swap-"), "one swap ran")
-	require.Equal(t, int64(1), mustStamp(t, e.wh, s).Generation)
+	st := mustStamp(t, e.wh, s)
+	require.Equal(t, int64(1), st.Generation)
+	require.Equal(t, int64(1), st.BadRecords, "the repeated swap moved the staged load errors")
 }
 
 // TestDescribeFailuresAreAskedAgain: DescribeStatement throttled past the

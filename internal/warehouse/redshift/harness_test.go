@@ -186,6 +186,7 @@ func (e *env) harness() warehousetest.Harness {
 		},
 		OrphanCommits: true,
 		LedgerRows:    warehousetest.PoolLedger(e.double.Pool),
+		ErrorRows:     warehousetest.PoolErrors(e.double.Pool),
 		// The swap fails at its last statement, after it replaced the
 		// slice's records, its stamp and its ledger rows: the transaction
 		// is rolled back, as when the cluster loses it before its commit.

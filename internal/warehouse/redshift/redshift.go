@@ -146,16 +146,19 @@ func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Sou
 	ledger := warehouse.NewLedgerCounter(s, src, objects)
 	st, err := w.stage(ctx, s, rr, ledger)
 	rr.Close()
-	var ledgerURL string
+	var ledgerURL, errorsURL string
 	if err == nil {
 		ledgerURL, err = w.stageLedger(ctx, s, ledger.Objects())
+	}
+	if err == nil {
+		errorsURL, err = w.stageErrors(ctx, s, warehouse.LoadErrors(s, rr.Bad()))
 	}
 	if err != nil {
 		w.deleteStaging(ctx, s.BatchID, s.Generation)
 		return warehouse.Stamp{}, err
 	}
 	log.Info("load staged", "records", st.Records, "objects", len(objects), "parts", st.Parts, "bytes", st.Bytes, "compressed_bytes", st.Compressed,
-		"manifest", st.ManifestURL, "ledger_manifest", ledgerURL)
+		"bad_records", len(rr.Bad()), "manifest", st.ManifestURL, "ledger_manifest", ledgerURL, "errors_manifest", errorsURL)
 
 	staged := st.ManifestURL != ""
 	sub := submission{slice: s, records: st.Records, timeout: w.cfg.LoadTimeout, poll: w.cfg.LoadPollInterval, pollMax: w.cfg.LoadPollMax,
@@ -163,13 +166,14 @@ func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Sou
 	// The lease is checked before the COPY too: a delivery that lost it
 	// does not start one.
 	copySub := sub
-	copySub.kind, copySub.name, copySub.sqls = kindLoadCopy, loadName("copy", s), stageSQL(s, st.ManifestURL, ledgerURL, w.cfg.IAMRole)
+	copySub.kind, copySub.name, copySub.sqls = kindLoadCopy, loadName("copy", s), stageSQL(s, st.ManifestURL, ledgerURL, errorsURL, w.cfg.IAMRole)
 	start := time.Now()
 	id, err := w.run(ctx, copySub)
 	if err != nil {
 		return w.loadFailed(ctx, s, id, err)
 	}
 	log.Info("load copied into its staging tables", "statement_id", id, "table", stagingTable(s), "ledger_table", ledgerStagingTable(s),
+		"errors_table", errorsStagingTable(s),
 		"copy_seconds", time.Since(start).Seconds())
 	sub.kind, sub.name, sub.sqls = kindLoadSwap, loadName("swap", s), swapSQL(s, v, st.Records, staged)
 	id, err = w.run(ctx, sub)
@@ -203,13 +207,13 @@ func (w *Warehouse) loadFailed(ctx context.Context, s warehouse.Slice, id string
 	}
 }
 
-// dropStagingTable drops a load's staging tables (records and ledger) once
-// its load can no longer use them. Failures are logged.
+// dropStagingTable drops a load's staging tables (records, ledger and
+// errors) once its load can no longer use them. Failures are logged.
 func (w *Warehouse) dropStagingTable(ctx context.Context, s warehouse.Slice) {
 	ctx, done := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
 	defer done()
 	if err := w.exec(ctx, fmt.Sprintf("fleet-load-drop-%d-%d", s.BatchID, s.Generation),
-		[]string{`DROP TABLE IF EXISTS ` + stagingTable(s), `DROP TABLE IF EXISTS ` + ledgerStagingTable(s)}); err != nil {
+		[]string{`DROP TABLE IF EXISTS ` + stagingTable(s), `DROP TABLE IF EXISTS ` + ledgerStagingTable(s), `DROP TABLE IF EXISTS ` + errorsStagingTable(s)}); err != nil {
 		w.cfg.Logger.Warn("dropping staging table", "batch_id", s.BatchID, "table", stagingTable(s), "ledger_table", ledgerStagingTable(s), "error", err)
 	}
 }
@@ -262,14 +266,14 @@ func (w *dataAPI) stamp(ctx context.Context, tenantID, sourceScope string) (ware
 		return warehouse.Stamp{}, 0, false, nil
 	case len(rows) > 1:
 		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: the slice has %d stamps", len(rows))
-	case len(rows[0]) != 6:
+	case len(rows[0]) != 7:
 		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %d columns", len(rows[0]))
 	}
 	r := rows[0]
 	var (
 		st   warehouse.Stamp
 		age  int64
-		errs [6]error
+		errs [7]error
 		at   *time.Time
 	)
 	st.BatchID, errs[0] = fieldInt(r[0])
@@ -278,6 +282,7 @@ func (w *dataAPI) stamp(ctx context.Context, tenantID, sourceScope string) (ware
 	at, errs[3] = fieldTime(r[3])
 	st.PublishedAt, errs[4] = fieldTime(r[4])
 	age, errs[5] = fieldInt(r[5])
+	st.BadRecords, errs[6] = fieldInt(r[6])
 	if err := errors.Join(errs[:]...); err != nil {
 		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %w", err)
 	}

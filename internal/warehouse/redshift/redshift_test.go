@@ -102,8 +102,8 @@ func TestStagingCleanupUnderAnEncodedPrefix(t *testing.T) {
 
 // TestStagingManifestAndCleanup: a load stages gzip NDJSON parts and a
 // manifest naming exactly those parts (mandatory, with their sizes) under
-// batch-{id}/gen-{generation}/, and its ledger rows beside them (one part
-// and its manifest), sends its transactions to the configured target, and
+// batch-{id}/gen-{generation}/, its ledger rows and load errors beside them
+// (one part and a manifest each), sends its transactions to the configured target, and
 // deletes its staging once the commit is confirmed.
 func TestStagingManifestAndCleanup(t *testing.T) {
 	t.Parallel()
@@ -120,6 +120,7 @@ func TestStagingManifestAndCleanup(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(3), st.RecordCount)
 	require.Equal(t, []string{
+		"fleet/staging/batch-41/gen-3/errors-manifest.json", "fleet/staging/batch-41/gen-3/errors.ndjson.gz",
 		"fleet/staging/batch-41/gen-3/ledger-manifest.json", "fleet/staging/batch-41/gen-3/ledger.ndjson.gz",
 		"fleet/staging/batch-41/gen-3/manifest.json", "fleet/staging/batch-41/gen-3/part-00000.ndjson.gz",
 	}, seen)
@@ -160,6 +161,12 @@ func TestStagingManifestAndCleanup(t *testing.T) {
 	}, copySub.SQLs[3:5], "the ledger is staged in the same transaction, into a table of its own")
 	require.True(t, strings.HasPrefix(copySub.SQLs[5], "COPY curated_staging.fleet_load_41_3_objects ("), copySub.SQLs[5])
 	require.Contains(t, copySub.SQLs[5], "FROM 's3://"+stagingBucket+"/fleet/staging/batch-41/gen-3/ledger-manifest.json'")
+	require.Equal(t, []string{
+		"DROP TABLE IF EXISTS curated_staging.fleet_load_41_3_errors",
+		"CREATE TABLE curated_staging.fleet_load_41_3_errors (LIKE curated.fleet_load_errors)",
+	}, copySub.SQLs[6:8], "the load errors are staged in the same transaction, into a table of their own")
+	require.True(t, strings.HasPrefix(copySub.SQLs[8], "COPY curated_staging.fleet_load_41_3_errors ("), copySub.SQLs[8])
+	require.Contains(t, copySub.SQLs[8], "FROM 's3://"+stagingBucket+"/fleet/staging/batch-41/gen-3/errors-manifest.json'")
 	for _, q := range copySub.SQLs {
 		require.NotContains(t, q, "LOCK", "the COPY's transaction takes no shared lock")
 	}
@@ -169,8 +176,11 @@ func TestStagingManifestAndCleanup(t *testing.T) {
 	require.Contains(t, swap, "FROM curated_staging.fleet_load_41_3")
 	require.Contains(t, swap, "DELETE FROM curated.fleet_load_objects", "the swap replaces the ledger with the slice")
 	require.Contains(t, swap, "INSERT INTO curated.fleet_load_objects")
-	require.Equal(t, []string{"DROP TABLE curated_staging.fleet_load_41_3", "DROP TABLE curated_staging.fleet_load_41_3_objects"},
-		swapSub.SQLs[len(swapSub.SQLs)-2:])
+	require.Contains(t, swap, "DELETE FROM curated.fleet_load_errors", "the swap replaces the load errors with the slice")
+	require.Contains(t, swap, "INSERT INTO curated.fleet_load_errors")
+	require.Equal(t, []string{"DROP TABLE curated_staging.fleet_load_41_3", "DROP TABLE curated_staging.fleet_load_41_3_objects",
+		"DROP TABLE curated_staging.fleet_load_41_3_errors"},
+		swapSub.SQLs[len(swapSub.SQLs)-3:])
 }
 
 // TestStagedLinesAreCuratedRows: each staged line carries the columns of
@@ -246,7 +256,8 @@ func TestStagingPartsAreBoundedAndUploadedInParts(t *testing.T) {
 
 // TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging: records Redshift
 // could not load are malformed, named by object and line, before any COPY
-// is submitted, and leave no staging behind.
+// is submitted, and leave no staging behind. They are bad records: within
+// the import's tolerance they are skipped and recorded in the load errors.
 func TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -272,6 +283,32 @@ func TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging(t *testing.T) {
 	}
 	require.Zero(t, e.loadSubmissions(), "nothing was submitted")
 	require.Empty(t, e.stagingKeys(t), "nothing is left staged")
+
+	// They are bad records, like the reader's own: failing the load as
+	// bad_records does, or skipped and recorded within the tolerance.
+	for i, c := range cases {
+		src, objs, _ := warehousetest.Source(t, map[string]string{"records.ndjson": c.body})
+		s := warehouse.Slice{TenantID: "tenant-1", SourceScope: fmt.Sprintf("fleet_s3:mem://limits/tolerated-%d", i), BatchID: int64(i + 1), Generation: 1}
+		_, err := e.wh.Load(context.Background(), s, src, objs, nil)
+		bad, ok := folder.AsBadRecord(err)
+		require.True(t, ok, "%s: %v", c.name, err)
+		require.Equal(t, int64(2), bad.Line, c.name)
+		require.Contains(t, bad.Reason, c.want, c.name)
+		require.LessOrEqual(t, len(bad.Excerpt), folder.MaxExcerptBytes, c.name)
+
+		src, objs, _ = warehousetest.Source(t, map[string]string{"records.ndjson": c.body})
+		src.Tolerate(1)
+		st, err := e.wh.Load(context.Background(), s, src, objs, nil)
+		require.NoError(t, err, c.name)
+		require.Equal(t, int64(1), st.RecordCount, c.name)
+		require.Equal(t, int64(1), st.BadRecords, c.name)
+		_, errs, _, err := e.wh.LoadErrors(context.Background(), s.TenantID, s.SourceScope)
+		require.NoError(t, err)
+		require.Len(t, errs, 1, c.name)
+		require.Equal(t, int64(2), errs[0].Line, c.name)
+		require.Contains(t, errs[0].Reason, c.want, c.name)
+		require.LessOrEqual(t, len(errs[0].Excerpt), folder.MaxExcerptBytes, c.name)
+	}
 
 	// Just within the limits, the same shapes load.
 	st, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: "fleet_s3:mem://limits/ok", BatchID: 99, Generation: 1},
@@ -349,7 +386,7 @@ func TestConflictsAreRetriedWithoutRestaging(t *testing.T) {
 	}
 	require.Equal(t, 2, names["fleet-load-copy-1-1"], "the aborted COPY ran again from the same manifest")
 	require.Equal(t, 3, names["fleet-load-swap-1-1"], "two conflicts, then the swap committed")
-	require.Equal(t, 4, e.s3.Requests(stagingBucket, "PutObject"), "one part and one manifest, of the records and of the ledger: staged once")
+	require.Equal(t, 6, e.s3.Requests(stagingBucket, "PutObject"), "one part and one manifest, of the records, the ledger and the errors: staged once")
 
 	for range 3 {
 		e.double.Inject(redshifttest.Fault{Match: swapMatch, FailAt: 4, Error: conflict})
@@ -534,7 +571,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		require.NoError(t, rows.Scan(&v))
 		versions = append(versions, v)
 	}
-	require.Equal(t, []int64{1, 2, 3, 4}, versions)
+	require.Equal(t, []int64{1, 2, 3, 4, 5}, versions)
 	var recordType string
 	require.NoError(t, e.double.Pool.QueryRow(context.Background(), `
 		SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = 'curated.fleet_records'::regclass AND attname = 'record'`).Scan(&recordType))

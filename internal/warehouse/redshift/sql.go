@@ -156,12 +156,22 @@ func ledgerStagingTable(s warehouse.Slice) string {
 	return stagingTable(s) + "_objects"
 }
 
+// errorsStagingTable names the table a load COPYs its load errors into,
+// beside its records' staging table.
+func errorsStagingTable(s warehouse.Slice) string {
+	return stagingTable(s) + "_errors"
+}
+
 // copyColumns are the columns the staged NDJSON carries.
 const copyColumns = `tenant_id, source_scope, batch_id, lease_generation, object_key, line_number, record`
 
 // ledgerColumns are the columns of curated.fleet_load_objects, which the
 // staged ledger NDJSON carries.
 const ledgerColumns = `tenant_id, source_scope, batch_id, object_key, etag, size_bytes, record_count, last_modified, marker_modified`
+
+// errorsColumns are the columns of curated.fleet_load_errors, which the
+// staged errors NDJSON carries.
+const errorsColumns = `tenant_id, source_scope, batch_id, ordinal, object_key, line_number, column_number, reason, raw_excerpt`
 
 // copyManifest loads exactly the parts a manifest names into the columns
 // of table.
@@ -177,9 +187,10 @@ func copyManifest(table, columns, manifestURL, iamRole string) string {
 // stageSQL is a load's first transaction: no shared lock, nothing shared
 // written. It (re)creates the load's staging tables and COPYs the
 // manifests into them: the records' (recordsURL, empty for a load with no
-// records, which stages none) and the ledger's (ledgerURL, always staged);
-// however long the COPY takes, no other load or publication waits.
-func stageSQL(s warehouse.Slice, recordsURL, ledgerURL, iamRole string) []string {
+// records, which stages none), the ledger's (ledgerURL) and the load
+// errors' (errorsURL), both always staged; however long the COPY takes, no
+// other load or publication waits.
+func stageSQL(s warehouse.Slice, recordsURL, ledgerURL, errorsURL, iamRole string) []string {
 	var sqls []string
 	if recordsURL != "" {
 		table := stagingTable(s)
@@ -188,11 +199,14 @@ func stageSQL(s warehouse.Slice, recordsURL, ledgerURL, iamRole string) []string
 			`CREATE TABLE `+table+` (LIKE curated.fleet_records INCLUDING DEFAULTS)`,
 			copyManifest(table, copyColumns, recordsURL, iamRole))
 	}
-	ledger := ledgerStagingTable(s)
+	ledger, errs := ledgerStagingTable(s), errorsStagingTable(s)
 	return append(sqls,
 		`DROP TABLE IF EXISTS `+ledger,
 		`CREATE TABLE `+ledger+` (LIKE curated.fleet_load_objects)`,
-		copyManifest(ledger, ledgerColumns, ledgerURL, iamRole))
+		copyManifest(ledger, ledgerColumns, ledgerURL, iamRole),
+		`DROP TABLE IF EXISTS `+errs,
+		`CREATE TABLE `+errs+` (LIKE curated.fleet_load_errors)`,
+		copyManifest(errs, errorsColumns, errorsURL, iamRole))
 }
 
 // guardNotSuperseded fails when the slice is stamped with a newer batch, or
@@ -241,10 +255,23 @@ const guardLedger = `SELECT 1 / CASE WHEN (SELECT count(*) FROM curated.fleet_lo
   WHERE tenant_id = :tenant_id AND source_scope = :source_scope) = :record_count
   THEN 1 ELSE 0 END`
 
+const deleteErrors = `DELETE FROM curated.fleet_load_errors WHERE tenant_id = :tenant_id AND source_scope = :source_scope`
+
+// insertErrors moves the staged load errors of exactly this slice and
+// batch into the errors table.
+const insertErrors = `INSERT INTO curated.fleet_load_errors (` + errorsColumns + `)
+SELECT ` + errorsColumns + ` FROM :errors_table
+WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND batch_id = :batch_id`
+
+// guardErrors fails unless the slice's errors are exactly the rows staged.
+const guardErrors = `SELECT 1 / CASE WHEN (SELECT count(*) FROM curated.fleet_load_errors
+  WHERE tenant_id = :tenant_id AND source_scope = :source_scope) = (SELECT count(*) FROM :errors_table)
+  THEN 1 ELSE 0 END`
+
 // swapSQL is a load's second transaction, the only one under the writer
 // lock: guard, replace the slice's rows with the staged ones, check the
-// count, replace the stamp, replace the ledger rows with the staged ones
-// and check them, drop the staging tables. A load with no records has no
+// count, replace the stamp, replace the ledger rows and the load errors
+// with the staged ones and check them, drop the staging tables. A load with no records has no
 // records' staging table (staged false): it empties the slice, stamps it
 // and writes its ledger (of objects without records).
 func swapSQL(s warehouse.Slice, v values, records int64, staged bool) []string {
@@ -255,30 +282,58 @@ func swapSQL(s warehouse.Slice, v values, records int64, staged bool) []string {
 		sqls = append(sqls, render(insertStaged, v))
 	}
 	v["ledger_table"] = ledgerStagingTable(s)
+	v["errors_table"] = errorsStagingTable(s)
 	sqls = append(sqls, render(guardCount, v), render(deleteStamp, v), render(insertStamp, v),
-		render(deleteLedger, v), render(insertLedger, v), render(guardLedger, v))
+		render(deleteLedger, v), render(insertLedger, v), render(guardLedger, v),
+		render(deleteErrors, v), render(insertErrors, v), render(guardErrors, v))
 	if staged {
 		sqls = append(sqls, `DROP TABLE `+stagingTable(s))
 	}
-	return append(sqls, `DROP TABLE `+ledgerStagingTable(s))
+	return append(sqls, `DROP TABLE `+ledgerStagingTable(s), `DROP TABLE `+errorsStagingTable(s))
 }
+
+// badRecordsJoin joins a slice's stamp (s) with the number of load errors
+// of the batch it is stamped with (e.bad_records, NULL for none): the
+// stamp's BadRecords. An aggregate joined on the batch, not a correlated
+// subquery in the select list, which Redshift does not run.
+const badRecordsJoin = `LEFT JOIN (SELECT batch_id, count(*) AS bad_records FROM curated.fleet_load_errors
+  WHERE tenant_id = :tenant_id AND source_scope = :source_scope GROUP BY batch_id) e ON e.batch_id = s.batch_id`
 
 // readLedger reads a slice's stamp and the ledger rows of the batch it is
 // stamped with, in one statement (one snapshot); a stamp without rows is
 // one row of NULL ledger columns.
 const readLedger = `SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at,
+       COALESCE(e.bad_records, 0),
        o.object_key, o.etag, o.size_bytes, o.record_count, o.last_modified, o.marker_modified
 FROM curated.fleet_slices s
+` + badRecordsJoin + `
 LEFT JOIN curated.fleet_load_objects o
   ON o.tenant_id = s.tenant_id AND o.source_scope = s.source_scope AND o.batch_id = s.batch_id
 WHERE s.tenant_id = :tenant_id AND s.source_scope = :source_scope
 ORDER BY o.object_key`
 
-// readStamp reads a slice's stamp and its age in seconds on the warehouse
-// clock.
-const readStamp = `SELECT batch_id, lease_generation, record_count, committed_at, published_at,
-       CAST(EXTRACT(EPOCH FROM GETDATE()) - EXTRACT(EPOCH FROM committed_at) AS BIGINT)
-FROM curated.fleet_slices WHERE tenant_id = :tenant_id AND source_scope = :source_scope`
+// readLoadErrors reads a slice's stamp and the load errors of the batch
+// it is stamped with, in one statement (one snapshot); a stamp without
+// errors is one row of NULL error columns.
+const readLoadErrors = `SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at,
+       COALESCE(n.bad_records, 0),
+       e.ordinal, e.object_key, e.line_number, e.column_number, e.reason, e.raw_excerpt
+FROM curated.fleet_slices s
+LEFT JOIN (SELECT batch_id, count(*) AS bad_records FROM curated.fleet_load_errors
+  WHERE tenant_id = :tenant_id AND source_scope = :source_scope GROUP BY batch_id) n ON n.batch_id = s.batch_id
+LEFT JOIN curated.fleet_load_errors e
+  ON e.tenant_id = s.tenant_id AND e.source_scope = s.source_scope AND e.batch_id = s.batch_id
+WHERE s.tenant_id = :tenant_id AND s.source_scope = :source_scope
+ORDER BY e.ordinal`
+
+// readStamp reads a slice's stamp, its age in seconds on the warehouse
+// clock, and its number of load errors.
+const readStamp = `SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at,
+       CAST(EXTRACT(EPOCH FROM GETDATE()) - EXTRACT(EPOCH FROM s.committed_at) AS BIGINT),
+       COALESCE(e.bad_records, 0)
+FROM curated.fleet_slices s
+` + badRecordsJoin + `
+WHERE s.tenant_id = :tenant_id AND s.source_scope = :source_scope`
 
 // guardPublishable fails unless the slice is stamped with the batch and is
 // published already or still within the window (seconds, warehouse clock).

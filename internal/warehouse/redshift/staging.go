@@ -27,6 +27,8 @@ import (
 //	batch-{batch id}/gen-{lease generation}/manifest.json
 //	batch-{batch id}/gen-{lease generation}/ledger.ndjson.gz
 //	batch-{batch id}/gen-{lease generation}/ledger-manifest.json
+//	batch-{batch id}/gen-{lease generation}/errors.ndjson.gz
+//	batch-{batch id}/gen-{lease generation}/errors-manifest.json
 //
 // A delivery stages under its own lease generation, so a retried delivery
 // never overwrites objects a still-running COPY of an earlier one reads.
@@ -49,6 +51,11 @@ func (w *Warehouse) manifestURL(s warehouse.Slice) string {
 // ledgerManifestURL is where a load's ledger manifest is staged.
 func (w *Warehouse) ledgerManifestURL(s warehouse.Slice) string {
 	return "s3://" + w.bucket + "/" + w.genPrefix(s) + "ledger-manifest.json"
+}
+
+// errorsManifestURL is where a load's errors manifest is staged.
+func (w *Warehouse) errorsManifestURL(s warehouse.Slice) string {
+	return "s3://" + w.bucket + "/" + w.genPrefix(s) + "errors-manifest.json"
 }
 
 // Manifest is a COPY manifest: exactly the parts of one load, each
@@ -83,8 +90,10 @@ type staged struct {
 // stage reads the objects' records once and writes them as gzip NDJSON
 // parts of at most PartBytes each, then a manifest naming exactly those
 // parts, counting each record in ledger. A record Redshift could not load
-// is refused before anything of it is written, wrapping folder.ErrMalformed
-// and naming object and line.
+// is a bad record (folder.BadRecord, naming object and line), refused
+// before anything of it is written: skipped within the import's tolerance
+// (rr.Reject; rr.Bad lists it with the reader's own), else the end of the
+// load.
 func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.RecordReader, ledger *warehouse.LedgerCounter) (staged, error) {
 	var (
 		out     staged
@@ -101,15 +110,27 @@ func (w *Warehouse) stage(ctx context.Context, s warehouse.Slice, rr *folder.Rec
 			return staged{}, err
 		}
 	)
+	// reject reports a record Redshift could not load as a bad record of
+	// rr, within the import's tolerance like the reader's own: nil when it
+	// is skipped.
+	reject := func(rec folder.Record, reason string) error {
+		return rr.Reject(&folder.BadRecord{ObjectKey: rec.ObjectKey, Line: rec.Line, Reason: reason, Excerpt: folder.Excerpt(rec.JSON)})
+	}
 	for rr.Next() {
 		rec := rr.Record()
 		if err := checkRecord(rec.JSON, w.cfg.MaxStringBytes, w.cfg.MaxDepth); err != nil {
-			return failing(fmt.Errorf("%w: %s: line %d: %v", folder.ErrMalformed, rec.ObjectKey, rec.Line, err))
+			if err := reject(rec, err.Error()); err != nil {
+				return failing(err)
+			}
+			continue
 		}
 		line = enc.append(line[:0], rec)
 		if len(line) > w.cfg.MaxRecordBytes {
-			return failing(fmt.Errorf("%w: %s: line %d: the record is %d bytes as staged, over Redshift's limit of %d bytes for one JSON object",
-				folder.ErrMalformed, rec.ObjectKey, rec.Line, len(line), w.cfg.MaxRecordBytes))
+			if err := reject(rec, fmt.Sprintf("the record is %d bytes as staged, over Redshift's limit of %d bytes for one JSON object",
+				len(line), w.cfg.MaxRecordBytes)); err != nil {
+				return failing(err)
+			}
+			continue
 		}
 		if part == nil {
 			key := fmt.Sprintf("%spart-%05d.ndjson.gz", prefix, out.Parts)
@@ -179,6 +200,30 @@ func (w *Warehouse) stageLedger(ctx context.Context, s warehouse.Slice, objects 
 			return "", err
 		}
 	}
+	return w.closeSmallPart(ctx, part, prefix+"ledger-manifest.json")
+}
+
+// stageErrors writes a load's errors (the bad records its reader skipped)
+// as one gzip NDJSON part (the columns of curated.fleet_load_errors) and a
+// manifest naming it, and returns the manifest's URL. Like the ledger it
+// is staged even without rows, so that the swap always replaces the
+// slice's errors.
+func (w *Warehouse) stageErrors(ctx context.Context, s warehouse.Slice, errs []warehouse.LoadError) (string, error) {
+	prefix := w.genPrefix(s)
+	part := w.openPart(ctx, prefix+"errors.ndjson.gz")
+	var line []byte
+	for _, e := range errs {
+		line = appendErrorLine(line[:0], e)
+		if err := part.write(line); err != nil {
+			return "", err
+		}
+	}
+	return w.closeSmallPart(ctx, part, prefix+"errors-manifest.json")
+}
+
+// closeSmallPart closes a one-part load (the ledger's, the errors') and
+// writes a manifest naming it at key; it returns the manifest's URL.
+func (w *Warehouse) closeSmallPart(ctx context.Context, part *partWriter, key string) (string, error) {
 	entry, err := part.close()
 	if err != nil {
 		return "", err
@@ -187,14 +232,13 @@ func (w *Warehouse) stageLedger(ctx context.Context, s warehouse.Slice, objects 
 	if err != nil {
 		return "", err
 	}
-	key := prefix + "ledger-manifest.json"
 	if _, err := w.s3.PutObject(ctx, &s3.PutObjectInput{
 		Bucket: aws.String(w.bucket), Key: aws.String(key), Body: strings.NewReader(string(body)),
 		ContentType: aws.String("application/json"),
 	}); err != nil {
 		return "", fmt.Errorf("writing staging manifest s3://%s/%s: %w", w.bucket, key, err)
 	}
-	return w.ledgerManifestURL(s), nil
+	return "s3://" + w.bucket + "/" + key, nil
 }
 
 // copyTimeLayout is COPY's default TIMESTAMP format, with microseconds.
@@ -223,6 +267,30 @@ func appendLedgerLine(buf []byte, o warehouse.LedgerObject) []byte {
 		buf = append(buf, `,"marker_modified":`...)
 		buf = appendJSONString(buf, o.MarkerModified.UTC().Format(copyTimeLayout))
 	}
+	return append(buf, "}\n"...)
+}
+
+// appendErrorLine appends one load error as the NDJSON line COPY …
+// FORMAT JSON 'auto' loads into curated.fleet_load_errors.
+func appendErrorLine(buf []byte, e warehouse.LoadError) []byte {
+	buf = append(buf, `{"tenant_id":`...)
+	buf = appendJSONString(buf, e.TenantID)
+	buf = append(buf, `,"source_scope":`...)
+	buf = appendJSONString(buf, e.SourceScope)
+	buf = append(buf, `,"batch_id":`...)
+	buf = strconv.AppendInt(buf, e.BatchID, 10)
+	buf = append(buf, `,"ordinal":`...)
+	buf = strconv.AppendInt(buf, e.Ordinal, 10)
+	buf = append(buf, `,"object_key":`...)
+	buf = appendJSONString(buf, e.ObjectKey)
+	buf = append(buf, `,"line_number":`...)
+	buf = strconv.AppendInt(buf, e.Line, 10)
+	buf = append(buf, `,"column_number":`...)
+	buf = strconv.AppendInt(buf, int64(e.Column), 10)
+	buf = append(buf, `,"reason":`...)
+	buf = appendJSONString(buf, e.Reason)
+	buf = append(buf, `,"raw_excerpt":`...)
+	buf = appendJSONString(buf, e.Excerpt)
 	return append(buf, "}\n"...)
 }
 

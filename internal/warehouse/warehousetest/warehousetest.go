@@ -50,6 +50,10 @@ type Harness struct {
 	// order: what the ledger holds, not only what LedgerReader shows. Nil
 	// skips the checks that need it.
 	LedgerRows func(ctx context.Context, tenantID, scope string) ([]warehouse.LedgerObject, error)
+	// ErrorRows returns every row of the load errors table
+	// (curated.fleet_load_errors) of the slice, whatever its batch, by
+	// batch and ordinal. Nil skips the checks that need it.
+	ErrorRows func(ctx context.Context, tenantID, scope string) ([]warehouse.LoadError, error)
 	// KilledLoad runs a Load that dies after it wrote the new slice's
 	// records and ledger rows and before its commit (PostgreSQL: its
 	// client is gone at the last lease check; Redshift: the swap
@@ -98,6 +102,10 @@ func Exercise(t *testing.T, factory Factory) {
 		{"LedgerListsTheLoadedObjects", testLedger},
 		{"ALoadKilledBeforeItsCommitLeavesTheOldSliceAndLedger", testLedgerKilled},
 		{"AReimportReplacesTheLedger", testLedgerReimport},
+		{"BadRecordsWithinTheToleranceAreSkippedAndRecorded", testBadRecords},
+		{"BadRecordsBeyondTheToleranceFailTheLoad", testBadRecordsBeyond},
+		{"AReimportReplacesTheLoadErrors", testBadRecordsReimport},
+		{"ALoadKilledBeforeItsCommitLeavesTheOldLoadErrors", testBadRecordsKilled},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -186,6 +194,32 @@ func PoolLedger(pool *pgxpool.Pool) func(context.Context, string, string) ([]war
 				o.MarkerModified = &m
 			}
 			out = append(out, o)
+		}
+		return out, rows.Err()
+	}
+}
+
+// PoolErrors returns ErrorRows for a warehouse whose tables are readable
+// as curated.fleet_* through pool.
+func PoolErrors(pool *pgxpool.Pool) func(context.Context, string, string) ([]warehouse.LoadError, error) {
+	return func(ctx context.Context, tenant, scope string) ([]warehouse.LoadError, error) {
+		rows, err := pool.Query(ctx, `
+			SELECT batch_id, ordinal, object_key, line_number, column_number, reason, raw_excerpt
+			FROM curated.fleet_load_errors
+			WHERE tenant_id = $1 AND source_scope = $2 ORDER BY batch_id, ordinal`, tenant, scope)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var out []warehouse.LoadError
+		for rows.Next() {
+			e := warehouse.LoadError{TenantID: tenant, SourceScope: scope}
+			var column int32
+			if err := rows.Scan(&e.BatchID, &e.Ordinal, &e.ObjectKey, &e.Line, &column, &e.Reason, &e.Excerpt); err != nil {
+				return nil, err
+			}
+			e.Column = int(column)
+			out = append(out, e)
 		}
 		return out, rows.Err()
 	}
@@ -745,5 +779,233 @@ func testLedgerReimport(t *testing.T, h Harness) {
 		raw, err := h.LedgerRows(ctx, second.TenantID, second.SourceScope)
 		require.NoError(t, err)
 		require.Equal(t, got, raw, "no row of the old batch is left in the table")
+	}
+}
+
+// BadFiles is a folder with 3 bad records and 5 good ones: a CSV row with
+// too few fields (a.csv line 3), a CSV value holding NUL, long enough that
+// its excerpt is cut (a.csv line 5, column 2), and an NDJSON line that is
+// not JSON (b.ndjson line 2).
+func BadFiles() map[string]string {
+	return map[string]string{
+		"a.csv":    "id,note\n1,ok\n2\n3,fine\n4,bad\x00" + strings.Repeat("value", 1000) + "\n5,last\n",
+		"b.ndjson": "{\"n\": 1}\nnot json\n{\"n\": 2}\n",
+	}
+}
+
+// badSource opens a folder of files whose readers skip up to tolerate bad
+// records.
+func badSource(t *testing.T, files map[string]string, tolerate int) (*folder.Source, []folder.Object, string) {
+	src, objs, scope := Source(t, files)
+	src.Tolerate(tolerate)
+	return src, objs, scope
+}
+
+// loadErrors reads the slice's load errors through the warehouse's
+// ErrorsReader.
+func loadErrors(t *testing.T, h Harness, s warehouse.Slice) (warehouse.Stamp, []warehouse.LoadError, bool) {
+	t.Helper()
+	er, ok := h.Warehouse.(warehouse.ErrorsReader)
+	require.True(t, ok, "the warehouse reads its load errors (warehouse.ErrorsReader)")
+	st, errs, found, err := er.LoadErrors(context.Background(), s.TenantID, s.SourceScope)
+	require.NoError(t, err)
+	return st, errs, found
+}
+
+// testBadRecords: with a tolerance of 5, a folder of 3 bad records loads
+// every other record once, the stamp counts the 3, and the errors table
+// holds them with object, line, column, reason and an excerpt of at most
+// 1 KiB, numbered in the order they were read.
+func testBadRecords(t *testing.T, h Harness) {
+	ctx := context.Background()
+	src, objs, scope := badSource(t, BadFiles(), 5)
+	s := slice(scope, 21, 2)
+	st, err := h.Warehouse.Load(ctx, s, src, objs, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), st.BadRecords, "Load's stamp counts the skipped bad records")
+	require.Equal(t, int64(5), st.RecordCount)
+	got, recs, _ := consistent(t, h, s)
+	require.Equal(t, int64(3), got.BadRecords, "the stamp read back counts them too")
+	seen := map[string]int{}
+	for _, r := range recs {
+		seen[fmt.Sprintf("%s:%d", r.ObjectKey[strings.LastIndex(r.ObjectKey, "/")+1:], r.Line)]++
+	}
+	require.Equal(t, map[string]int{"a.csv:2": 1, "a.csv:4": 1, "a.csv:6": 1, "b.ndjson:1": 1, "b.ndjson:3": 1}, seen,
+		"every good record once, no bad one")
+
+	est, errs, found := loadErrors(t, h, s)
+	require.True(t, found)
+	require.Equal(t, int64(21), est.BatchID)
+	require.Equal(t, int64(3), est.BadRecords)
+	require.Len(t, errs, 3)
+	type where struct {
+		key          string
+		line         int64
+		column       int
+		excerptHolds string
+	}
+	want := []where{{"a.csv", 3, 0, ""}, {"a.csv", 5, 2, `bad\x00value`}, {"b.ndjson", 2, 0, "not json"}}
+	for i, e := range errs {
+		w := want[i]
+		require.Equal(t, int64(i+1), e.Ordinal)
+		require.Equal(t, int64(21), e.BatchID)
+		require.Equal(t, s.TenantID, e.TenantID)
+		require.Equal(t, s.SourceScope, e.SourceScope)
+		require.True(t, strings.HasSuffix(e.ObjectKey, "in/"+w.key), "error %d names its object: %s", i+1, e.ObjectKey)
+		require.Equal(t, w.line, e.Line, "error %d's line", i+1)
+		if w.column > 0 {
+			require.Equal(t, w.column, e.Column, "error %d's column", i+1)
+		}
+		require.NotEmpty(t, e.Reason, "error %d says why", i+1)
+		require.NotEmpty(t, e.Excerpt, "error %d shows the raw value", i+1)
+		require.LessOrEqual(t, len(e.Excerpt), folder.MaxExcerptBytes, "error %d's excerpt is at most 1 KiB", i+1)
+		require.Contains(t, e.Excerpt, w.excerptHolds, "error %d's excerpt", i+1)
+	}
+	require.Contains(t, errs[1].Excerpt, "bytes)", "the long value's excerpt is cut and says how long it was")
+	if h.ErrorRows != nil {
+		raw, err := h.ErrorRows(ctx, s.TenantID, s.SourceScope)
+		require.NoError(t, err)
+		require.Equal(t, errs, raw, "the table holds exactly the slice's errors")
+	}
+
+	// The same past the local warehouse's small-load limit (its COPY
+	// stream).
+	files := BadFiles()
+	files["0big.csv"] = rows("big", 300) // read first: the bad records come in the stream
+	src, objs, scope = badSource(t, files, 5)
+	s = slice(scope, 23, 1)
+	st, err = h.Warehouse.Load(ctx, s, src, objs, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), st.BadRecords)
+	require.Equal(t, int64(305), st.RecordCount)
+	_, errs, _ = loadErrors(t, h, s)
+	require.Len(t, errs, 3)
+	require.Equal(t, int64(5), errs[1].Line)
+
+	// A load without bad records has none, and the stamp says 0.
+	src, objs, scope = badSource(t, map[string]string{"x.csv": rows("x", 2)}, 5)
+	s = slice(scope, 22, 1)
+	st, err = h.Warehouse.Load(ctx, s, src, objs, nil)
+	require.NoError(t, err)
+	require.Zero(t, st.BadRecords)
+	_, errs, found = loadErrors(t, h, s)
+	require.True(t, found)
+	require.Empty(t, errs)
+}
+
+// testBadRecordsBeyond: a tolerance of 2 fails the load of a folder of 3
+// bad records (on the third), and a tolerance of 0 on the first, naming its
+// object, line and column; neither changes the slice, its ledger or its
+// errors.
+func testBadRecordsBeyond(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	old := slice(scope, 1, 1)
+	src, objs, _ := badSource(t, map[string]string{"old.csv": "id,v\n1,a\n2\n3,c\n"}, 1)
+	_, err := h.Warehouse.Load(ctx, old, src, objs, nil)
+	require.NoError(t, err)
+	oldSt, oldRecs, _ := consistent(t, h, old)
+	require.Equal(t, int64(1), oldSt.BadRecords)
+	_, oldLedger, _ := ledger(t, h, old.TenantID, old.SourceScope)
+	_, oldErrs, _ := loadErrors(t, h, old)
+	require.Len(t, oldErrs, 1)
+
+	for _, c := range []struct {
+		tolerate int
+		key      string
+		line     int64
+		column   int
+	}{{2, "b.ndjson", 2, 0}, {0, "a.csv", 3, 0}} {
+		src, objs, _ := badSource(t, BadFiles(), c.tolerate)
+		_, err := h.Warehouse.Load(ctx, slice(scope, 2, 1), src, objs, nil)
+		require.ErrorIs(t, err, folder.ErrMalformed, "tolerance %d", c.tolerate)
+		bad, ok := folder.AsBadRecord(err)
+		require.True(t, ok, "tolerance %d: the error is the bad record: %v", c.tolerate, err)
+		require.True(t, strings.HasSuffix(bad.ObjectKey, "in/"+c.key), "tolerance %d: %v", c.tolerate, err)
+		require.Equal(t, c.line, bad.Line, "tolerance %d: %v", c.tolerate, err)
+		require.Equal(t, c.column, bad.Column, "tolerance %d: %v", c.tolerate, err)
+		require.Contains(t, err.Error(), c.key, "tolerance %d", c.tolerate)
+		require.Contains(t, err.Error(), fmt.Sprintf("line %d", c.line), "tolerance %d", c.tolerate)
+		var tooMany *folder.TooManyBadRecordsError
+		require.ErrorAs(t, err, &tooMany)
+		require.Equal(t, c.tolerate, tooMany.Tolerated)
+
+		st, recs, _ := consistent(t, h, old)
+		require.Equal(t, oldSt, st, "tolerance %d: the old stamp is untouched", c.tolerate)
+		require.Equal(t, oldRecs, recs)
+		_, l, _ := ledger(t, h, old.TenantID, old.SourceScope)
+		require.Equal(t, oldLedger, l, "tolerance %d: the old ledger is untouched", c.tolerate)
+		_, e, _ := loadErrors(t, h, old)
+		require.Equal(t, oldErrs, e, "tolerance %d: the old errors are untouched", c.tolerate)
+	}
+}
+
+// testBadRecordsReimport: a newer batch's load replaces the slice's
+// errors with its own, and one without bad records leaves none.
+func testBadRecordsReimport(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	first := slice(scope, 1, 1)
+	src, objs, _ := badSource(t, BadFiles(), 5)
+	_, err := h.Warehouse.Load(ctx, first, src, objs, nil)
+	require.NoError(t, err)
+	_, errs, _ := loadErrors(t, h, first)
+	require.Len(t, errs, 3)
+
+	second := slice(scope, 2, 1)
+	src, objs, _ = badSource(t, map[string]string{"c.csv": "id,v\n1,a\n2,b,c\n"}, 5)
+	st, err := h.Warehouse.Load(ctx, second, src, objs, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.BadRecords)
+	_, errs, _ = loadErrors(t, h, second)
+	require.Len(t, errs, 1)
+	require.Equal(t, int64(2), errs[0].BatchID)
+	require.Equal(t, int64(1), errs[0].Ordinal)
+	require.True(t, strings.HasSuffix(errs[0].ObjectKey, "in/c.csv"))
+	require.Equal(t, int64(3), errs[0].Line)
+	if h.ErrorRows != nil {
+		raw, err := h.ErrorRows(ctx, second.TenantID, second.SourceScope)
+		require.NoError(t, err)
+		require.Equal(t, errs, raw, "no row of the old batch is left in the table")
+	}
+
+	third := slice(scope, 3, 1)
+	st = load(t, h, third, map[string]string{"d.csv": rows("d", 2)})
+	require.Zero(t, st.BadRecords)
+	_, errs, _ = loadErrors(t, h, third)
+	require.Empty(t, errs)
+	if h.ErrorRows != nil {
+		raw, err := h.ErrorRows(ctx, third.TenantID, third.SourceScope)
+		require.NoError(t, err)
+		require.Empty(t, raw, "a load without bad records leaves the slice none")
+	}
+}
+
+// testBadRecordsKilled: a load of bad records that dies before its commit
+// leaves the old slice's errors, whole.
+func testBadRecordsKilled(t *testing.T, h Harness) {
+	if h.KilledLoad == nil {
+		t.Skip("the harness cannot kill a load before its commit")
+	}
+	scope := newScope()
+	old := slice(scope, 1, 1)
+	src, objs, _ := badSource(t, map[string]string{"old.csv": "id,v\n1,a\n2\n3,c\n"}, 1)
+	_, err := h.Warehouse.Load(context.Background(), old, src, objs, nil)
+	require.NoError(t, err)
+	_, before, _ := loadErrors(t, h, old)
+	require.Len(t, before, 1)
+
+	src, objs, _ = badSource(t, BadFiles(), 5)
+	h.KilledLoad(t, slice(scope, 2, 1), src, objs)
+	st, _, found := consistent(t, h, old)
+	require.True(t, found)
+	require.Equal(t, int64(1), st.BatchID, "the killed load committed nothing")
+	require.Equal(t, int64(1), st.BadRecords)
+	_, after, _ := loadErrors(t, h, old)
+	require.Equal(t, before, after, "the old slice's errors are intact")
+	if h.ErrorRows != nil {
+		raw, err := h.ErrorRows(context.Background(), old.TenantID, old.SourceScope)
+		require.NoError(t, err)
+		require.Equal(t, before, raw)
 	}
 }

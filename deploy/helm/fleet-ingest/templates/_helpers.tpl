@@ -196,3 +196,15 @@ annotations:
   prometheus.io/path: /metrics
 {{- end }}
 {{- end -}}
+
+{{/*
+The doors' tolerance of bad records (enqueue.maxBadRecords), held to what
+enqueue accepts (0 to 10000).
+*/}}
+{{- define "fleet-ingest.maxBadRecords" -}}
+{{- $n := .Values.enqueue.maxBadRecords | default 0 -}}
+{{- if or (lt (int64 $n) 0) (gt (int64 $n) 10000) -}}
+{{- fail (printf "enqueue.maxBadRecords must be between 0 and 10000, not %v" $n) -}}
+{{- end -}}
+{{- int64 $n -}}
+{{- end -}}
