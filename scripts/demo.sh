@@ -117,6 +117,9 @@ say "Records in the warehouse slice (curated.fleet_records)"
 psql "$DATABASE_URL" -Xq -c "SELECT count(*) AS records, count(DISTINCT object_key) AS objects, min(batch_id) AS batch_id FROM curated.fleet_records" \
 	-c "SELECT regexp_replace(object_key, '^.*/upload-1/', '') AS object, line_number AS line, record FROM curated.fleet_records ORDER BY object_key, line_number LIMIT 5"
 
+say "enqueue status --objects: the load ledger, the objects the slice came from (curated.fleet_load_objects)"
+bin/enqueue status --batch-id "$batch_id" --objects --log-level warn
+
 say "Slice stamp and publication (curated.fleet_slices, curated.fleet_publications)"
 psql "$DATABASE_URL" -Xq -c "SELECT batch_id, record_count, committed_at, published_at FROM curated.fleet_slices" \
 	-c "SELECT id, tenant_id, batch_id, record_count, published_at FROM curated.fleet_publications"
