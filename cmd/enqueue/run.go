@@ -35,6 +35,8 @@ type enqueueCLI struct {
 	Serve  serveCmd  `cmd:"" help:"Serve the HTTP listener for upload notifications (POST /v1/imports, POST /v1/events/s3)."`
 	SQS    sqsCmd    `cmd:"" name:"sqs" help:"Consume S3 upload notifications from an SQS queue: the folders of each receive are imported in one transaction, then their messages deleted."`
 
+	Token tokenCmd `cmd:"" help:"Tenant tokens of enqueue serve (--tenant-tokens-file)."`
+
 	// Finding what notifications lost.
 	Reconcile reconcileCmd `cmd:"" help:"List a bucket for completed folders without a batch (their notification was lost) and enqueue them. One JSON line per folder and a summary; --every runs periodically."`
 }

@@ -31,6 +31,8 @@ type serveCmd struct {
 	HMACSecretFile    string        `name:"hmac-secret-file" env:"ENQUEUE_HMAC_SECRET_FILE" help:"File holding a shared secret; /v1/events/s3 then also accepts requests signed with X-Fleet-Timestamp and X-Fleet-Signature."`
 	Marker            string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"Object name whose creation completes a folder."`
 	MaxBadRecords     int           `name:"max-bad-records" env:"MAX_BAD_RECORDS" default:"0" help:"Tolerance of bad records of the imports this door makes, unless a request says (max_bad_records): up to this many records that cannot be stored are skipped, each recorded with the slice in the warehouse's errors table; one more fails the batch. 0 to 10000; 0: the first fails it."`
+	TenantTokensFile  string        `name:"tenant-tokens-file" env:"ENQUEUE_TENANT_TOKENS_FILE" help:"File of tenant tokens, one per line: \"<tenant id> sha256:<hex>\", the SHA-256 of the token, never the token (enqueue token mint prints a token and its line). A tenant token imports only its tenant's folders (POST /v1/imports; another's is 403) and reads only its tenant's batches (GET /v1/batches/{id}; another's is 404). Reloaded every --tenant-tokens-reload: a token added works, a token removed stops working, without a restart."`
+	TenantTokensEvery time.Duration `name:"tenant-tokens-reload" env:"ENQUEUE_TENANT_TOKENS_RELOAD" default:"10s" help:"How often --tenant-tokens-file is read again."`
 	ImportsNoMarker   bool          `name:"imports-without-marker" env:"IMPORTS_WITHOUT_MARKER" help:"POST /v1/imports loads a folder without its completion marker when the body does not say (no \"no_marker\" field): for producers that write none. A body's \"no_marker\": false still requires it. Default: required, as on every door."`
 	PathPattern       string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
 	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). Give the worker the same list."`
@@ -167,6 +169,15 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		return uploads.Config{}, refuseSetting(e, "operator_database_url",
 			errors.New("--operator-database-url needs --operator-token-file: without the operator token no operator surface is served"))
 	}
+	var tenants *uploads.TenantTokens
+	if s.TenantTokensFile != "" {
+		if s.TenantTokensEvery <= 0 {
+			return uploads.Config{}, refuseSetting(e, "tenant_tokens_reload", errors.New("--tenant-tokens-reload must be positive"))
+		}
+		if tenants, err = uploads.LoadTenantTokens(s.TenantTokensFile, e.Logger); err != nil {
+			return uploads.Config{}, refuseSetting(e, "tenant_tokens_file", err)
+		}
+	}
 	if s.OperatorDatabaseURL != "" {
 		if err := cli.CheckDatabaseURL(s.OperatorDatabaseURL); err != nil {
 			return uploads.Config{}, refuseSetting(e, "operator_database_url", fmt.Errorf("--operator-database-url: %w", err))
@@ -174,6 +185,7 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 	}
 	cfg := uploads.Config{
 		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorToken: operator, HMACSecret: []byte(hmacSecret), SNS: sns,
+		TenantTokens:      tenants,
 		AllowLocalFolders: s.DevLocal, ImportsWithoutMarker: s.ImportsNoMarker, MaxBadRecords: s.MaxBadRecords,
 		Marker: s.Marker, Mapping: uploads.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
 		MaxBodyBytes: s.MaxBodyBytes, RequestTimeout: c.Timeout, Logger: e.Logger,
@@ -262,6 +274,9 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	pruneCtx, stopPruning := context.WithCancel(context.WithoutCancel(e.Ctx))
 	defer stopPruning()
 	go srv.PruneReplays(pruneCtx, time.Minute)
+	if cfg.TenantTokens != nil {
+		go cfg.TenantTokens.Watch(pruneCtx, s.TenantTokensEvery, cfg.Metrics.TenantTokenReloadFailures.Inc)
+	}
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)

@@ -510,3 +510,29 @@ func TestChartOneToleranceOfBadRecordsForTheDoors(t *testing.T) {
 		require.ErrorContains(t, err, "enqueue.maxBadRecords must be between 0 and 10000", "%d", bad)
 	}
 }
+
+// TestChartTenantTokens: secrets.enqueue.tenantTokensKey mounts the tokens
+// file beside the import token and names it --tenant-tokens-file; without
+// it there is no such flag.
+func TestChartTenantTokens(t *testing.T) {
+	t.Parallel()
+	docs := mustRender(t, map[string]any{"secrets": map[string]any{"enqueue": map[string]any{"tenantTokensKey": "tenant-tokens"}}})
+	enq := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"])
+	args := enq.Spec.Template.Spec.Containers[0].Args
+	v, ok := argValue(args, "--tenant-tokens-file")
+	require.True(t, ok)
+	require.Equal(t, "/etc/fleet-ingest/enqueue/tenant-tokens", v)
+	var paths []string
+	for _, vol := range enq.Spec.Template.Spec.Volumes {
+		if vol.Secret != nil {
+			for _, it := range vol.Secret.Items {
+				paths = append(paths, it.Key+"->"+it.Path)
+			}
+		}
+	}
+	require.Contains(t, paths, "tenant-tokens->tenant-tokens")
+
+	enq = decode[appsv1.Deployment](t, mustRender(t, nil)["Deployment/prod-fleet-ingest-enqueue"])
+	_, ok = argValue(enq.Spec.Template.Spec.Containers[0].Args, "--tenant-tokens-file")
+	require.False(t, ok, "no tenant tokens by default")
+}

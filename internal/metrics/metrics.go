@@ -43,7 +43,7 @@ var (
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
 	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery"}
-	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed", "late_object"}
+	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed", "late_object", "forbidden"}
 	// BatchRequestOutcomes are the outcomes of GET /v1/batches/{id}.
 	BatchRequestOutcomes = []string{"found", "not_found", "invalid", "unauthorized", "rate_limited", "unavailable", "client_closed"}
 	// CancelRequestOutcomes are the outcomes of POST /v1/batches/{id}/cancel.
@@ -110,6 +110,9 @@ type Metrics struct {
 	DatabaseStatsErrors prometheus.Counter
 	HTTPRequests        *prometheus.CounterVec
 	SNSConfirmations    *prometheus.CounterVec
+	// TenantTokenReloadFailures counts reloads of enqueue serve's tenant
+	// tokens file that did not parse (the tokens last read stay).
+	TenantTokenReloadFailures prometheus.Counter
 	// QueueWait is how long jobs waited in the queue: from the job's
 	// insertion to its first attempt (observed by the worker).
 	QueueWait prometheus.Histogram
@@ -193,7 +196,7 @@ func New() *Metrics {
 // created but not registered.
 func NewServe() *Metrics {
 	m, _ := build()
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures} {
 		m.Registry.MustRegister(c)
 	}
 	return m
@@ -313,6 +316,10 @@ func build() (*Metrics, []prometheus.Collector) {
 		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600},
 	})
 
+	m.TenantTokenReloadFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_tenant_tokens_reload_failures_total",
+		Help: "Reloads of enqueue serve's tenant tokens file (--tenant-tokens-file) that could not read or parse it; the tokens last read stay in force.",
+	})
 	m.SNSConfirmations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_sns_subscription_confirmations_total",
 		Help: "Amazon SNS subscription confirmations received by outcome (confirmed, unconfirmed: left to an operator, failed, invalid: bad signature, topic_not_accepted: not verified, its topic is not --sns-topic-arn).",

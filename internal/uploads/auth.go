@@ -13,6 +13,31 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// importCaller is who a request to an import or read route comes as: the
+// import token (every tenant), or a tenant token (its tenant only).
+type importCaller struct {
+	// tenant is the tenant of a tenant token; empty for the import token.
+	tenant string
+	// credential names the caller for the rate limit.
+	credential string
+}
+
+// importCallerOf authenticates r with the import token or a tenant token
+// (Config.TenantTokens), and false for neither.
+func (s *Server) importCallerOf(r *http.Request) (importCaller, bool) {
+	if s.bearerOK(r) {
+		return importCaller{credential: s.bearerCredential()}, true
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return importCaller{}, false
+	}
+	if tenant, ok := s.cfg.TenantTokens.Tenant(token); ok {
+		return importCaller{tenant: tenant, credential: "tenant:" + tenant}, true
+	}
+	return importCaller{}, false
+}
+
 func (s *Server) bearerOK(r *http.Request) bool {
 	if s.cfg.InsecureNoAuth && s.cfg.AuthToken == "" {
 		return true

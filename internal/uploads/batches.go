@@ -35,11 +35,12 @@ type BatchAnswer struct {
 }
 
 // handleBatch answers GET /v1/batches/{id}?tenant_id=T with the import
-// token: the batch's BatchAnswer (200), not_found (404) for a batch that
+// token, or with a tenant token (tenant_id then optional, its tenant): the batch's BatchAnswer (200), not_found (404) for a batch that
 // does not exist or is another tenant's, invalid (422) for a bad id or
 // tenant id. It reads one row and writes nothing.
 func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
-	if !s.bearerOK(r) {
+	caller, ok := s.importCallerOf(r)
+	if !ok {
 		s.refuse(w, routeBatch, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
 		return
 	}
@@ -49,6 +50,9 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tenant := r.URL.Query().Get("tenant_id")
+	if caller.tenant != "" && tenant == "" {
+		tenant = caller.tenant // a tenant token names its tenant
+	}
 	if err := batch.ValidateTenantID(tenant); err != nil {
 		var verr *batch.ValidationError
 		field, reason := "tenant_id", err.Error()
@@ -59,15 +63,17 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpserver.SetTenant(w, tenant)
-	if admission, delay := s.door.admit(s.bearerCredential(), 1); admission == rateLimited {
-		s.refuseRateLimited(w, routeBatch, s.bearerCredential(), 1, delay)
+	if admission, delay := s.door.admit(caller.credential, 1); admission == rateLimited {
+		s.refuseRateLimited(w, routeBatch, caller.credential, 1, delay)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 	defer cancel()
 	b, err := batch.NewStore(s.cfg.Enqueuer.Pool).Get(ctx, id)
 	switch {
-	case errors.Is(err, batch.ErrNotFound) || (err == nil && b.TenantID != tenant):
+	case errors.Is(err, batch.ErrNotFound) || (err == nil && (b.TenantID != tenant || (caller.tenant != "" && b.TenantID != caller.tenant))):
+		// Another tenant's batch answers as a missing one: no existence
+		// oracle for a tenant token (nor for the tenant_id a caller names).
 		s.reply(w, routeBatch, http.StatusNotFound, jobs.OutcomeNotFound, errorBody{Outcome: jobs.OutcomeNotFound, Error: "no such batch for this tenant"})
 		return
 	case err != nil:

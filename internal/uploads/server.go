@@ -122,6 +122,12 @@ type Config struct {
 	// absent); a body's "no_marker": false still requires it. Default
 	// false: the marker is required, as on every other door.
 	ImportsWithoutMarker bool
+	// TenantTokens, if set, are tokens of one tenant each: POST
+	// /v1/imports with one imports only its tenant's folders (another's
+	// is 403), GET /v1/batches/{id} reads only its tenant's batches
+	// (another's is 404, as a missing one); the event route does not take
+	// them.
+	TenantTokens *TenantTokens
 	// MaxBadRecords is the tolerance of bad records of a POST /v1/imports
 	// body that does not say (max_bad_records absent), and of the imports
 	// notifications make; 0 (the default): the first bad record fails a
@@ -504,7 +510,8 @@ const (
 )
 
 func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
-	if !s.bearerOK(r) {
+	caller, ok := s.importCallerOf(r)
+	if !ok {
 		s.refuse(w, routeImports, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
 		return
 	}
@@ -530,9 +537,13 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 		s.reply(w, routeImports, http.StatusUnprocessableEntity, "invalid", errorBody{Outcome: "invalid_input", Field: refusal.Field, Error: refusal.Reason})
 		return
 	}
-	switch admission, delay := s.door.admit(s.bearerCredential(), 1); admission {
+	if caller.tenant != "" && req.TenantID != caller.tenant {
+		s.refuse(w, routeImports, http.StatusForbidden, "forbidden", "tenant_id", "a tenant token imports only its own tenant's folders")
+		return
+	}
+	switch admission, delay := s.door.admit(caller.credential, 1); admission {
 	case rateLimited:
-		s.refuseRateLimited(w, routeImports, s.bearerCredential(), 1, delay)
+		s.refuseRateLimited(w, routeImports, caller.credential, 1, delay)
 		return
 	case overBurst: // not with a burst of at least one
 	}
