@@ -239,7 +239,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	// route, the River UI, pprof) are served on the admin listener only.
 	routes := srv.Handler()
 	public := http.NewServeMux()
-	for _, pattern := range []string{"POST /v1/imports", "POST /v1/events/s3", "GET /v1/batches/{id}", "GET /metrics", "GET /healthz", "GET /readyz"} {
+	for _, pattern := range []string{"POST /v1/imports", "POST /v1/events/s3", "GET /v1/batches/{id}", "GET /v1/batches", "GET /metrics", "GET /healthz", "GET /readyz"} {
 		public.Handle(pattern, routes)
 	}
 	public.HandleFunc("/v1/batches/{id}/cancel", adminOnly("POST /v1/batches/{id}/cancel"))

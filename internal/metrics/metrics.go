@@ -53,7 +53,7 @@ var (
 // DoorRoutes are enqueue serve's routes (ServeMux patterns) whose request
 // series are initialised: their duration, their success code and the 5xx
 // codes the door-errors alert watches.
-var DoorRoutes = map[string]string{"POST /v1/imports": "202", "POST /v1/events/s3": "200", "GET /v1/batches/{id}": "200", "POST /v1/batches/{id}/cancel": "200"}
+var DoorRoutes = map[string]string{"POST /v1/imports": "202", "POST /v1/events/s3": "200", "GET /v1/batches/{id}": "200", "GET /v1/batches": "200", "POST /v1/batches/{id}/cancel": "200"}
 
 // SNSConfirmationOutcomes label ingest_sns_subscription_confirmations_total.
 var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "invalid", "topic_not_accepted"}

@@ -3,11 +3,13 @@ package uploads
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 )
@@ -103,4 +105,125 @@ func answerOf(b batch.Batch) BatchAnswer {
 		a.Reason, a.Error = string(d.LastError.Reason), d.LastError.Message
 	}
 	return a
+}
+
+// BatchPage is the answer of GET /v1/batches: a page of the tenant's
+// batches, newest first, the cursor of the next page (absent on the last),
+// and, for one folder, its newest Succeeded batch.
+type BatchPage struct {
+	Outcome    string        `json:"outcome"`
+	Batches    []BatchAnswer `json:"batches"`
+	NextCursor string        `json:"next_cursor,omitempty"`
+	// LastSucceededBatchID is the folder's newest Succeeded batch, when a
+	// folder was asked for and it has one (it may be on no page of this
+	// listing: another status or window).
+	LastSucceededBatchID int64 `json:"last_succeeded_batch_id,omitempty"`
+}
+
+// handleBatches answers GET /v1/batches?[tenant_id=T][&folder=URL]
+// [&status=S][&since=RFC3339][&until=RFC3339][&limit=N][&cursor=C]: a page
+// of the tenant's batches (the import token names the tenant, a tenant
+// token is its own), newest first by reservation time, with the cursor of
+// the next page. Bad parameters are 422 naming the field.
+func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
+	caller, ok := s.importCallerOf(r)
+	if !ok {
+		s.refuse(w, routeBatch, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
+		return
+	}
+	q := r.URL.Query()
+	invalid := func(field, reason string) {
+		s.refuse(w, routeBatch, http.StatusUnprocessableEntity, "invalid", field, reason)
+	}
+	f := batch.PageFilter{TenantID: q.Get("tenant_id")}
+	switch {
+	case caller.tenant != "" && f.TenantID == "":
+		f.TenantID = caller.tenant
+	case caller.tenant != "" && f.TenantID != caller.tenant:
+		// Another tenant's batches are as absent as missing ones.
+		s.reply(w, routeBatch, http.StatusOK, "found", BatchPage{Outcome: "found", Batches: []BatchAnswer{}})
+		return
+	}
+	if err := batch.ValidateTenantID(f.TenantID); err != nil {
+		invalid("tenant_id", err.Error())
+		return
+	}
+	if v := q.Get("folder"); v != "" {
+		fo, err := folder.Canonicalize(v)
+		if err != nil {
+			invalid("folder", err.Error())
+			return
+		}
+		f.SourceScope = fo.Scope()
+	}
+	switch st := batch.Status(q.Get("status")); st {
+	case "", batch.StatusRunning, batch.StatusSucceeded, batch.StatusFailed:
+		f.Status = st
+	default:
+		invalid("status", "must be Running, Succeeded or Failed")
+		return
+	}
+	for _, t := range []struct {
+		field string
+		into  *time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}} {
+		if v := q.Get(t.field); v != "" {
+			at, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				invalid(t.field, "must be an RFC 3339 time, such as 2026-12-03T10:00:00Z")
+				return
+			}
+			*t.into = at
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > batch.MaxPageSize {
+			invalid("limit", fmt.Sprintf("must be between 1 and %d", batch.MaxPageSize))
+			return
+		}
+		f.Limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		c, err := batch.ParseCursor(v)
+		if err != nil {
+			invalid("cursor", "not a cursor this listing gave out")
+			return
+		}
+		f.After = &c
+	}
+	httpserver.SetTenant(w, f.TenantID)
+	if admission, delay := s.door.admit(caller.credential, 1); admission == rateLimited {
+		s.refuseRateLimited(w, routeBatch, caller.credential, 1, delay)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	defer cancel()
+	store := batch.NewStore(s.cfg.Enqueuer.Pool)
+	page, next, err := store.Page(ctx, f)
+	var last []batch.Batch
+	if err == nil && f.SourceScope != "" {
+		last, _, err = store.Page(ctx, batch.PageFilter{TenantID: f.TenantID, SourceScope: f.SourceScope, Status: batch.StatusSucceeded, Limit: 1})
+	}
+	if err != nil {
+		if r.Context().Err() != nil {
+			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeBatch, "client_closed").Inc()
+			httpserver.SetOutcome(w, "client_closed")
+			return
+		}
+		s.cfg.Logger.Error("listing batches failed: database unavailable", "error", err)
+		s.reply(w, routeBatch, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
+		return
+	}
+	out := BatchPage{Outcome: "found", Batches: make([]BatchAnswer, 0, len(page))}
+	for _, b := range page {
+		out.Batches = append(out.Batches, answerOf(b))
+	}
+	if next != nil {
+		out.NextCursor = next.String()
+	}
+	if len(last) > 0 {
+		out.LastSucceededBatchID = last[0].ID
+	}
+	s.reply(w, routeBatch, http.StatusOK, "found", out)
 }

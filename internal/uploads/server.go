@@ -332,6 +332,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/imports", s.handleImport)
 	mux.HandleFunc("POST /v1/events/s3", s.handleS3Event)
 	mux.HandleFunc("GET /v1/batches/{id}", s.handleBatch)
+	mux.HandleFunc("GET /v1/batches", s.handleBatches)
 	mux.HandleFunc("POST /v1/batches/{id}/cancel", s.handleCancel)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Metrics.Registry, promhttp.HandlerOpts{Registry: s.cfg.Metrics.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
