@@ -49,6 +49,11 @@ type listCmd struct {
 	Parked   bool   `name:"parked" help:"Only parked batches (Running, but this build cannot work on them)."`
 	Limit    int    `name:"limit" default:"50" help:"At most this many batches."`
 	JSON     bool   `name:"json" help:"Print JSON lines instead of a table."`
+	Output   string `name:"output" short:"o" enum:",wide" default:"" help:"wide: every column (lease, generation, River jobs, retry, scope, last error); the default table fits 100 columns."`
+	Folder   string `name:"folder" help:"Only this folder's batches (needs --tenant-id)."`
+	Since    string `name:"since" help:"Only batches reserved at or after this: an RFC 3339 time, or a duration before now (24h). Needs --tenant-id."`
+	Until    string `name:"until" help:"Only batches reserved before this: an RFC 3339 time, or a duration before now. Needs --tenant-id."`
+	Cursor   string `name:"cursor" help:"Continue after the page that printed this cursor (a page of --folder/--since/--until, or of --tenant-id with --cursor): the last line (JSON) or stderr (table) gives the next one."`
 	Tenants  bool   `name:"tenants" help:"Per tenant instead of per batch: Running batches holding a lease (running) and waiting for one (waiting; not parked), as worker --max-running-per-tenant counts them. With --tenant-id, that tenant only."`
 }
 
@@ -714,6 +719,9 @@ func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if l.Tenants {
 		return l.listTenants(ctx, pool, e)
 	}
+	if l.paged() {
+		return l.listPage(ctx, pool, e)
+	}
 	batches, now, err := batch.NewStore(pool).List(ctx, batch.ListFilter{
 		Status: batch.Status(l.Status), TenantID: l.TenantID, Stuck: l.Stuck, Parked: l.Parked, Limit: l.Limit,
 	})
@@ -733,8 +741,152 @@ func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		}
 		return nil
 	}
-	printTable(e.Stdout, views)
+	l.print(e, views)
 	return nil
+}
+
+// paged reports whether the listing is a page of one tenant's batches
+// (batch.Store.Page): by folder or time, or continuing a page.
+func (l *listCmd) paged() bool {
+	return l.Folder != "" || l.Since != "" || l.Until != "" || l.Cursor != ""
+}
+
+// print prints views as the table asked for, or JSON lines.
+func (l *listCmd) print(e *cli.Env, views []batchView) {
+	switch {
+	case l.JSON:
+		for _, v := range views {
+			printJSON(e.Stdout, v)
+		}
+	case l.Output == "wide":
+		printTable(e.Stdout, views)
+	default:
+		printNarrowTable(e.Stdout, views)
+	}
+}
+
+// listPage lists a page of one tenant's batches by folder and reservation
+// time, newest first, and the cursor of the next page: the last JSON line
+// {"next_cursor": …}, or a line on stderr under a table.
+func (l *listCmd) listPage(ctx context.Context, pool *pgxpool.Pool, e *cli.Env) error {
+	f := batch.PageFilter{TenantID: l.TenantID, Status: batch.Status(l.Status), Limit: l.Limit}
+	if f.TenantID == "" {
+		return invalid(e, &jobs.InputError{Field: "tenant_id", Reason: "--folder, --since, --until and --cursor list one tenant's batches: give --tenant-id"})
+	}
+	if l.Stuck || l.Parked {
+		return invalid(e, &jobs.InputError{Field: "stuck", Reason: "--stuck and --parked do not combine with --folder, --since, --until or --cursor"})
+	}
+	if l.Limit > batch.MaxPageSize {
+		return invalid(e, &jobs.InputError{Field: "limit", Reason: fmt.Sprintf("a page holds at most %d batches", batch.MaxPageSize)})
+	}
+	if l.Folder != "" {
+		fo, err := folder.Canonicalize(l.Folder)
+		if err != nil {
+			return invalid(e, &jobs.InputError{Field: "folder", Reason: err.Error()})
+		}
+		f.SourceScope = fo.Scope()
+	}
+	var err error
+	if f.Since, err = whenFlag(l.Since); err != nil {
+		return invalid(e, &jobs.InputError{Field: "since", Reason: err.Error()})
+	}
+	if f.Until, err = whenFlag(l.Until); err != nil {
+		return invalid(e, &jobs.InputError{Field: "until", Reason: err.Error()})
+	}
+	if l.Cursor != "" {
+		c, err := batch.ParseCursor(l.Cursor)
+		if err != nil {
+			return invalid(e, &jobs.InputError{Field: "cursor", Reason: "not a cursor a page of this listing printed"})
+		}
+		f.After = &c
+	}
+	store := batch.NewStore(pool)
+	page, next, err := store.Page(ctx, f)
+	if err != nil {
+		return err
+	}
+	var now time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return err
+	}
+	views := make([]batchView, 0, len(page))
+	for _, b := range page {
+		views = append(views, view(b, now))
+	}
+	if err := addLinks(ctx, pool, views); err != nil {
+		return err
+	}
+	l.print(e, views)
+	if next != nil {
+		if l.JSON {
+			printJSON(e.Stdout, map[string]string{"next_cursor": next.String()})
+		} else {
+			fmt.Fprintf(e.Stderr, "next page: --cursor %s\n", next.String())
+		}
+	}
+	return nil
+}
+
+// whenFlag reads --since or --until: an RFC 3339 time, or a duration
+// before now; empty is the zero time.
+func whenFlag(v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if at, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return at, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return time.Time{}, errors.New("must be an RFC 3339 time (2026-12-03T10:00:00Z) or a duration before now (24h)")
+	}
+	return time.Now().Add(-d), nil
+}
+
+// printNarrowTable prints the columns that fit 100 characters: batch (10),
+// tenant (12), status (9), phase with its reason (37: failed_pre_commit
+// (folder_incomplete) whole), age (5) and the folder's end (15), two
+// spaces apart.
+func printNarrowTable(w io.Writer, views []batchView) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BATCH\tTENANT\tSTATUS\tPHASE\tAGE\tFOLDER")
+	for _, v := range views {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n",
+			cut(strconv.FormatInt(v.BatchID, 10), 10), oneLine(v.TenantID, 12), cell(v.Status), oneLine(phaseCell(v), 37),
+			cut(shortAge(v.AgeSeconds), 5), tail(cell(strings.TrimPrefix(v.SourceScope, folder.ScopePrefix)), 15))
+	}
+	tw.Flush()
+}
+
+// cut is s in at most n characters.
+func cut(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// tail is the end of s in at most n characters: a folder's last segments
+// tell it apart.
+func tail(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return "…" + string(r[len(r)-n+1:])
+	}
+	return s
+}
+
+// shortAge is an age in its largest unit: 45s, 12m, 5h, 3d.
+func shortAge(seconds float64) string {
+	d := time.Duration(seconds * float64(time.Second))
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
 }
 
 // printTable prints views as a table for people. Every text cell goes

@@ -90,7 +90,7 @@ func TestStatusAndListLinkJobsAndRetries(t *testing.T) {
 	require.Equal(t, retryJob, byID[retryID].RiverJobs[0].JobID)
 
 	// And the tables.
-	for _, args := range [][]string{{"list", "--tenant-id", "tenant-l"}, {"status", "--batch-id", fmt.Sprint(firstID)}} {
+	for _, args := range [][]string{{"list", "--tenant-id", "tenant-l", "-o", "wide"}, {"status", "--batch-id", fmt.Sprint(firstID)}} {
 		out, code = runCLI(t, dbURL, args...)
 		require.Equal(t, cli.ExitOK, code, out)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
