@@ -134,7 +134,7 @@ func TestEveryDoorLoadsNoFolderWithoutItsMarker(t *testing.T) {
 	require.Equal(t, "Failed", body["status"])
 	require.Equal(t, "failed_pre_commit", body["phase"])
 	require.Equal(t, "folder_incomplete", body["reason"])
-	require.Contains(t, body["error"], "no completion marker")
+	require.Contains(t, body["last_error"], "no completion marker")
 	status, _ = getBatchAnswer(ids[2], "globex", "door-token")
 	require.Equal(t, http.StatusNotFound, status)
 	status, _ = getBatchAnswer(ids[2], tenant, "wrong-token")

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/batchview"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
@@ -100,152 +101,19 @@ func (l *listCmd) listTenants(ctx context.Context, pool *pgxpool.Pool, e *cli.En
 	return tw.Flush()
 }
 
-// batchView is what status and list show of a batch. Durations are numbers
-// of seconds; times are RFC 3339.
-type batchView struct {
-	BatchID           int64  `json:"batch_id"`
-	TenantID          string `json:"tenant_id"`
-	SourceType        string `json:"source_type"`
-	SourceScope       string `json:"source_scope,omitempty"`
-	SourceFolder      string `json:"source_folder,omitempty"`
-	Status            string `json:"status"`
-	Phase             string `json:"phase,omitempty"`
-	RedshiftCommitted bool   `json:"redshift_committed"`
-	RecordCount       int64  `json:"record_count,omitempty"`
-	// Progress of the load in flight (or the last one), from details.
-	ObjectsDone  *int64     `json:"objects_done,omitempty"`
-	ObjectsTotal *int64     `json:"objects_total,omitempty"`
-	RecordsDone  *int64     `json:"records_done,omitempty"`
-	ProgressAt   *time.Time `json:"progress_at,omitempty"`
-	LeaseHolder  string     `json:"lease_holder,omitempty"`
-	// LeaseExpiresInSeconds is negative once the lease has expired.
-	LeaseExpiresAt         *time.Time `json:"lease_expires_at,omitempty"`
-	LeaseExpiresInSeconds  *float64   `json:"lease_expires_in_seconds,omitempty"`
-	LeaseRenewedAt         *time.Time `json:"lease_renewed_at,omitempty"`
-	LeaseRenewedSecondsAgo *float64   `json:"lease_renewed_seconds_ago,omitempty"`
-	LeaseGeneration        int64      `json:"lease_generation"`
-	Parked                 bool       `json:"parked"`
-	ParkedReason           string     `json:"parked_reason,omitempty"`
-	ParkedAt               *time.Time `json:"parked_at,omitempty"`
-	CancelledAt            *time.Time `json:"cancelled_at,omitempty"`
-	CancelledBy            string     `json:"cancelled_by,omitempty"`
-	CancelReason           string     `json:"cancel_reason,omitempty"`
-	StartedAt              time.Time  `json:"started_at"`
-	CompletedAt            *time.Time `json:"completed_at,omitempty"`
-	AgeSeconds             float64    `json:"age_seconds"`
-	LastError              string     `json:"last_error,omitempty"`
-	// Reason names the kind of the last failure where one is
-	// distinguished (batch.Reason: folder_incomplete, …).
-	Reason string `json:"reason,omitempty"`
-	// Objects summarizes the objects the load read (the details' objects),
-	// when the worker recorded it.
-	Objects      *objectsView `json:"objects,omitempty"`
-	DetailsError string       `json:"details_error,omitempty"`
-	// RetryOf is the batch this one retries (enqueue retry); RetriedBy the
-	// batches that retry this one.
-	RetryOf   int64   `json:"retry_of,omitempty"`
-	RetriedBy []int64 `json:"retried_by,omitempty"`
-	// RiverJobs are the batch's River jobs still in river_job (River
-	// deletes finalized jobs after its retention: a day for completed
-	// ones), oldest first: the ids the River UI shows and operators act on.
-	RiverJobs []jobs.JobRef `json:"river_jobs,omitempty"`
-	// RecordsPerSecond and ETASeconds are status --watch's estimate, from
-	// the load's progress since the watch began.
-	RecordsPerSecond *float64 `json:"records_per_second,omitempty"`
-	ETASeconds       *float64 `json:"eta_seconds,omitempty"`
-}
+// batchView is what status and list show of a batch (batchview.View, the
+// schema the door's GET /v1/batches answers with too).
+type batchView = batchview.View
 
-// objectsView is what status shows of a load's objects summary
-// (batch.ObjectsSummary).
-type objectsView struct {
-	Count          int64      `json:"count"`
-	Bytes          int64      `json:"bytes"`
-	NewestModified *time.Time `json:"newest_modified,omitempty"`
-	Digest         string     `json:"digest"`
-	Marker         string     `json:"marker,omitempty"`
-	MarkerModified *time.Time `json:"marker_modified,omitempty"`
-	Late           int64      `json:"late,omitempty"`
-	// BadRecords counts the bad records the load skipped within the
-	// import's tolerance (status --errors lists them).
-	BadRecords int64 `json:"bad_records,omitempty"`
-}
+// objectsView is a load's objects summary as status shows it.
+type objectsView = batchview.Objects
 
-func seconds(d time.Duration) *float64 {
-	f := d.Round(time.Millisecond).Seconds()
-	return &f
-}
+// view is the View of b at now.
+func view(b batch.Batch, now time.Time) batchView { return batchview.Of(b, now) }
 
-func view(b batch.Batch, now time.Time) batchView {
-	v := batchView{
-		BatchID: b.ID, TenantID: b.TenantID, SourceType: string(b.SourceType), SourceScope: b.Scope(),
-		Status: string(b.Status), LeaseExpiresAt: b.LeaseExpiresAt, LeaseGeneration: b.LeaseGeneration,
-		LeaseRenewedAt: b.LeaseRenewedAt, StartedAt: b.StartedAt, CompletedAt: b.CompletedAt,
-		Parked: b.Parked(), ParkedAt: b.ParkedAt, CancelledAt: b.CancelledAt,
-		SourceFolder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix),
-	}
-	end := now
-	if b.CompletedAt != nil {
-		end = *b.CompletedAt
-	}
-	v.AgeSeconds = end.Sub(b.StartedAt).Round(time.Millisecond).Seconds()
-	if b.LeaseID != nil {
-		v.LeaseHolder = *b.LeaseID
-	}
-	if b.LeaseExpiresAt != nil {
-		v.LeaseExpiresInSeconds = seconds(b.LeaseExpiresAt.Sub(now))
-	}
-	if b.LeaseRenewedAt != nil && b.LeaseID != nil {
-		v.LeaseRenewedSecondsAgo = seconds(now.Sub(*b.LeaseRenewedAt))
-	}
-	if b.ParkedReason != nil {
-		v.ParkedReason = *b.ParkedReason
-	}
-	if b.CancelledBy != nil {
-		v.CancelledBy = *b.CancelledBy
-	}
-	if b.CancelReason != nil {
-		v.CancelReason = *b.CancelReason
-	}
-	if b.SourceScope != nil {
-		d, err := batch.ParseDetails(b.Details)
-		if err != nil {
-			v.DetailsError = err.Error()
-		} else {
-			v.Phase, v.RedshiftCommitted, v.RecordCount, v.RetryOf = string(d.Phase), d.RedshiftCommitted, d.RecordCount, d.RetryOf
-			if d.LastError != nil {
-				v.LastError, v.Reason = d.LastError.Message, string(d.LastError.Reason)
-			}
-			if o := d.Objects; o != nil {
-				v.Objects = &objectsView{Count: o.Count, Bytes: o.Bytes, NewestModified: o.NewestModified, Digest: o.Digest,
-					Marker: o.Marker, MarkerModified: o.MarkerModified, Late: o.Late, BadRecords: o.BadRecords}
-			}
-			if p := d.Progress; p != nil {
-				v.ObjectsDone, v.ObjectsTotal, v.RecordsDone, v.ProgressAt = &p.ObjectsDone, &p.ObjectsTotal, &p.RecordsDone, &p.At
-			}
-		}
-	}
-	return v
-}
-
-// addLinks fills in the River jobs of views' batches and the batches that
-// retry them.
+// addLinks fills in the River jobs and retries of views.
 func addLinks(ctx context.Context, pool *pgxpool.Pool, views []batchView) error {
-	ids := make([]int64, len(views))
-	for i, v := range views {
-		ids[i] = v.BatchID
-	}
-	riverJobs, err := jobs.JobsOfBatches(ctx, pool, ids)
-	if err != nil {
-		return fmt.Errorf("river jobs of the batches: %w", err)
-	}
-	retries, err := batch.NewStore(pool).RetriedBy(ctx, ids)
-	if err != nil {
-		return fmt.Errorf("retries of the batches: %w", err)
-	}
-	for i := range views {
-		views[i].RiverJobs, views[i].RetriedBy = riverJobs[views[i].BatchID], retries[views[i].BatchID]
-	}
-	return nil
+	return batchview.AddLinks(ctx, pool, views)
 }
 
 func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {

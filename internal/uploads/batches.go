@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/batchview"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
@@ -17,23 +18,13 @@ import (
 // routeBatch is GET /v1/batches/{id}'s name in metrics and logs.
 const routeBatch = "batch"
 
-// BatchAnswer is the answer of GET /v1/batches/{id}: how the batch stands
-// or how it ended — its status and phase, the reason of a failure where one
-// is named (folder_incomplete, bad_records), the last error, and the
-// summary of the objects its load read.
+// BatchAnswer is the answer of GET /v1/batches/{id}: outcome "found" and
+// the batch as enqueue status shows it (batchview.View: status, phase, the
+// reason of a failure where one is named, the last error, progress, the
+// summary of the objects its load read, its River jobs and retries).
 type BatchAnswer struct {
-	Outcome     string                `json:"outcome"`
-	BatchID     int64                 `json:"batch_id"`
-	TenantID    string                `json:"tenant_id"`
-	SourceScope string                `json:"source_scope"`
-	Status      string                `json:"status"`
-	Phase       string                `json:"phase,omitempty"`
-	Reason      string                `json:"reason,omitempty"`
-	Error       string                `json:"error,omitempty"`
-	RecordCount int64                 `json:"record_count,omitempty"`
-	Objects     *batch.ObjectsSummary `json:"objects,omitempty"`
-	StartedAt   time.Time             `json:"started_at"`
-	CompletedAt *time.Time            `json:"completed_at,omitempty"`
+	Outcome string `json:"outcome"`
+	batchview.View
 }
 
 // handleBatch answers GET /v1/batches/{id}?tenant_id=T with the import
@@ -88,32 +79,22 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		s.reply(w, routeBatch, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
 		return
 	}
-	s.reply(w, routeBatch, http.StatusOK, "found", answerOf(b))
-}
-
-// answerOf is the BatchAnswer of b; details this build cannot read leave
-// the phase and what follows from it out.
-func answerOf(b batch.Batch) BatchAnswer {
-	a := BatchAnswer{Outcome: "found", BatchID: b.ID, TenantID: b.TenantID, SourceScope: b.Scope(), Status: string(b.Status),
-		StartedAt: b.StartedAt, CompletedAt: b.CompletedAt}
-	d, err := batch.ParseDetails(b.Details)
-	if err != nil {
-		return a
+	views := []batchview.View{batchview.Of(b, time.Now())}
+	if err := batchview.AddLinks(ctx, s.cfg.Enqueuer.Pool, views); err != nil {
+		s.cfg.Logger.Error("reading a batch's jobs failed: database unavailable", "error", err, "batch_id", id)
+		s.reply(w, routeBatch, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
+		return
 	}
-	a.Phase, a.RecordCount, a.Objects = string(d.Phase), d.RecordCount, d.Objects
-	if d.LastError != nil && b.Status != batch.StatusSucceeded {
-		a.Reason, a.Error = string(d.LastError.Reason), d.LastError.Message
-	}
-	return a
+	s.reply(w, routeBatch, http.StatusOK, "found", BatchAnswer{Outcome: "found", View: views[0]})
 }
 
 // BatchPage is the answer of GET /v1/batches: a page of the tenant's
 // batches, newest first, the cursor of the next page (absent on the last),
 // and, for one folder, its newest Succeeded batch.
 type BatchPage struct {
-	Outcome    string        `json:"outcome"`
-	Batches    []BatchAnswer `json:"batches"`
-	NextCursor string        `json:"next_cursor,omitempty"`
+	Outcome    string           `json:"outcome"`
+	Batches    []batchview.View `json:"batches"`
+	NextCursor string           `json:"next_cursor,omitempty"`
 	// LastSucceededBatchID is the folder's newest Succeeded batch, when a
 	// folder was asked for and it has one (it may be on no page of this
 	// listing: another status or window).
@@ -141,7 +122,7 @@ func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 		f.TenantID = caller.tenant
 	case caller.tenant != "" && f.TenantID != caller.tenant:
 		// Another tenant's batches are as absent as missing ones.
-		s.reply(w, routeBatch, http.StatusOK, "found", BatchPage{Outcome: "found", Batches: []BatchAnswer{}})
+		s.reply(w, routeBatch, http.StatusOK, "found", BatchPage{Outcome: "found", Batches: []batchview.View{}})
 		return
 	}
 	if err := batch.ValidateTenantID(f.TenantID); err != nil {
@@ -215,9 +196,15 @@ func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 		s.reply(w, routeBatch, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
 		return
 	}
-	out := BatchPage{Outcome: "found", Batches: make([]BatchAnswer, 0, len(page))}
+	out := BatchPage{Outcome: "found", Batches: make([]batchview.View, 0, len(page))}
+	now := time.Now()
 	for _, b := range page {
-		out.Batches = append(out.Batches, answerOf(b))
+		out.Batches = append(out.Batches, batchview.Of(b, now))
+	}
+	if err := batchview.AddLinks(ctx, s.cfg.Enqueuer.Pool, out.Batches); err != nil {
+		s.cfg.Logger.Error("listing batches' jobs failed: database unavailable", "error", err)
+		s.reply(w, routeBatch, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
+		return
 	}
 	if next != nil {
 		out.NextCursor = next.String()
