@@ -18,27 +18,27 @@ var (
 	_ warehouse.ErrorsReader = (*Stamps)(nil)
 )
 
-// Ledger implements warehouse.LedgerReader: one statement reads the
-// slice's stamp and the ledger rows of the batch it is stamped with, so
-// both come from one snapshot.
-func (w *dataAPI) Ledger(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, []warehouse.LedgerObject, bool, error) {
+// stampRows runs tmpl, a statement reading the slice's stamp (its first
+// six columns: batch, generation, records, committed, published, bad
+// records) beside the rows of another table for the batch it is stamped
+// with (want columns in all), so both come from one snapshot. It returns
+// the stamp and whether there is a slice, calling row with each row's
+// stamp and its remaining columns; what names the reading in errors.
+func (w *dataAPI) stampRows(ctx context.Context, name, tmpl, what, tenantID, sourceScope string, want int, row func(st warehouse.Stamp, rest []types.Field) error) (warehouse.Stamp, bool, error) {
 	v, err := sliceValues(warehouse.Slice{TenantID: tenantID, SourceScope: sourceScope})
 	if err != nil {
-		return warehouse.Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %w", err)
+		return warehouse.Stamp{}, false, fmt.Errorf("reading %s: %w", what, err)
 	}
-	rows, err := w.query(ctx, "fleet-ledger", render(readLedger, v))
+	rows, err := w.query(ctx, name, render(tmpl, v))
 	if err != nil {
-		return warehouse.Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %w", err)
+		return warehouse.Stamp{}, false, fmt.Errorf("reading %s: %w", what, err)
 	}
-	var (
-		st      warehouse.Stamp
-		objects []warehouse.LedgerObject
-	)
+	var st warehouse.Stamp
 	for i, r := range rows {
-		if len(r) != 12 {
-			return warehouse.Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %d columns", len(r))
+		if len(r) != want {
+			return warehouse.Stamp{}, false, fmt.Errorf("reading %s: %d columns", what, len(r))
 		}
-		var errs [12]error
+		var errs [6]error
 		cur := warehouse.Stamp{}
 		cur.BatchID, errs[0] = fieldInt(r[0])
 		cur.Generation, errs[1] = fieldInt(r[1])
@@ -49,73 +49,77 @@ func (w *dataAPI) Ledger(ctx context.Context, tenantID, sourceScope string) (war
 		if i == 0 {
 			st = cur
 		}
-		o := warehouse.LedgerObject{BatchID: cur.BatchID, TenantID: tenantID, SourceScope: sourceScope}
-		if l := r[6:]; !isNull(l[0]) {
-			o.ObjectKey, errs[6] = fieldString(l[0])
-			o.ETag, errs[7] = fieldString(l[1])
-			o.SizeBytes, errs[8] = fieldInt(l[2])
-			o.RecordCount, errs[9] = fieldInt(l[3])
-			errs[10] = requiredTime(l[4], &o.LastModified)
-			o.MarkerModified, errs[11] = fieldTime(l[5])
+		err := errors.Join(errs[:]...)
+		if err == nil {
+			err = row(cur, r[6:])
 		}
-		if err := errors.Join(errs[:]...); err != nil {
-			return warehouse.Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %w", err)
-		}
-		if o.ObjectKey != "" {
-			objects = append(objects, o)
+		if err != nil {
+			return warehouse.Stamp{}, false, fmt.Errorf("reading %s: %w", what, err)
 		}
 	}
-	return st, objects, len(rows) > 0, nil
+	return st, len(rows) > 0, nil
+}
+
+// Ledger implements warehouse.LedgerReader: one statement reads the
+// slice's stamp and the ledger rows of the batch it is stamped with, so
+// both come from one snapshot.
+func (w *dataAPI) Ledger(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, []warehouse.LedgerObject, bool, error) {
+	var objects []warehouse.LedgerObject
+	st, found, err := w.stampRows(ctx, "fleet-ledger", readLedger, "the load ledger", tenantID, sourceScope, 12, func(cur warehouse.Stamp, l []types.Field) error {
+		if isNull(l[0]) {
+			return nil // a stamp without ledger rows
+		}
+		var errs [6]error
+		o := warehouse.LedgerObject{BatchID: cur.BatchID, TenantID: tenantID, SourceScope: sourceScope}
+		o.ObjectKey, errs[0] = fieldString(l[0])
+		o.ETag, errs[1] = fieldString(l[1])
+		o.SizeBytes, errs[2] = fieldInt(l[2])
+		o.RecordCount, errs[3] = fieldInt(l[3])
+		errs[4] = requiredTime(l[4], &o.LastModified)
+		o.MarkerModified, errs[5] = fieldTime(l[5])
+		if err := errors.Join(errs[:]...); err != nil {
+			return err
+		}
+		objects = append(objects, o)
+		return nil
+	})
+	if err != nil {
+		return warehouse.Stamp{}, nil, false, err
+	}
+	return st, objects, found, nil
 }
 
 // LoadErrors implements warehouse.ErrorsReader: one statement reads the
 // slice's stamp and the load errors of the batch it is stamped with, so
 // both come from one snapshot.
 func (w *dataAPI) LoadErrors(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, []warehouse.LoadError, bool, error) {
-	v, err := sliceValues(warehouse.Slice{TenantID: tenantID, SourceScope: sourceScope})
-	if err != nil {
-		return warehouse.Stamp{}, nil, false, fmt.Errorf("reading the load errors: %w", err)
-	}
-	rows, err := w.query(ctx, "fleet-load-errors", render(readLoadErrors, v))
-	if err != nil {
-		return warehouse.Stamp{}, nil, false, fmt.Errorf("reading the load errors: %w", err)
-	}
-	var (
-		st   warehouse.Stamp
-		list []warehouse.LoadError
-	)
-	for i, r := range rows {
-		if len(r) != 12 {
-			return warehouse.Stamp{}, nil, false, fmt.Errorf("reading the load errors: %d columns", len(r))
+	var list []warehouse.LoadError
+	st, found, err := w.stampRows(ctx, "fleet-load-errors", readLoadErrors, "the load errors", tenantID, sourceScope, 12, func(cur warehouse.Stamp, r []types.Field) error {
+		if isNull(r[0]) {
+			return nil // a stamp without load errors
 		}
-		var errs [12]error
-		cur := warehouse.Stamp{}
-		cur.BatchID, errs[0] = fieldInt(r[0])
-		cur.Generation, errs[1] = fieldInt(r[1])
-		cur.RecordCount, errs[2] = fieldInt(r[2])
-		errs[3] = requiredTime(r[3], &cur.CommittedAt)
-		cur.PublishedAt, errs[4] = fieldTime(r[4])
-		cur.BadRecords, errs[5] = fieldInt(r[5])
-		if i == 0 {
-			st = cur
-		}
-		if !isNull(r[6]) {
-			e := warehouse.LoadError{BatchID: cur.BatchID, TenantID: tenantID, SourceScope: sourceScope}
-			var column int64
-			e.Ordinal, errs[6] = fieldInt(r[6])
-			e.ObjectKey, errs[7] = fieldString(r[7])
-			e.Line, errs[8] = fieldInt(r[8])
-			column, errs[9] = fieldInt(r[9])
-			e.Reason, errs[10] = fieldString(r[10])
-			e.Excerpt, errs[11] = fieldString(r[11])
-			e.Column = int(column)
-			list = append(list, e)
-		}
+		var (
+			errs   [6]error
+			column int64
+		)
+		e := warehouse.LoadError{BatchID: cur.BatchID, TenantID: tenantID, SourceScope: sourceScope}
+		e.Ordinal, errs[0] = fieldInt(r[0])
+		e.ObjectKey, errs[1] = fieldString(r[1])
+		e.Line, errs[2] = fieldInt(r[2])
+		column, errs[3] = fieldInt(r[3])
+		e.Reason, errs[4] = fieldString(r[4])
+		e.Excerpt, errs[5] = fieldString(r[5])
 		if err := errors.Join(errs[:]...); err != nil {
-			return warehouse.Stamp{}, nil, false, fmt.Errorf("reading the load errors: %w", err)
+			return err
 		}
+		e.Column = int(column)
+		list = append(list, e)
+		return nil
+	})
+	if err != nil {
+		return warehouse.Stamp{}, nil, false, err
 	}
-	return st, list, len(rows) > 0, nil
+	return st, list, found, nil
 }
 
 // isNull reports whether f is NULL.
