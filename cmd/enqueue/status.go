@@ -219,9 +219,9 @@ func printObjectsSummary(w io.Writer, v batchView) {
 	fmt.Fprintf(w, "\ndigest:  %s\n", inert(o.Digest))
 }
 
-// ledgerView is what status --objects prints: the batch's load ledger, as
-// the warehouse holds it with the slice's stamp.
-type ledgerView struct {
+// sliceView is the slice's stamp as status --objects and --errors print
+// it above their rows.
+type sliceView struct {
 	Outcome     string     `json:"outcome"`
 	BatchID     int64      `json:"batch_id"`
 	TenantID    string     `json:"tenant_id"`
@@ -233,6 +233,20 @@ type ledgerView struct {
 	// BadRecords counts the bad records the load skipped within the
 	// import's tolerance (status --errors lists them).
 	BadRecords int64 `json:"bad_records"`
+}
+
+// published says whether and when the slice was published.
+func (sv sliceView) published() string {
+	if sv.PublishedAt == nil {
+		return "not published"
+	}
+	return "published " + sv.PublishedAt.UTC().Format(time.RFC3339)
+}
+
+// ledgerView is what status --objects prints: the batch's load ledger, as
+// the warehouse holds it with the slice's stamp.
+type ledgerView struct {
+	sliceView
 	// ObjectCount and Bytes add up the objects.
 	ObjectCount int64                    `json:"object_count"`
 	Bytes       int64                    `json:"bytes"`
@@ -242,16 +256,8 @@ type ledgerView struct {
 // errorsView is what status --errors prints: the batch's load errors, as
 // the warehouse holds them with the slice's stamp.
 type errorsView struct {
-	Outcome     string                `json:"outcome"`
-	BatchID     int64                 `json:"batch_id"`
-	TenantID    string                `json:"tenant_id"`
-	SourceScope string                `json:"source_scope"`
-	Generation  int64                 `json:"lease_generation"`
-	RecordCount int64                 `json:"record_count"`
-	CommittedAt time.Time             `json:"committed_at"`
-	PublishedAt *time.Time            `json:"published_at,omitempty"`
-	BadRecords  int64                 `json:"bad_records"`
-	Errors      []warehouse.LoadError `json:"errors"`
+	sliceView
+	Errors []warehouse.LoadError `json:"errors"`
 }
 
 // Outcomes of status --objects besides the ledger itself.
@@ -326,10 +332,12 @@ func (s *statusCmd) ledger(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, v batc
 			"tenant_id": v.TenantID, "source_scope": v.SourceScope, "error": why})
 		return cli.ExitError{Code: cli.ExitNoLedger}
 	}
+	head := sliceView{BatchID: v.BatchID, TenantID: v.TenantID, SourceScope: v.SourceScope,
+		Generation: st.Generation, RecordCount: st.RecordCount, CommittedAt: st.CommittedAt, PublishedAt: st.PublishedAt,
+		BadRecords: st.BadRecords}
 	if s.Errors {
-		ev := errorsView{Outcome: outcomeErrors, BatchID: v.BatchID, TenantID: v.TenantID, SourceScope: v.SourceScope,
-			Generation: st.Generation, RecordCount: st.RecordCount, CommittedAt: st.CommittedAt, PublishedAt: st.PublishedAt,
-			BadRecords: st.BadRecords, Errors: errs}
+		head.Outcome = outcomeErrors
+		ev := errorsView{sliceView: head, Errors: errs}
 		if ev.Errors == nil {
 			ev.Errors = []warehouse.LoadError{}
 		}
@@ -340,9 +348,8 @@ func (s *statusCmd) ledger(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, v batc
 		printLoadErrors(e.Stdout, ev)
 		return nil
 	}
-	lv := ledgerView{Outcome: outcomeLedger, BatchID: v.BatchID, TenantID: v.TenantID, SourceScope: v.SourceScope,
-		Generation: st.Generation, RecordCount: st.RecordCount, CommittedAt: st.CommittedAt, PublishedAt: st.PublishedAt,
-		BadRecords: st.BadRecords, ObjectCount: int64(len(objects)), Objects: objects}
+	head.Outcome = outcomeLedger
+	lv := ledgerView{sliceView: head, ObjectCount: int64(len(objects)), Objects: objects}
 	if lv.Objects == nil {
 		lv.Objects = []warehouse.LedgerObject{}
 	}
@@ -360,17 +367,13 @@ func (s *statusCmd) ledger(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, v batc
 // printLedger prints a load ledger for people; every text cell goes
 // through inert (object keys come from outside).
 func printLedger(w io.Writer, lv ledgerView) {
-	published := "not published"
-	if lv.PublishedAt != nil {
-		published = "published " + lv.PublishedAt.UTC().Format(time.RFC3339)
-	}
 	bad := ""
 	if lv.BadRecords > 0 {
 		bad = fmt.Sprintf(", %d bad records skipped (status --errors lists them)", lv.BadRecords)
 	}
 	fmt.Fprintf(w, "batch %d, tenant %s, scope %s: %d objects, %d bytes, %d records%s; committed %s, %s\n",
 		lv.BatchID, inert(lv.TenantID), inert(lv.SourceScope), lv.ObjectCount, lv.Bytes, lv.RecordCount, bad,
-		lv.CommittedAt.UTC().Format(time.RFC3339), published)
+		lv.CommittedAt.UTC().Format(time.RFC3339), lv.published())
 	if len(lv.Objects) > 0 {
 		if m := lv.Objects[0].MarkerModified; m != nil {
 			fmt.Fprintf(w, "marker modified %s\n", m.UTC().Format(time.RFC3339Nano))
@@ -390,13 +393,9 @@ func printLedger(w io.Writer, lv ledgerView) {
 // cell goes through cell (object keys, reasons and excerpts come from
 // outside).
 func printLoadErrors(w io.Writer, ev errorsView) {
-	published := "not published"
-	if ev.PublishedAt != nil {
-		published = "published " + ev.PublishedAt.UTC().Format(time.RFC3339)
-	}
 	fmt.Fprintf(w, "batch %d, tenant %s, scope %s: %d records, %d bad records skipped; committed %s, %s\n",
 		ev.BatchID, inert(ev.TenantID), inert(ev.SourceScope), ev.RecordCount, ev.BadRecords,
-		ev.CommittedAt.UTC().Format(time.RFC3339), published)
+		ev.CommittedAt.UTC().Format(time.RFC3339), ev.published())
 	if len(ev.Errors) == 0 {
 		return
 	}
