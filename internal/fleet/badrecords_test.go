@@ -9,7 +9,6 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/fleet"
-	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/pipeline"
 )
 
@@ -26,18 +25,7 @@ var badFolder = map[string]string{
 // maxBad bad records (details.maxBadRecords, as every door sets it).
 func (e *env) reserveTolerating(tenant, folderURL string, maxBad int) batch.Batch {
 	e.t.Helper()
-	f, err := folder.Canonicalize(folderURL)
-	require.NoError(e.t, err)
-	details := batch.NewDetails(f.String())
-	details.MaxBadRecords = maxBad
-	res, err := e.store.Reserve(context.Background(), batch.Reservation{
-		CompanyID: "company-1", TenantID: tenant, TenantDatabase: "tenant_db",
-		SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
-		PipelineStage: batch.PipelineStageFleet, SourceScope: f.Scope(), Details: details,
-	})
-	require.NoError(e.t, err)
-	require.Equal(e.t, batch.Reserved, res.Outcome)
-	return res.Batch
+	return e.reserveDetails(tenant, folderURL, func(d *batch.Details) { d.MaxBadRecords = maxBad })
 }
 
 // TestBadRecordsWithinTheToleranceAreCountedAndRecorded: a batch that

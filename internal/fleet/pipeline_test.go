@@ -61,17 +61,26 @@ func (e *env) write(folderURL, key, content string) {
 
 func (e *env) reserve(tenant, folderURL string) batch.Batch {
 	e.t.Helper()
-	return e.reserveWith(tenant, folderURL, false)
+	return e.reserveDetails(tenant, folderURL, nil)
 }
 
 // reserveWith reserves a batch of the folder, opting out of the completion
 // marker if noMarker.
 func (e *env) reserveWith(tenant, folderURL string, noMarker bool) batch.Batch {
 	e.t.Helper()
+	return e.reserveDetails(tenant, folderURL, func(d *batch.Details) { d.MarkerOptional = noMarker })
+}
+
+// reserveDetails reserves a batch of the folder whose new details set
+// changes, as a door's import request would.
+func (e *env) reserveDetails(tenant, folderURL string, set func(*batch.Details)) batch.Batch {
+	e.t.Helper()
 	f, err := folder.Canonicalize(folderURL)
 	require.NoError(e.t, err)
 	details := batch.NewDetails(f.String())
-	details.MarkerOptional = noMarker
+	if set != nil {
+		set(&details)
+	}
 	res, err := e.store.Reserve(context.Background(), batch.Reservation{
 		CompanyID: "company-1", TenantID: tenant, TenantDatabase: "tenant_db",
 		SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
