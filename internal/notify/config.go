@@ -254,9 +254,8 @@ func (l *tenantLists) UnmarshalJSON(data []byte) error {
 		var ds []Destination
 		if err := dec.Decode(&ds); err != nil {
 			var typ *json.UnmarshalTypeError
-			if errors.As(err, &typ) {
-				typ.Field = "tenants." + tenant + "." + typ.Field
-				return typ
+			if errors.As(err, &typ) { // its text would not name the tenant
+				return fmt.Errorf("tenant %q: %s: a JSON %s where a %s belongs", tenant, typ.Field, typ.Value, typ.Type)
 			}
 			if strings.HasPrefix(err.Error(), "json: unknown field") {
 				return fmt.Errorf("tenant %q: %w", tenant, err)
