@@ -183,7 +183,7 @@ type recorder struct {
 	fatal, skip string
 }
 
-func (r *recorder) Helper()                       {}
+func (r *recorder) Helper()                      {}
 func (r *recorder) Fatalf(f string, args ...any) { r.fatal = fmt.Sprintf(f, args...) }
 func (r *recorder) Skipf(f string, args ...any)  { r.skip = fmt.Sprintf(f, args...) }
 
