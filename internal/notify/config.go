@@ -38,7 +38,9 @@ const MaxNameLen = 64
 // Its Secret never leaves the process except as signatures: String,
 // GoString and LogValue omit it (and print the URL without its userinfo,
 // query and fragment), so a Destination can be logged or formatted with
-// any verb.
+// any verb. Its JSON form is the file's and carries the secret: a job
+// names a destination by tenant and Name (Registry.Destination), it does
+// not carry one in its arguments.
 type Destination struct {
 	// Name identifies the destination within its tenant.
 	Name string `json:"name"`

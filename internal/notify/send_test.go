@@ -289,3 +289,13 @@ func flatten(h http.Header) []string {
 	}
 	return out
 }
+
+// TestMetricsKnowEveryKind: the counters' kind series are initialised for
+// every kind a destination can have.
+func TestMetricsKnowEveryKind(t *testing.T) {
+	var kinds []string
+	for _, k := range Kinds {
+		kinds = append(kinds, string(k))
+	}
+	require.ElementsMatch(t, kinds, metrics.NotificationKinds)
+}
