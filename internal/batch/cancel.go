@@ -153,6 +153,11 @@ func (s *Store) Cancel(ctx context.Context, req CancelRequest) (CancelResult, er
 		if err != nil {
 			return fmt.Errorf("cancelling batch %d: %w", b.ID, err)
 		}
+		if s.outbox != nil {
+			if err := s.outbox.Outcome(ctx, tx, cancelled); err != nil {
+				return fmt.Errorf("cancelling batch %d: %w", b.ID, err)
+			}
+		}
 		res = CancelResult{Outcome: Cancelled, Batch: cancelled, DetailsKept: perr != nil}
 		if b.LeaseID != nil {
 			res.PreviousHolder = *b.LeaseID
@@ -172,13 +177,21 @@ func (s *Store) Cancel(ctx context.Context, req CancelRequest) (CancelResult, er
 // in list --stuck until they cancel it. It returns ErrStaleLease, writing
 // nothing, when f no longer holds the lease.
 func (s *Store) Park(ctx context.Context, f Fence, reason string) (Batch, error) {
-	b, err := scanBatch(s.db.QueryRow(ctx, `
-		UPDATE ingestion_batches
-		SET parked_at = now(), parked_reason = $4, updated_at = now()
-		WHERE id = $1 AND status = 'Running'
-		  AND execution_lease_id = $2 AND execution_lease_generation = $3
-		  AND execution_lease_expires_at > now()
-		RETURNING `+columns, f.BatchID, f.LeaseID, f.Generation, truncate(reason, maxParkReasonLen)))
+	// Parking a batch parked already (another delivery of the same build)
+	// is no new outcome: only the first park is announced.
+	b, err := s.announced(ctx, func(db DB) (Batch, bool, error) {
+		var newly bool
+		b, err := scanBatch(db.QueryRow(ctx, `
+			WITH prev AS (SELECT parked_at FROM ingestion_batches WHERE id = $1)
+			UPDATE ingestion_batches
+			SET parked_at = now(), parked_reason = $4, updated_at = now()
+			WHERE id = $1 AND status = 'Running'
+			  AND execution_lease_id = $2 AND execution_lease_generation = $3
+			  AND execution_lease_expires_at > now()
+			RETURNING `+columns+`, (SELECT parked_at IS NULL FROM prev)`,
+			f.BatchID, f.LeaseID, f.Generation, truncate(reason, maxParkReasonLen)), &newly)
+		return b, newly, err
+	})
 	if errors.Is(err, ErrNotFound) {
 		return Batch{}, ErrStaleLease
 	}

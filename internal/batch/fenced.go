@@ -83,7 +83,10 @@ func (s *Store) fenced(ctx context.Context, f Fence, status Status, d Details) (
 	if err != nil {
 		return Batch{}, err
 	}
-	b, err := scanBatch(s.db.QueryRow(ctx, fencedUpdate, f.BatchID, f.LeaseID, f.Generation, status, string(raw), max(f.Margin, 0).Microseconds()))
+	b, err := s.announced(ctx, func(db DB) (Batch, bool, error) {
+		b, err := scanBatch(db.QueryRow(ctx, fencedUpdate, f.BatchID, f.LeaseID, f.Generation, status, string(raw), max(f.Margin, 0).Microseconds()))
+		return b, status != StatusRunning, err
+	})
 	if errors.Is(err, ErrNotFound) {
 		return Batch{}, ErrStaleLease
 	}

@@ -23,7 +23,8 @@ type DB interface {
 
 // Store reads and writes ingestion_batches.
 type Store struct {
-	db DB
+	db     DB
+	outbox Outbox
 }
 
 // NewStore returns a store working on db.
@@ -35,7 +36,8 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(c
 
 // WithTx returns a store whose operations run inside tx, so they commit or
 // roll back with the caller's other work (for example a River job insert).
-func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx} }
+// It keeps the store's Outbox.
+func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx, outbox: s.outbox} }
 
 // columns is the select list scanned by scanBatch.
 const columns = `id, company_id, tenant_id, tenant_database, ingestion_mode, source_type,
