@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -26,6 +29,7 @@ import (
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/notify"
 	"github.com/fleet/ingest/internal/pipeline"
 	"github.com/fleet/ingest/internal/warehouse/warehousecli"
 	"github.com/fleet/ingest/migrations"
@@ -58,6 +62,14 @@ type runCmd struct {
 	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
 	Marker               string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"The completion marker a folder must hold to be loaded (the object its producer writes last). A folder without it fails before any warehouse write, failed_pre_commit with reason folder_incomplete, unless its import opted out (enqueue import --no-marker, \"marker\": false). Use the same name as enqueue's doors."`
 	DevLocal             bool          `name:"dev-allow-local-folders" help:"Also read file:// and mem:// folders. Development only: a file:// batch loads a directory of this host into the warehouse. Without it such batches are parked unread."`
+	NotificationsFile    string        `name:"notifications-file" env:"NOTIFICATIONS_FILE" help:"JSON file of each tenant's notification destinations (a Kubernetes Secret mounted as a file): webhooks (https URL and HMAC secret) and SNS topics, see docs/deploy.md. Every batch outcome (Succeeded, Failed with phase and reason, parked) is sent to its tenant's destinations through River's fleet_notify queue, at least once, with an idempotency key. Reloaded every --notifications-reload. Empty: no tenant has destinations (outcomes are still queued and completed)."`
+	NotificationsReload  time.Duration `name:"notifications-reload" env:"NOTIFICATIONS_RELOAD" default:"10s" help:"How often --notifications-file is read again: a destination added is used, one removed no longer is, without a restart; a file that no longer parses keeps the last good one (logged and counted)."`
+	NotifyConcurrency    int           `name:"notify-concurrency" env:"NOTIFY_CONCURRENCY" default:"2" help:"Notifications this process sends at once, on the fleet_notify queue (never holding a batch's lease). 0: this worker sends none (another must)."`
+	NotifyMaxAttempts    int           `name:"notify-max-attempts" env:"NOTIFY_MAX_ATTEMPTS" default:"12" help:"Attempts of one notification to one destination before it is given up (ingest_notifications_given_up_total, an ERROR log line)."`
+	NotifyRetryBase      time.Duration `name:"notify-retry-base" env:"NOTIFY_RETRY_BASE" default:"10s" help:"Pause after a notification's first failed attempt, doubled after each further one up to --notify-retry-max (plus up to 20% jitter). With the defaults 12 attempts span about 3.5 hours."`
+	NotifyRetryMax       time.Duration `name:"notify-retry-max" env:"NOTIFY_RETRY_MAX" default:"1h" help:"Longest pause between two attempts of a notification."`
+	NotifyTimeout        time.Duration `name:"notify-timeout" env:"NOTIFY_TIMEOUT" default:"30s" help:"Bound of one attempt to send a notification (the webhook's answer, the SNS publish)."`
+	PauseBeforeComplete  time.Duration `name:"test-pause-before-completion" hidden:"" help:"Tests only: pause a delivery that ended its batch between the terminal write and the job's completion."`
 	ClockOffset          time.Duration `name:"test-clock-offset" hidden:"" help:"Tests only: shift this process's local clock (lease deadlines) by this much."`
 	SimulatePods         int           `name:"simulate-pods" hidden:"" help:"Benchmarks only: run this many independent workers in this process, as that many pods would (each its own pools, River client, lease renewer, sweeper, gauges and metrics listener, named --name-NNN, listening on --metrics-addr's port + NNN), so a small machine can put hundreds of pods' connection behaviour on one database. 0 or 1: one worker, the production setting."`
 
@@ -255,10 +267,15 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 
 	m := metrics.New()
 	m.MaxTenants = r.MetricsMaxTenants
+	notifyCfg, outbox, err := r.notifications(ctx, m, log)
+	if err != nil {
+		return err
+	}
 	deliveries := drain.New()
 	worker, err := jobs.NewIngestWorker(jobs.WorkerConfig{
-		Drain:  deliveries,
-		Store:  batch.NewStore(pool),
+		Drain:                 deliveries,
+		PauseBeforeCompletion: r.PauseBeforeComplete,
+		Store:                 batch.NewStore(pool).WithOutbox(outbox),
 		Leases: lease.NewStore(pool).WithRenewals(renewPool),
 		Pipelines: pipeline.Registry{
 			batch.SourceTypeFleetS3: &fleet.Pipeline{
@@ -285,6 +302,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	client, err := jobs.NewWorkerClient(pool, worker, jobs.ClientConfig{
 		Concurrency: r.Concurrency, RescueStuckJobsAfter: r.RescueStuckJobsAfter,
 		FetchPollInterval: r.PollInterval, PollOnly: g.DatabasePooler.RiverPollOnly(), ID: r.Name, Logger: log,
+		Notify: notifyCfg,
 	})
 	if err != nil {
 		return err
@@ -315,6 +333,9 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	sweeper := &jobs.Sweeper{Pool: pool, River: client, Interval: r.SweepInterval, OrphanAfter: r.OrphanAfter, Metrics: m, Logger: log}
 	go sweeper.Run(bg)
 	go jobs.RunStats(bg, pool, m, r.StatsInterval, log)
+	if reg, ok := notifyCfg.Destinations.(*notify.Registry); ok && reg.Path() != "" {
+		go reg.Watch(bg, r.NotificationsReload)
+	}
 	ready.Store(true)
 	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl", r.LeaseTTL, "lease_renew_every", r.LeaseRenewEvery,
 		"lease_safety_margin", cmp.Or(r.LeaseSafetyMargin, lease.DefaultSafetyMargin(r.LeaseTTL, r.LeaseRenewEvery)),
@@ -379,4 +400,46 @@ func healthMux(m *metrics.Metrics, pool *pgxpool.Pool, ready *atomic.Bool) *http
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
+}
+
+// notifications builds what sends the outcome notifications: the
+// destinations file (reloaded by the caller), the sender (webhooks, and SNS
+// with the AWS SDK's default configuration: AWS_REGION, credentials,
+// AWS_ENDPOINT_URL_SNS) and the outbox every terminal write inserts its
+// notification job through.
+func (r *runCmd) notifications(ctx context.Context, m *metrics.Metrics, log *slog.Logger) (*jobs.NotifyConfig, *jobs.Outbox, error) {
+	bad := func(err error) (*jobs.NotifyConfig, *jobs.Outbox, error) {
+		return nil, nil, cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
+	}
+	switch {
+	case r.NotificationsReload <= 0:
+		return bad(errors.New("--notifications-reload must be positive"))
+	case r.NotifyConcurrency < 0:
+		return bad(errors.New("--notify-concurrency must not be negative"))
+	case r.NotifyMaxAttempts < 1:
+		return bad(errors.New("--notify-max-attempts must be at least 1"))
+	case r.NotifyRetryBase <= 0 || r.NotifyRetryMax < r.NotifyRetryBase:
+		return bad(errors.New("--notify-retry-base must be positive and at most --notify-retry-max"))
+	case r.NotifyTimeout <= 0:
+		return bad(errors.New("--notify-timeout must be positive"))
+	}
+	reg, err := notify.NewRegistry(r.NotificationsFile, log, m.NotificationConfigReloadFailures)
+	if err != nil {
+		return bad(fmt.Errorf("--notifications-file: %w", err))
+	}
+	awsCfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the AWS configuration for SNS notifications: %w", err)
+	}
+	outbox, err := jobs.NewInsertOnlyOutbox(log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &jobs.NotifyConfig{
+		Destinations: reg,
+		Sender:       &notify.Sender{HTTP: &http.Client{Timeout: r.NotifyTimeout}, SNS: sns.NewFromConfig(awsCfg), Metrics: m},
+		Concurrency:  r.NotifyConcurrency, MaxAttempts: r.NotifyMaxAttempts,
+		RetryBase: r.NotifyRetryBase, RetryMax: r.NotifyRetryMax, Timeout: r.NotifyTimeout,
+		Metrics: m, Logger: log,
+	}, outbox, nil
 }

@@ -29,6 +29,10 @@ type ClientConfig struct {
 	// ID identifies the client in River (e.g. the pod name).
 	ID     string
 	Logger *slog.Logger
+	// Notify, if set, registers the notification workers (OutcomeWorker,
+	// DeliveryWorker) and, when its Concurrency is positive, works
+	// NotifyQueue with that many workers.
+	Notify *NotifyConfig
 }
 
 // NewWorkerClient returns a River client that works ingest jobs with w.
@@ -37,9 +41,18 @@ func NewWorkerClient(pool *pgxpool.Pool, w *IngestWorker, cfg ClientConfig) (*ri
 	if err := river.AddWorkerSafely(workers, w); err != nil {
 		return nil, err
 	}
+	queues := map[string]river.QueueConfig{Queue: {MaxWorkers: max(cfg.Concurrency, 1)}}
+	if cfg.Notify != nil {
+		if err := addNotifyWorkers(workers, pool, *cfg.Notify); err != nil {
+			return nil, err
+		}
+		if cfg.Notify.Concurrency > 0 {
+			queues[NotifyQueue] = river.QueueConfig{MaxWorkers: cfg.Notify.Concurrency}
+		}
+	}
 	return river.NewClient(riverpgxv5.New(pool), &river.Config{
 		ID:                   cfg.ID,
-		Queues:               map[string]river.QueueConfig{Queue: {MaxWorkers: max(cfg.Concurrency, 1)}},
+		Queues:               queues,
 		Workers:              workers,
 		JobTimeout:           -1,
 		RescueStuckJobsAfter: cfg.RescueStuckJobsAfter,

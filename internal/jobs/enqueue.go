@@ -132,6 +132,15 @@ type Enqueuer struct {
 	Logger            *slog.Logger
 }
 
+// outbox announces the outcomes the enqueuer writes (a cancel) through its
+// River client, in the write's transaction: see Outbox.
+func (e *Enqueuer) outbox() batch.Outbox {
+	if e.River == nil {
+		return nil
+	}
+	return NewOutbox(e.River)
+}
+
 // Import reserves a batch for (tenant, folder) and inserts its job in the
 // same transaction. Outcomes: enqueued; conflict when a running batch holds
 // the scope; already_succeeded when the folder's latest batch succeeded and
@@ -562,7 +571,7 @@ func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error
 	}
 	var res Result
 	err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
-		cr, err := batch.NewStore(e.Pool).WithTx(tx).Cancel(ctx, breq)
+		cr, err := batch.NewStore(e.Pool).WithOutbox(e.outbox()).WithTx(tx).Cancel(ctx, breq)
 		if err != nil {
 			return err
 		}

@@ -71,9 +71,13 @@ type WorkerConfig struct {
 	// Drain, if set, knows every delivery, so that a stopping worker can
 	// wait for the loads that will finish in time and give up the others
 	// (drain.Tracker.Drain).
-	Drain   *drain.Tracker
-	Metrics *metrics.Metrics
-	Logger  *slog.Logger
+	Drain *drain.Tracker
+	// PauseBeforeCompletion, tests only, pauses a delivery that ended its
+	// batch (Succeeded or Failed) between that terminal write and
+	// returning to River, the window a crash test kills the worker in.
+	PauseBeforeCompletion time.Duration
+	Metrics               *metrics.Metrics
+	Logger                *slog.Logger
 }
 
 func (c *WorkerConfig) validate() error {
@@ -158,12 +162,17 @@ const (
 // (attempt⁴ seconds) would leave a batch idle for minutes after its third
 // failure.
 func (w *IngestWorker) NextRetry(job *river.Job[IngestArgs]) time.Time {
-	d := retryBackoffMax
-	if n := job.Attempt - 1; n < 20 {
-		d = min(retryBackoffBase<<max(n, 0), retryBackoffMax)
+	return time.Now().Add(backoff(retryBackoffBase, retryBackoffMax, job.Attempt))
+}
+
+// backoff is the pause after failed attempt number attempt (from 1): base
+// doubled per earlier failure, capped at limit, plus up to 20% jitter.
+func backoff(base, limit time.Duration, attempt int) time.Duration {
+	d := limit
+	if n := attempt - 1; n < 40 && base<<max(n, 0) > 0 {
+		d = min(base<<max(n, 0), limit)
 	}
-	jitter := time.Duration(mrand.Int64N(int64(d)/5 + 1))
-	return time.Now().Add(d + jitter)
+	return d + time.Duration(mrand.Int64N(int64(d)/5+1))
 }
 
 // Work implements river.Worker.
@@ -251,6 +260,10 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 	}
 	if leaseLost && res.Outcome == pipeline.Retry {
 		res.Outcome = pipeline.LeaseLost
+	}
+	if p := w.cfg.PauseBeforeCompletion; p > 0 && (res.Outcome == pipeline.Succeeded || res.Outcome == pipeline.Failed) {
+		log.Warn("tests only: pausing between the batch's terminal write and the job's completion", "pause", p)
+		time.Sleep(p)
 	}
 	return w.finish(ctx, job, res, log)
 }
