@@ -276,7 +276,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 		Drain:                 deliveries,
 		PauseBeforeCompletion: r.PauseBeforeComplete,
 		Store:                 batch.NewStore(pool).WithOutbox(outbox),
-		Leases: lease.NewStore(pool).WithRenewals(renewPool),
+		Leases:                lease.NewStore(pool).WithRenewals(renewPool),
 		Pipelines: pipeline.Registry{
 			batch.SourceTypeFleetS3: &fleet.Pipeline{
 				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns, MaxRecordExpansion: r.MaxRecordExpansion}},
