@@ -121,7 +121,8 @@ func TestNotificationsSurviveAWorkerKilledAfterTheOutcome(t *testing.T) {
 	require.Equal(t, notify.OutcomeSucceeded, s.Outcome)
 	require.Equal(t, "Succeeded", s.Status)
 	require.Equal(t, "tenant-n", s.TenantID)
-	require.Equal(t, ok.Scope(), s.Folder)
+	require.Equal(t, strings.TrimPrefix(ok.Scope(), "fleet_s3:"), s.Folder)
+	require.True(t, strings.HasPrefix(s.Folder, "file:///"), s.Folder)
 	f := got[failedKey][0]
 	require.Equal(t, notify.OutcomeFailed, f.Outcome)
 	require.Equal(t, string(batch.PhaseFailedPreCommit), f.Phase)

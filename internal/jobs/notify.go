@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,6 +13,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/notify"
 )
@@ -102,7 +104,7 @@ func (o *Outbox) Outcome(ctx context.Context, tx pgx.Tx, b batch.Batch) error {
 // key is the batch, the outcome and the lease generation of the term that
 // wrote it (notify.Key): a resumed batch may fail twice.
 func NotificationOf(b batch.Batch) (n notify.Notification, ok bool) {
-	n = notify.Notification{BatchID: b.ID, TenantID: b.TenantID, Folder: b.Scope(), Status: string(b.Status)}
+	n = notify.Notification{BatchID: b.ID, TenantID: b.TenantID, Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), Status: string(b.Status)}
 	switch {
 	case b.Status == batch.StatusSucceeded:
 		n.Outcome = notify.OutcomeSucceeded
@@ -122,9 +124,6 @@ func NotificationOf(b batch.Batch) (n notify.Notification, ok bool) {
 		n.Phase = string(d.Phase)
 		if d.LastError != nil && n.Outcome == notify.OutcomeFailed {
 			n.Reason, n.Message = string(d.LastError.Reason), d.LastError.Message
-		}
-		if n.Folder == "" {
-			n.Folder = d.SourceFolder
 		}
 	}
 	n.IdempotencyKey = notify.Key(b.ID, n.Outcome, b.LeaseGeneration)

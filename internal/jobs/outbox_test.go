@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,7 +92,7 @@ func TestOutboxAnnouncesOnlyCommittedOutcomes(t *testing.T) {
 	require.Equal(t, "no marker", n.Message)
 	require.Equal(t, "tenant-a", n.TenantID)
 	require.Equal(t, notify.Key(id, notify.OutcomeFailed, l.Generation), n.IdempotencyKey)
-	require.NotEmpty(t, n.Folder)
+	require.True(t, strings.HasPrefix(n.Folder, "mem://"), n.Folder)
 	require.False(t, n.At.IsZero())
 
 	// A cancel (the enqueuer's door) announces its failure.
