@@ -14,7 +14,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/fleet/ingest/internal/buildinfo.version=$(VERSION)
 
-.PHONY: redshift-live all build test local-aws-sqs promtool test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
+.PHONY: redshift-live all build test local-aws-sqs goaws promtool test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
 
 all: lint test
 
@@ -29,6 +29,12 @@ demo:
 LOCAL_AWS_SQS_DIR ?= $(HOME)/.cache/fleet-ingest/local-aws-sqs
 export LOCAL_AWS_SQS_DIR
 
+# The SNS tests (internal/notify) run goaws as their SNS server (GOAWS_BIN);
+# make test builds it on first use. Its main package is app/cmd, so go
+# install names the binary cmd.
+GOAWS_BIN ?= $(HOME)/.cache/fleet-ingest/goaws/goaws
+export GOAWS_BIN
+
 # The alert rules are tested with promtool test rules (deploy/promtool_test.go),
 # which fails without it under make test: Debian's prometheus package installs it.
 PROMTOOL ?= promtool
@@ -37,7 +43,7 @@ export PROMTOOL
 # After the tests (passed or not), the template databases they cloned are
 # dropped unless another test run still uses them (internal/pgtest,
 # DropTemplates); it fails if templates remain although none does.
-test: local-aws-sqs promtool
+test: local-aws-sqs goaws promtool
 	@status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
 		$(GO) run ./internal/pgtest/droptemplates || status=1; exit $$status
 
@@ -47,6 +53,10 @@ promtool:
 local-aws-sqs:
 	@test -f "$(LOCAL_AWS_SQS_DIR)/node_modules/local-aws-sqs/package.json" || \
 		npm install --prefix "$(LOCAL_AWS_SQS_DIR)" --no-audit --no-fund local-aws-sqs@2.0.2
+
+goaws:
+	@test -x "$(GOAWS_BIN)" || { GOBIN="$(dir $(GOAWS_BIN))" $(GO) install github.com/Admiral-Piett/goaws/app/cmd@v0.4.5 && \
+		mv "$(dir $(GOAWS_BIN))cmd" "$(GOAWS_BIN)"; }
 
 test-short:
 	$(GO) test -short ./...

@@ -174,6 +174,17 @@ type Metrics struct {
 	ReconcileChanged      *prometheus.CounterVec
 	ReconcileUnsummarized prometheus.Counter
 
+	// Tenant notifications (internal/notify), by destination kind
+	// (webhook, sns; NotificationKinds), never by tenant: attempts that
+	// delivered, attempts that failed, notifications given up after their
+	// last attempt failed (counted by the job that sends them), and
+	// reloads of the destinations file that failed (the destinations last
+	// read stay in force).
+	NotificationsSent                *prometheus.CounterVec
+	NotificationsFailed              *prometheus.CounterVec
+	NotificationsGivenUp             *prometheus.CounterVec
+	NotificationConfigReloadFailures prometheus.Counter
+
 	sqs, reconcile []prometheus.Collector // the collectors of NewSQS and NewReconcile
 }
 
@@ -328,6 +339,7 @@ func build() (*Metrics, []prometheus.Collector) {
 	m.newSQS(f)
 	m.newReconcile(f)
 	m.newFairness(f)
+	m.newNotifications(f)
 	m.SupersededJobs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_superseded_jobs_finalized_total",
 		Help: "River jobs left running by a delivery whose lease was taken over (a killed or paused worker), finalized as cancelled by the sweeper.",
@@ -471,6 +483,31 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 	initLabels(m.ReconcileFolders, ReconcileOutcomes)
 	initLabels(m.ReconcileChanged, ReconcileChangeReasons)
 	initLabels(m.ReconcileScans, []string{"scanned", "skipped", "failed"})
+}
+
+// NotificationKinds label the notification counters: the kinds of
+// destination (notify.Kinds).
+var NotificationKinds = []string{"webhook", "sns"}
+
+func (m *Metrics) newNotifications(f func(prometheus.Collector)) {
+	m.NotificationsSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_notifications_sent_total", Help: "Batch outcome notifications delivered to a tenant's destination, by kind (webhook: a 2xx answer; sns: published).",
+	}, []string{"kind"})
+	m.NotificationsFailed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_notifications_failed_total", Help: "Attempts to send a batch outcome notification that failed, by kind (a non-2xx answer, a redirect or a transport error; an SNS error); the attempt is retried.",
+	}, []string{"kind"})
+	m.NotificationsGivenUp = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_notifications_given_up_total", Help: "Batch outcome notifications given up after their last attempt failed, by kind: the tenant was not told.",
+	}, []string{"kind"})
+	m.NotificationConfigReloadFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_notifications_config_reload_failures_total",
+		Help: "Reloads of the worker's notification destinations file (--notifications-file) that could not read or parse it; the destinations last read stay in force.",
+	})
+	for _, c := range []*prometheus.CounterVec{m.NotificationsSent, m.NotificationsFailed, m.NotificationsGivenUp} {
+		f(c)
+		initLabels(c, NotificationKinds)
+	}
+	f(m.NotificationConfigReloadFailures)
 }
 
 func initLabels(c *prometheus.CounterVec, values []string) {

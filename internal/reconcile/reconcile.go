@@ -16,7 +16,7 @@
 // newest MaxChangedKeys of them kept. A folder holding its completion
 // marker whose marker or any data object was last modified at or after
 // Since (so a folder with an old marker and a new file is found) is
-// mapped with uploads.PlanEvents and folder.Mapping, the rule of every
+// mapped with s3events.PlanEvents and folder.Mapping, the rule of every
 // other door. A burst of folders is looked up in the database:
 //
 //	a Running batch            → running (not enqueued)
@@ -93,7 +93,7 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
-	"github.com/fleet/ingest/internal/uploads"
+	"github.com/fleet/ingest/internal/s3events"
 )
 
 // Outcomes reported per folder (the outcome label of
@@ -572,11 +572,11 @@ func (s *scan) flush(ctx context.Context) error {
 	}
 	dirs := s.pending
 	s.pending = nil
-	events := make([]uploads.ObjectEvent, len(dirs))
+	events := make([]s3events.ObjectEvent, len(dirs))
 	for i, d := range dirs {
-		events[i] = uploads.ObjectEvent{Bucket: s.cfg.Bucket, Key: d.marker.key, Created: true}
+		events[i] = s3events.ObjectEvent{Bucket: s.cfg.Bucket, Key: d.marker.key, Created: true}
 	}
-	plans := uploads.PlanEvents(events, s.cfg.Marker, s.cfg.mapping())
+	plans := s3events.PlanEvents(events, s.cfg.Marker, s.cfg.mapping())
 	type candidate struct {
 		i   int
 		req jobs.ImportRequest

@@ -19,7 +19,7 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
-	"github.com/fleet/ingest/internal/uploads"
+	"github.com/fleet/ingest/internal/s3events"
 )
 
 // Defaults of Config.
@@ -55,7 +55,7 @@ const (
 	DeletedIgnored   = "ignored"
 	DeletedTestEvent = "test_event"
 	// DeletedLateObject: the message imports nothing and names data
-	// objects of folders already published (uploads.OutcomeLateObject).
+	// objects of folders already published (s3events.OutcomeLateObject).
 	DeletedLateObject = "late_object"
 )
 
@@ -133,7 +133,7 @@ type Config struct {
 	// batch Succeeded is counted (ingest_late_object_events_total, once
 	// per folder and message), logged, and deleted as late_object rather
 	// than ignored. *batch.Store is one. Nil: such events are ignored.
-	Batches uploads.LatestFinder
+	Batches s3events.LatestFinder
 	// Metrics defaults to a fresh set.
 	Metrics *metrics.Metrics
 	// Logger defaults to slog.Default().
@@ -422,8 +422,8 @@ type message struct {
 	// round's, burst.
 	burst []int
 	// data are its events for data objects of mapped folders
-	// (uploads.Planned.DataFolder), looked up with the round's.
-	data []uploads.Planned
+	// (s3events.Planned.DataFolder), looked up with the round's.
+	data []s3events.Planned
 }
 
 func (m *message) leave(reason, detail string) {
@@ -570,7 +570,7 @@ func (c *Consumer) receive(ctx context.Context) ([]*message, error) {
 // plan reads a message and adds the imports it completes to the burst, or
 // marks it left.
 func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
-	qm, err := uploads.ReadQueueMessage([]byte(aws.ToString(m.Body)))
+	qm, err := s3events.ReadQueueMessage([]byte(aws.ToString(m.Body)))
 	switch {
 	case err != nil:
 		m.leave(LeftMalformed, err.Error())
@@ -586,7 +586,7 @@ func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
 		return
 	}
 	m.outcome = DeletedIgnored
-	for _, p := range uploads.PlanEvents(qm.Events, c.cfg.Marker, c.cfg.Mapping) {
+	for _, p := range s3events.PlanEvents(qm.Events, c.cfg.Marker, c.cfg.Mapping) {
 		switch p.Outcome {
 		case "":
 			m.burst = append(m.burst, len(*burst))
@@ -653,7 +653,7 @@ func (c *Consumer) findLateObjects(ctx context.Context, r *round) {
 	if c.cfg.Batches == nil {
 		return
 	}
-	var all []uploads.Planned
+	var all []s3events.Planned
 	for _, m := range r.msgs {
 		all = append(all, m.data...)
 	}
@@ -662,19 +662,19 @@ func (c *Consumer) findLateObjects(ctx context.Context, r *round) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ImportTimeout)
 	defer cancel()
-	if _, err := uploads.FindLateObjects(ctx, c.cfg.Batches, all); err != nil {
+	if _, err := s3events.FindLateObjects(ctx, c.cfg.Batches, all); err != nil {
 		c.log.Warn("could not look up the folders of data-object events; the messages count as ignored", "error", err.Error())
 		return
 	}
 	for _, m := range r.msgs {
 		own := all[:len(m.data)]
 		all = all[len(m.data):]
-		late := uploads.LateFoldersOf(own)
+		late := s3events.LateFoldersOf(own)
 		if len(late) == 0 {
 			continue
 		}
 		c.m.LateObjectEvents.WithLabelValues(metrics.DoorSQS).Add(float64(len(late)))
-		uploads.LogLateFolders(c.log.With("message_id", m.id), metrics.DoorSQS, late)
+		s3events.LogLateFolders(c.log.With("message_id", m.id), metrics.DoorSQS, late)
 		if m.outcome == DeletedIgnored {
 			m.outcome = DeletedLateObject
 		}

@@ -6,10 +6,10 @@
 // messages) and gathers what they return into rounds:
 //
 //	ReceiveMessage × Receivers (long polls, up to 10 messages each)
-//	  │ each body read once, in its receiver: uploads.ReadQueueMessage
+//	  │ each body read once, in its receiver: s3events.ReadQueueMessage
 //	  │ (S3 event, SNS envelope raw or not, EventBridge), then
-//	  │ uploads.PlanEvents with the marker and folder.Mapping — the code of
-//	  │ enqueue serve
+//	  │ s3events.PlanEvents with the marker and folder.Mapping — the code
+//	  │ enqueue serve and reconcile run too
 //	  ▼
 //	round: the receives waiting, and those arriving within Linger of the
 //	  │    first, up to MaxBurst folders (one entry per message id)

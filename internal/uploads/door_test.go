@@ -18,6 +18,7 @@ import (
 
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/s3events"
 )
 
 func newServerEnqueuer(t *testing.T, pool *pgxpool.Pool) *jobs.Enqueuer {
@@ -107,7 +108,7 @@ func TestSignedBodiesAreReadWithASmallLimit(t *testing.T) {
 	status, out := f.post(t, "/v1/events/s3", "application/json", big, signed(big))
 	require.Equal(t, http.StatusRequestEntityTooLarge, status, out)
 	require.Contains(t, out["error"], fmt.Sprint(SignedMaxBodyBytesDefault))
-	snsBig := sns.message(t, snsNotification, testTopic, string(padded("sns-big", 100<<10)), "2", nil)
+	snsBig := sns.message(t, s3events.SNSNotification, testTopic, string(padded("sns-big", 100<<10)), "2", nil)
 	status, out = f.post(t, "/v1/events/s3", "text/plain", snsBig, nil)
 	require.Equal(t, http.StatusRequestEntityTooLarge, status, out)
 	require.Zero(t, sns.fetches.Load(), "nothing fetched for a body refused unread")

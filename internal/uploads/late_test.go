@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/s3events"
 	"github.com/fleet/ingest/internal/testproc"
 )
 
@@ -59,7 +60,7 @@ func TestDataObjectEventsOfAPublishedFolder(t *testing.T) {
 	for _, r := range out["results"].([]any) {
 		res := r.(map[string]any)
 		outcomes = append(outcomes, res["outcome"].(string))
-		if res["outcome"] == OutcomeLateObject {
+		if res["outcome"] == s3events.OutcomeLateObject {
 			require.Equal(t, batchOf[published], res["batch_id"], "the answer names the published batch")
 			require.Contains(t, res["reason"], "s3://fleet-uploads/"+published+" was published by batch")
 		}
@@ -79,7 +80,7 @@ func TestDataObjectEventsOfAPublishedFolder(t *testing.T) {
 	sns, _ := json.Marshal(map[string]any{"Type": "Notification", "MessageId": "m1", "Message": string(s3Event("fleet-uploads", published+"/part-3.csv", "ObjectCreated:Put"))})
 	status, out = f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", sns, auth)
 	require.Equal(t, http.StatusOK, status, out)
-	require.Equal(t, OutcomeLateObject, out["results"].([]any)[0].(map[string]any)["outcome"])
+	require.Equal(t, s3events.OutcomeLateObject, out["results"].([]any)[0].(map[string]any)["outcome"])
 	require.Equal(t, 2.0, testutil.ToFloat64(f.m.LateObjectEvents.WithLabelValues("events_s3")))
 	require.Len(t, lateLogLines(t, logs.String()), 2)
 }

@@ -1,10 +1,7 @@
 package uploads
 
 import (
-	"errors"
 	"fmt"
-	"net/http"
-	"path"
 
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
@@ -12,7 +9,7 @@ import (
 
 // ImportBody is the body of POST /v1/imports. Over HTTP an import is an S3
 // import of the folder's own tenant: TenantID, TenantDatabase and CompanyID
-// come from the folder's path (Mapping), and may be omitted; when given
+// come from the folder's path (folder.Mapping), and may be omitted; when given
 // they must agree with it.
 type ImportBody struct {
 	TenantID       string `json:"tenant_id,omitempty"`
@@ -38,7 +35,7 @@ const errLocalFolder = "only s3:// folders are imported over HTTP (file:// and m
 // the tenant, database and company; a body naming others is refused.
 // allowLocal admits file:// and mem:// folders with the body's tenant,
 // database and company, for development only. Nothing is written.
-func ResolveImport(m Mapping, body ImportBody, allowLocal bool) (jobs.ImportRequest, *jobs.InputError) {
+func ResolveImport(m folder.Mapping, body ImportBody, allowLocal bool) (jobs.ImportRequest, *jobs.InputError) {
 	return ResolveImportWith(m, body, ImportRules{AllowLocal: allowLocal})
 }
 
@@ -55,7 +52,7 @@ type ImportRules struct {
 }
 
 // ResolveImportWith is ResolveImport under rules.
-func ResolveImportWith(m Mapping, body ImportBody, rules ImportRules) (jobs.ImportRequest, *jobs.InputError) {
+func ResolveImportWith(m folder.Mapping, body ImportBody, rules ImportRules) (jobs.ImportRequest, *jobs.InputError) {
 	allowLocal := rules.AllowLocal
 	f, err := folder.Canonicalize(body.Folder)
 	if err != nil {
@@ -99,68 +96,4 @@ func ResolveImportWith(m Mapping, body ImportBody, rules ImportRules) (jobs.Impo
 		return jobs.ImportRequest{}, in
 	}
 	return req, nil
-}
-
-// Planned is what one object event of a notification comes to: an import
-// to run (Request, when Outcome is empty), or the answer without one.
-type Planned struct {
-	Bucket, Key string
-	// Request is the validated import, when Outcome is "".
-	Request jobs.ImportRequest
-	// Outcome is "" (run Request), "ignored" (not the completion of a
-	// folder), "unmapped" (a folder of no tenant, or of a refused bucket)
-	// or "invalid_input" (mapped, but the tenant, database or company in
-	// its path is not valid).
-	Outcome       string
-	Field, Reason string
-	// Status is the HTTP status of a refusal.
-	Status int
-	// DataFolder is, for the creation of a data object (not a marker,
-	// folder.IsMarker) in a folder that maps to a tenant, the import of
-	// that folder (its directory), though the event is ignored: a door
-	// looks it up (FindLateObjects) to tell an object added to a folder
-	// already published.
-	DataFolder *jobs.ImportRequest
-	// BatchID is the published batch of a late_object outcome.
-	BatchID int64
-}
-
-// PlanEvents decides, for every object event, whether it completes a
-// folder (its marker was created) and which tenant's import that folder
-// is. Each import is validated here, so the list of requests with an empty
-// Outcome can be enqueued as they are, one by one or together.
-func PlanEvents(events []ObjectEvent, marker string, m Mapping) []Planned {
-	plans := make([]Planned, 0, len(events))
-	for _, ev := range events {
-		p := Planned{Bucket: ev.Bucket, Key: ev.Key, Status: http.StatusOK}
-		dir, isMarker := folderOf(ev.Key, marker)
-		switch target, err := m.ResolveObjectFolder(ev.Bucket, dir); {
-		case ev.Created && !isMarker && !folder.IsMarker(path.Base(ev.Key)) && err == nil:
-			p.Outcome = "ignored"
-			req := jobs.ImportRequest{TenantID: target.TenantID, TenantDatabase: target.TenantDatabase, CompanyID: target.CompanyID, Folder: target.Folder}
-			if jobs.ValidateImport(req) == nil {
-				p.DataFolder = &req
-			}
-		case !ev.Created || !isMarker:
-			p.Outcome = "ignored"
-		case errors.Is(err, folder.ErrInvalidFolder) && folder.ValidateBucketName(ev.Bucket) != nil:
-			p.Outcome, p.Field, p.Reason, p.Status = "invalid_input", "bucket", err.Error(), http.StatusUnprocessableEntity
-		case errors.Is(err, folder.ErrInvalidFolder):
-			p.Outcome, p.Field, p.Reason, p.Status = "invalid_input", "folder", err.Error(), http.StatusUnprocessableEntity
-		case err != nil:
-			p.Outcome, p.Reason, p.Status = "unmapped", err.Error(), http.StatusUnprocessableEntity
-		default:
-			p.Request = jobs.ImportRequest{TenantID: target.TenantID, TenantDatabase: target.TenantDatabase, CompanyID: target.CompanyID, Folder: target.Folder}
-			if err := jobs.ValidateImport(p.Request); err != nil {
-				p.Outcome, p.Status = "invalid_input", http.StatusUnprocessableEntity
-				if in, ok := err.(*jobs.InputError); ok {
-					p.Field, p.Reason = in.Field, in.Reason
-				} else {
-					p.Field, p.Reason = "folder", err.Error()
-				}
-			}
-		}
-		plans = append(plans, p)
-	}
-	return plans
 }

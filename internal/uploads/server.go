@@ -62,6 +62,7 @@ import (
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/s3events"
 )
 
 // Defaults of Config.
@@ -133,7 +134,7 @@ type Config struct {
 	// notifications make; 0 (the default): the first bad record fails a
 	// batch.
 	MaxBadRecords int
-	Mapping       Mapping
+	Mapping       folder.Mapping
 	// MaxBodyBytes bounds the body of a request that carries the import
 	// token, which is checked before the body is read. Defaults to 1 MiB.
 	MaxBodyBytes int64
@@ -185,8 +186,9 @@ type Server struct {
 	// set, else one transaction per request.
 	imports *jobs.Grouper
 	// batches finds the published folders of data-object events
-	// (FindLateObjects), through the Enqueuer's pool; nil without one.
-	batches LatestFinder
+	// (s3events.FindLateObjects), through the Enqueuer's pool; nil without
+	// one.
+	batches s3events.LatestFinder
 }
 
 // ConfigError is a Config that Validate refuses; Setting names the field.
@@ -612,13 +614,14 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 		}
 		credential, replayKey, maxAge = "hmac", key, s.cfg.SignatureMaxAge
 	}
-	n, err := readNotification(body)
+	n, err := s3events.ReadNotification(body)
 	if err != nil {
 		s.refuse(w, routeEvents, http.StatusBadRequest, "invalid", "", err.Error())
 		return
 	}
-	if n.kind == kindSNS && n.sns.Type != snsNotification {
-		s.handleSNSControl(w, r, n.sns, credential != "")
+	msg, isSNS := n.SNS()
+	if isSNS && msg.Type != s3events.SNSNotification {
+		s.handleSNSControl(w, r, msg, credential != "")
 		return
 	}
 	if credential == "" {
@@ -631,14 +634,14 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 			s.refuse(w, routeEvents, status, outcome, "", why)
 			return
 		}
-		credential, replayKey, maxAge = "sns:"+n.sns.TopicArn, snsReplayKey(n.sns), s.sns.cfg.MaxAge
+		credential, replayKey, maxAge = "sns:"+msg.TopicArn, snsReplayKey(msg), s.sns.cfg.MaxAge
 	}
-	events, err := n.events()
+	events, err := n.Events()
 	if err != nil {
 		s.refuse(w, routeEvents, http.StatusBadRequest, "invalid", "", err.Error())
 		return
 	}
-	plans := PlanEvents(events, s.cfg.Marker, s.cfg.Mapping)
+	plans := s3events.PlanEvents(events, s.cfg.Marker, s.cfg.Mapping)
 	folders := 0
 	for _, p := range plans {
 		if p.Outcome == "" {
@@ -681,7 +684,7 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 // answers for each of its records; claimed is the replay claim of its
 // signature (zero without one), released when the answer asks the sender
 // to retry.
-func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Planned, claimed ReplayClaim) {
+func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []s3events.Planned, claimed ReplayClaim) {
 	s.findLateObjects(r.Context(), plans)
 	results := make([]eventResult, 0, len(plans))
 	// The folders an event completes are imported together: one burst,
@@ -700,7 +703,7 @@ func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Pla
 			}
 			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeEvents, metric).Inc()
 			res.BatchID = p.BatchID
-			if p.Outcome != "ignored" && p.Outcome != OutcomeLateObject {
+			if p.Outcome != "ignored" && p.Outcome != s3events.OutcomeLateObject {
 				s.cfg.Logger.Warn("upload notification refused", "bucket", p.Bucket, "key", p.Key, "outcome", p.Outcome, "field", p.Field, "reason", p.Reason)
 			}
 		} else {
@@ -751,11 +754,11 @@ func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []Pla
 // logs each such folder once. A failed look-up leaves them ignored, as
 // they were before: the answer does not depend on it, and reconcile finds
 // the changed folder all the same.
-func (s *Server) findLateObjects(ctx context.Context, plans []Planned) {
+func (s *Server) findLateObjects(ctx context.Context, plans []s3events.Planned) {
 	if s.batches == nil {
 		return
 	}
-	late, err := FindLateObjects(ctx, s.batches, plans)
+	late, err := s3events.FindLateObjects(ctx, s.batches, plans)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.cfg.Logger.Warn("could not look up the folders of data-object events; answered ignored", "error", err.Error())
@@ -763,7 +766,7 @@ func (s *Server) findLateObjects(ctx context.Context, plans []Planned) {
 		return
 	}
 	s.cfg.Metrics.LateObjectEvents.WithLabelValues(metrics.DoorEvents).Add(float64(len(late)))
-	LogLateFolders(s.cfg.Logger, metrics.DoorEvents, late)
+	s3events.LogLateFolders(s.cfg.Logger, metrics.DoorEvents, late)
 }
 
 // bearerCredential names the credential of a request that passed
@@ -782,14 +785,15 @@ func isSNSCredential(credential string) bool { return strings.HasPrefix(credenti
 // accepted topic (checked first, so an unknown topic never makes the
 // listener fetch anything), valid, signed by SNS. It returns the status,
 // outcome and reason of a refusal, or why == "".
-func (s *Server) snsOK(ctx context.Context, n notification) (status int, outcome, why string) {
+func (s *Server) snsOK(ctx context.Context, n s3events.Notification) (status int, outcome, why string) {
+	m, isSNS := n.SNS()
 	switch {
-	case n.kind != kindSNS || s.sns == nil || n.sns.Signature == "":
+	case !isSNS || s.sns == nil || m.Signature == "":
 		return http.StatusUnauthorized, "unauthorized", "unauthenticated: missing credentials"
-	case !s.sns.topicAccepted(n.sns.TopicArn):
-		return http.StatusUnauthorized, "unauthorized", fmt.Sprintf("unauthenticated: SNS topic %q is not accepted", n.sns.TopicArn)
+	case !s.sns.topicAccepted(m.TopicArn):
+		return http.StatusUnauthorized, "unauthorized", fmt.Sprintf("unauthenticated: SNS topic %q is not accepted", m.TopicArn)
 	}
-	switch err := s.sns.verify(ctx, n.sns); {
+	switch err := s.sns.verify(ctx, m); {
 	case errors.Is(err, errSNSCertFetchLimited), errors.Is(err, errSNSCertUnavailable):
 		return http.StatusServiceUnavailable, "unavailable", err.Error()
 	case err != nil:
@@ -832,13 +836,13 @@ func (s *Server) releaseClaim(c ReplayClaim) {
 // subscription and unsubscribe confirmations. A subscription confirmation
 // with a valid signature is logged with its topic and counted; it is
 // confirmed when AutoConfirm is set and the topic is accepted.
-func (s *Server) handleSNSControl(w http.ResponseWriter, r *http.Request, msg snsMessage, authenticated bool) {
+func (s *Server) handleSNSControl(w http.ResponseWriter, r *http.Request, msg s3events.SNSMessage, authenticated bool) {
 	logger := s.cfg.Logger.With("sns_type", msg.Type, "topic_arn", msg.TopicArn, "message_id", msg.MessageID)
 	ignored := func(reason string) {
 		s.reply(w, routeEvents, http.StatusOK, "ignored", map[string]string{"outcome": "ignored", "reason": reason})
 	}
 	confirmations := func(outcome string) {
-		if msg.Type == snsSubscriptionConfirmation && s.sns != nil {
+		if msg.Type == s3events.SNSSubscriptionConfirmation && s.sns != nil {
 			s.cfg.Metrics.SNSConfirmations.WithLabelValues(outcome).Inc()
 		}
 	}
@@ -873,7 +877,7 @@ func (s *Server) handleSNSControl(w http.ResponseWriter, r *http.Request, msg sn
 		ignored("SNS message not verified: " + verr.Error())
 		return
 	}
-	if msg.Type == snsUnsubscribeConfirmation {
+	if msg.Type == s3events.SNSUnsubscribeConfirmation {
 		logger.Warn("SNS unsubscribe confirmation received")
 		ignored("unsubscribe confirmation")
 		return

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pgtest"
@@ -343,7 +344,7 @@ func TestServerRefusesToStartWithoutAuth(t *testing.T) {
 	t.Parallel()
 	_, err := New(Config{Enqueuer: &jobs.Enqueuer{}})
 	require.ErrorContains(t, err, "auth token is required")
-	_, err = New(Config{Enqueuer: &jobs.Enqueuer{}, InsecureNoAuth: true, Mapping: Mapping{Pattern: "tenants/{tenant_id}/"}})
+	_, err = New(Config{Enqueuer: &jobs.Enqueuer{}, InsecureNoAuth: true, Mapping: folder.Mapping{Pattern: "tenants/{tenant_id}/"}})
 	require.ErrorContains(t, err, "{tenant_database}")
 	s, err := New(Config{Enqueuer: &jobs.Enqueuer{}, InsecureNoAuth: true})
 	require.NoError(t, err)

@@ -9,7 +9,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -24,13 +23,8 @@ import (
 
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
-)
 
-// SNS message types.
-const (
-	snsNotification             = "Notification"
-	snsSubscriptionConfirmation = "SubscriptionConfirmation"
-	snsUnsubscribeConfirmation  = "UnsubscribeConfirmation"
+	"github.com/fleet/ingest/internal/s3events"
 )
 
 // Defaults of SNSConfig.
@@ -104,96 +98,6 @@ type SNSConfig struct {
 	// the system roots, a 10 s timeout and no redirects; tests inject one
 	// trusting a CA of their own.
 	HTTPClient *http.Client
-}
-
-// snsMessage is an Amazon SNS HTTP(S) delivery.
-type snsMessage struct {
-	Type             string
-	MessageID        string
-	Token            string
-	TopicArn         string
-	Subject          *string // signed only when present
-	Message          string
-	Timestamp        string
-	SignatureVersion string
-	Signature        string
-	SigningCertURL   string
-	SubscribeURL     string
-}
-
-// parseSNS reads the members of an SNS envelope strictly: each key must be
-// one SNS sends, spelt exactly (encoding/json would match "type" or
-// "MESSAGE" to the fields), and each value a string (MessageAttributes an
-// object, Subject possibly null). Anything else is refused, so nothing the
-// signature does not cover can ride along with a signed message.
-func parseSNS(members []jsonMember) (snsMessage, error) {
-	var m snsMessage
-	fields := map[string]*string{
-		"Type": &m.Type, "MessageId": &m.MessageID, "Token": &m.Token, "TopicArn": &m.TopicArn,
-		"Message": &m.Message, "Timestamp": &m.Timestamp, "SignatureVersion": &m.SignatureVersion,
-		"Signature": &m.Signature, "SigningCertURL": &m.SigningCertURL, "SubscribeURL": &m.SubscribeURL,
-		"UnsubscribeURL": new(string),
-	}
-	for _, member := range members {
-		switch field, ok := fields[member.name]; {
-		case ok:
-			if err := json.Unmarshal(member.value, field); err != nil || member.value[0] != '"' {
-				return snsMessage{}, fmt.Errorf("%s must be a string", member.name)
-			}
-		case member.name == "Subject":
-			if string(member.value) == "null" {
-				continue
-			}
-			var subject string
-			if err := json.Unmarshal(member.value, &subject); err != nil || member.value[0] != '"' {
-				return snsMessage{}, errors.New("the Subject must be a string")
-			}
-			m.Subject = &subject
-		case member.name == "MessageAttributes":
-			// Unsigned and never read: an object, or nothing at all.
-			if member.value[0] != '{' {
-				return snsMessage{}, errors.New("MessageAttributes must be an object")
-			}
-		default:
-			return snsMessage{}, fmt.Errorf("unknown key %q: an SNS envelope carries only SNS's own fields, spelt exactly", member.name)
-		}
-	}
-	switch m.Type {
-	case snsNotification, snsSubscriptionConfirmation, snsUnsubscribeConfirmation:
-	default:
-		return snsMessage{}, fmt.Errorf("unknown SNS message type %q", m.Type)
-	}
-	return m, nil
-}
-
-// stringToSign is the canonical text SNS signs: name, newline, value,
-// newline, for a fixed list of fields in byte order, which differs between
-// notifications and (un)subscription confirmations.
-func (m snsMessage) stringToSign() (string, error) {
-	var b strings.Builder
-	add := func(name, value string) { b.WriteString(name + "\n" + value + "\n") }
-	switch m.Type {
-	case snsNotification:
-		add("Message", m.Message)
-		add("MessageId", m.MessageID)
-		if m.Subject != nil {
-			add("Subject", *m.Subject)
-		}
-		add("Timestamp", m.Timestamp)
-		add("TopicArn", m.TopicArn)
-		add("Type", m.Type)
-	case snsSubscriptionConfirmation, snsUnsubscribeConfirmation:
-		add("Message", m.Message)
-		add("MessageId", m.MessageID)
-		add("SubscribeURL", m.SubscribeURL)
-		add("Timestamp", m.Timestamp)
-		add("Token", m.Token)
-		add("TopicArn", m.TopicArn)
-		add("Type", m.Type)
-	default:
-		return "", fmt.Errorf("unknown SNS message type %q", m.Type)
-	}
-	return b.String(), nil
 }
 
 // snsRegionHost checks that u is https on an Amazon SNS host, with no user
@@ -345,7 +249,7 @@ func (v *snsVerifier) topicAccepted(arn string) bool { return v.topics[arn] != n
 
 // verify checks m's signature, age and signing certificate; nil means SNS
 // sent m. The error says why not.
-func (v *snsVerifier) verify(ctx context.Context, m snsMessage) error {
+func (v *snsVerifier) verify(ctx context.Context, m s3events.SNSMessage) error {
 	var hash crypto.Hash
 	switch m.SignatureVersion {
 	case "1":
@@ -366,7 +270,7 @@ func (v *snsVerifier) verify(ctx context.Context, m snsMessage) error {
 	if err != nil || len(sig) == 0 {
 		return errors.New("bad Signature encoding")
 	}
-	text, err := m.stringToSign()
+	text, err := m.StringToSign()
 	if err != nil {
 		return err
 	}
@@ -403,7 +307,7 @@ func (v *snsVerifier) verify(ctx context.Context, m snsMessage) error {
 // ignores the unused bits of the last character, so one signature has many
 // spellings that all verify; keyed on the text, each would be a new
 // message.
-func snsReplayKey(m snsMessage) string {
+func snsReplayKey(m s3events.SNSMessage) string {
 	sig, _ := base64.StdEncoding.DecodeString(m.Signature) // verified: it decodes
 	return "sns:" + string(sig)
 }
@@ -509,7 +413,7 @@ func (v *snsVerifier) fetch(ctx context.Context, key, region string) (*x509.Cert
 
 // confirm confirms a subscription by fetching its SubscribeURL, only ever
 // on an Amazon SNS host.
-func (v *snsVerifier) confirm(ctx context.Context, m snsMessage) error {
+func (v *snsVerifier) confirm(ctx context.Context, m s3events.SNSMessage) error {
 	u, err := snsURL(m.SubscribeURL)
 	if err != nil {
 		return err

@@ -32,6 +32,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/s3events"
 	"github.com/fleet/ingest/internal/testproc"
 )
 
@@ -167,13 +168,13 @@ func (f *fakeSNS) confirmations() []url.Values {
 
 // message builds an SNS delivery of type typ; mod may change fields before
 // it is signed with SignatureVersion version (unsigned when version is "").
-func (f *fakeSNS) message(t *testing.T, typ, topic, body, version string, mod func(*snsMessage)) []byte {
+func (f *fakeSNS) message(t *testing.T, typ, topic, body, version string, mod func(*s3events.SNSMessage)) []byte {
 	t.Helper()
-	m := snsMessage{
+	m := s3events.SNSMessage{
 		Type: typ, MessageID: fmt.Sprintf("m-%d", time.Now().UnixNano()), TopicArn: topic, Message: body,
 		Timestamp: time.Now().UTC().Format("2006-01-02T15:04:05.000Z"), SignatureVersion: version, SigningCertURL: testCertURL,
 	}
-	if typ != snsNotification {
+	if typ != s3events.SNSNotification {
 		m.Token = "2336412f37fb687f5d51e6e241d09c805a5a57b30d712f7"
 		m.SubscribeURL = "https://sns.us-east-1.amazonaws.com/?Action=ConfirmSubscription&TopicArn=" + url.QueryEscape(topic) + "&Token=" + m.Token
 	}
@@ -181,7 +182,7 @@ func (f *fakeSNS) message(t *testing.T, typ, topic, body, version string, mod fu
 		mod(&m)
 	}
 	if version != "" {
-		text, err := m.stringToSign()
+		text, err := m.StringToSign()
 		require.NoError(t, err)
 		var sig []byte
 		if version == "1" {
@@ -202,7 +203,7 @@ func (f *fakeSNS) message(t *testing.T, typ, topic, body, version string, mod fu
 	if m.Subject != nil {
 		out["Subject"] = *m.Subject
 	}
-	if typ != snsNotification {
+	if typ != s3events.SNSNotification {
 		out["Token"], out["SubscribeURL"] = m.Token, m.SubscribeURL
 	}
 	b, err := json.Marshal(out)
@@ -237,10 +238,10 @@ func TestSNSSignedNotifications(t *testing.T) {
 	}
 
 	subject := "Amazon S3 Notification"
-	v1 := sns.message(t, snsNotification, testTopic, event("v1"), "1", nil)
+	v1 := sns.message(t, s3events.SNSNotification, testTopic, event("v1"), "1", nil)
 	status, out := post(v1)
 	require.Equal(t, http.StatusAccepted, status, "SignatureVersion 1: %v", out)
-	status, out = post(sns.message(t, snsNotification, testTopic, event("v2"), "2", func(m *snsMessage) { m.Subject = &subject }))
+	status, out = post(sns.message(t, s3events.SNSNotification, testTopic, event("v2"), "2", func(m *s3events.SNSMessage) { m.Subject = &subject }))
 	require.Equal(t, http.StatusAccepted, status, "SignatureVersion 2, with a Subject: %v", out)
 	require.Equal(t, 2, count(t, pool))
 	require.Equal(t, int64(1), sns.fetches.Load(), "the signing certificate is fetched once and cached")
@@ -254,25 +255,29 @@ func TestSNSSignedNotifications(t *testing.T) {
 		body []byte
 		why  string
 	}{
-		"tampered message": {tamper(sns.message(t, snsNotification, testTopic, event("x1"), "2", nil)), "bad signature"},
+		"tampered message": {tamper(sns.message(t, s3events.SNSNotification, testTopic, event("x1"), "2", nil)), "bad signature"},
 		"subject added after signing": {func() []byte {
 			var m map[string]any
-			require.NoError(t, json.Unmarshal(sns.message(t, snsNotification, testTopic, event("x2"), "1", nil), &m))
+			require.NoError(t, json.Unmarshal(sns.message(t, s3events.SNSNotification, testTopic, event("x2"), "1", nil), &m))
 			m["Subject"] = "added"
 			b, _ := json.Marshal(m)
 			return b
 		}(), "bad signature"},
-		"topic not accepted":      {sns.message(t, snsNotification, otherTopic, event("x3"), "2", nil), "is not accepted"},
-		"unknown version":         {sns.message(t, snsNotification, testTopic, event("x4"), "", func(m *snsMessage) { m.SignatureVersion, m.Signature = "3", "AAAA" }), "unsupported SignatureVersion"},
-		"too old":                 {sns.message(t, snsNotification, testTopic, event("x5"), "2", func(m *snsMessage) { m.Timestamp = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339) }), "expired"},
-		"certificate over http":   {sns.message(t, snsNotification, testTopic, event("x6"), "2", func(m *snsMessage) { m.SigningCertURL = strings.Replace(testCertURL, "https", "http", 1) }), "not https on an Amazon SNS host"},
-		"certificate elsewhere":   {sns.message(t, snsNotification, testTopic, event("x7"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com.evil.example/x.pem" }), "not https on an Amazon SNS host"},
-		"certificate lookalike":   {sns.message(t, snsNotification, testTopic, event("x8"), "2", func(m *snsMessage) { m.SigningCertURL = "https://evil.example/sns.us-east-1.amazonaws.com/x.pem" }), "not https on an Amazon SNS host"},
-		"certificate with a port": {sns.message(t, snsNotification, testTopic, event("x9"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com:8443/x.pem" }), "not https on an Amazon SNS host"},
-		"certificate not trusted": {sns.message(t, snsNotification, southTopic, event("xa"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.ap-south-1.amazonaws.com/x.pem" }), "certificate"},
-		"another region's host":   {sns.message(t, snsNotification, testTopic, event("xd"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.eu-west-1.amazonaws.com/x.pem" }), "not on the SNS host of the topic's region us-east-1"},
-		"certificate not a .pem":  {sns.message(t, snsNotification, testTopic, event("xb"), "2", func(m *snsMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/?Action=Publish" }), "not a certificate URL"},
-		"no signature, no token":  {sns.message(t, snsNotification, testTopic, event("xc"), "", nil), "missing credentials"},
+		"topic not accepted":    {sns.message(t, s3events.SNSNotification, otherTopic, event("x3"), "2", nil), "is not accepted"},
+		"unknown version":       {sns.message(t, s3events.SNSNotification, testTopic, event("x4"), "", func(m *s3events.SNSMessage) { m.SignatureVersion, m.Signature = "3", "AAAA" }), "unsupported SignatureVersion"},
+		"too old":               {sns.message(t, s3events.SNSNotification, testTopic, event("x5"), "2", func(m *s3events.SNSMessage) { m.Timestamp = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339) }), "expired"},
+		"certificate over http": {sns.message(t, s3events.SNSNotification, testTopic, event("x6"), "2", func(m *s3events.SNSMessage) { m.SigningCertURL = strings.Replace(testCertURL, "https", "http", 1) }), "not https on an Amazon SNS host"},
+		"certificate elsewhere": {sns.message(t, s3events.SNSNotification, testTopic, event("x7"), "2", func(m *s3events.SNSMessage) {
+			m.SigningCertURL = "https://sns.us-east-1.amazonaws.com.evil.example/x.pem"
+		}), "not https on an Amazon SNS host"},
+		"certificate lookalike": {sns.message(t, s3events.SNSNotification, testTopic, event("x8"), "2", func(m *s3events.SNSMessage) {
+			m.SigningCertURL = "https://evil.example/sns.us-east-1.amazonaws.com/x.pem"
+		}), "not https on an Amazon SNS host"},
+		"certificate with a port": {sns.message(t, s3events.SNSNotification, testTopic, event("x9"), "2", func(m *s3events.SNSMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com:8443/x.pem" }), "not https on an Amazon SNS host"},
+		"certificate not trusted": {sns.message(t, s3events.SNSNotification, southTopic, event("xa"), "2", func(m *s3events.SNSMessage) { m.SigningCertURL = "https://sns.ap-south-1.amazonaws.com/x.pem" }), "certificate"},
+		"another region's host":   {sns.message(t, s3events.SNSNotification, testTopic, event("xd"), "2", func(m *s3events.SNSMessage) { m.SigningCertURL = "https://sns.eu-west-1.amazonaws.com/x.pem" }), "not on the SNS host of the topic's region us-east-1"},
+		"certificate not a .pem":  {sns.message(t, s3events.SNSNotification, testTopic, event("xb"), "2", func(m *s3events.SNSMessage) { m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/?Action=Publish" }), "not a certificate URL"},
+		"no signature, no token":  {sns.message(t, s3events.SNSNotification, testTopic, event("xc"), "", nil), "missing credentials"},
 	} {
 		status, out := post(tc.body)
 		require.Equal(t, http.StatusUnauthorized, status, "%s: %v", name, out)
@@ -296,7 +301,7 @@ func TestSNSSubscriptionConfirmation(t *testing.T) {
 		t.Helper()
 		return f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", body, nil)
 	}
-	confirmation := sns.message(t, snsSubscriptionConfirmation, testTopic, "You have chosen to subscribe to the topic "+testTopic, "2", nil)
+	confirmation := sns.message(t, s3events.SNSSubscriptionConfirmation, testTopic, "You have chosen to subscribe to the topic "+testTopic, "2", nil)
 
 	status, out := post(auto, confirmation)
 	require.Equal(t, http.StatusOK, status, out)
@@ -311,7 +316,7 @@ func TestSNSSubscriptionConfirmation(t *testing.T) {
 	// Another topic: logged and counted, never verified (no certificate
 	// fetched for it), never confirmed.
 	fetched := sns.fetches.Load()
-	status, out = post(auto, sns.message(t, snsSubscriptionConfirmation, otherTopic, "subscribe", "1", func(m *snsMessage) {
+	status, out = post(auto, sns.message(t, s3events.SNSSubscriptionConfirmation, otherTopic, "subscribe", "1", func(m *s3events.SNSMessage) {
 		m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-other.pem"
 	}))
 	require.Equal(t, http.StatusUnauthorized, status, out)
@@ -326,7 +331,7 @@ func TestSNSSubscriptionConfirmation(t *testing.T) {
 	require.Len(t, sns.confirmations(), 1)
 
 	// A SubscribeURL off the SNS hosts is never fetched, even signed.
-	status, _ = post(auto, sns.message(t, snsSubscriptionConfirmation, testTopic, "subscribe", "2", func(m *snsMessage) {
+	status, _ = post(auto, sns.message(t, s3events.SNSSubscriptionConfirmation, testTopic, "subscribe", "2", func(m *s3events.SNSMessage) {
 		m.SubscribeURL = "https://attacker.example/?Action=ConfirmSubscription&TopicArn=" + testTopic
 	}))
 	require.Equal(t, http.StatusBadGateway, status)
@@ -357,25 +362,10 @@ func snsCounter(t *testing.T, f *fixture, outcome string) float64 {
 	return 0
 }
 
-func TestSNSStringToSign(t *testing.T) {
+// TestSNSURLIsOnAnSNSHost: a SubscribeURL is fetched only over https
+// from an Amazon SNS host, without user information or a port.
+func TestSNSURLIsOnAnSNSHost(t *testing.T) {
 	t.Parallel()
-	subject := "My subject"
-	n := snsMessage{Type: snsNotification, Message: "My Test Message", MessageID: "4d4dc071-ddbf-465d-bba8-08f81c89da64",
-		Subject: &subject, Timestamp: "2019-01-31T04:37:04.321Z", TopicArn: "arn:aws:sns:us-east-2:123456789012:s4-MySNSTopic-1G1WEFCOXTC0P",
-		Token: "ignored", SubscribeURL: "ignored"}
-	text, err := n.stringToSign()
-	require.NoError(t, err)
-	require.Equal(t, "Message\nMy Test Message\nMessageId\n4d4dc071-ddbf-465d-bba8-08f81c89da64\nSubject\nMy subject\n"+
-		"Timestamp\n2019-01-31T04:37:04.321Z\nTopicArn\narn:aws:sns:us-east-2:123456789012:s4-MySNSTopic-1G1WEFCOXTC0P\nType\nNotification\n", text)
-	c := snsMessage{Type: snsSubscriptionConfirmation, Message: "My Test Message", MessageID: "3d891288-136d-417f-bc05-901c108273ee",
-		SubscribeURL: "https://sns.us-east-2.amazonaws.com/?Action=ConfirmSubscription&Token=233", Timestamp: "2019-01-31T19:25:13.719Z",
-		Token: "233", TopicArn: "arn:aws:sns:us-east-2:123456789012:s4-MySNSTopic-1G1WEFCOXTC0P", Subject: &subject}
-	text, err = c.stringToSign()
-	require.NoError(t, err)
-	require.Equal(t, "Message\nMy Test Message\nMessageId\n3d891288-136d-417f-bc05-901c108273ee\n"+
-		"SubscribeURL\nhttps://sns.us-east-2.amazonaws.com/?Action=ConfirmSubscription&Token=233\nTimestamp\n2019-01-31T19:25:13.719Z\n"+
-		"Token\n233\nTopicArn\narn:aws:sns:us-east-2:123456789012:s4-MySNSTopic-1G1WEFCOXTC0P\nType\nSubscriptionConfirmation\n", text,
-		"confirmations sign SubscribeURL and Token, never Subject")
 	for _, host := range []string{"sns.us-east-1.amazonaws.com", "sns.cn-north-1.amazonaws.com.cn"} {
 		_, err := snsURL("https://" + host + "/x.pem")
 		require.NoError(t, err, host)
@@ -396,7 +386,7 @@ func TestSNSReplayWithAnotherSpellingOfTheSignatureIsRefused(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	sns := newFakeSNS(t)
 	f := newServer(t, pool, withSNS(sns, false, nil))
-	captured := sns.message(t, snsNotification, testTopic, string(s3Event("fleet-uploads", "tenants/t1/db1/c1/respell/_SUCCESS", "ObjectCreated:Put")), "2", nil)
+	captured := sns.message(t, s3events.SNSNotification, testTopic, string(s3Event("fleet-uploads", "tenants/t1/db1/c1/respell/_SUCCESS", "ObjectCreated:Put")), "2", nil)
 	respelled := func(respell func(string) string) []byte {
 		var m map[string]any
 		require.NoError(t, json.Unmarshal(captured, &m))
@@ -472,14 +462,14 @@ func lowerKeys(t *testing.T, raw []byte) []byte {
 // part (202), and the genuine delivery was then refused as "signature
 // already used". Each is now refused 400 before any signature is claimed;
 // the genuine delivery is imported, from its signed Message only. The
-// same classification is ParseS3Event's.
+// same classification is s3events.ParseS3Event's.
 func TestSNSImportsOnlyTheSignedMessage(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
 	sns := newFakeSNS(t)
 	f := newServer(t, pool, withSNS(sns, false, nil))
 	signedFolder := "tenants/t1/db1/c1/signed"
-	genuine := sns.message(t, snsNotification, testTopic, string(s3Event("fleet-uploads", signedFolder+"/_SUCCESS", "ObjectCreated:Put")), "2", nil)
+	genuine := sns.message(t, s3events.SNSNotification, testTopic, string(s3Event("fleet-uploads", signedFolder+"/_SUCCESS", "ObjectCreated:Put")), "2", nil)
 	unsigned := `[{"eventSource":"aws:s3","eventName":"ObjectCreated:Put","s3":{"bucket":{"name":"fleet-uploads"},"object":{"key":"tenants/evil/db1/c1/unsigned/_SUCCESS"}}}]`
 
 	for name, tc := range map[string]struct {
@@ -499,8 +489,8 @@ func TestSNSImportsOnlyTheSignedMessage(t *testing.T) {
 		status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", tc.body, nil)
 		require.Equal(t, http.StatusBadRequest, status, "%s: %v", name, out)
 		require.Contains(t, out["error"], tc.why, name)
-		_, err := ParseS3Event(tc.body)
-		require.ErrorIs(t, err, ErrMalformedEvent, "%s: ParseS3Event agrees", name)
+		_, err := s3events.ParseS3Event(tc.body)
+		require.ErrorIs(t, err, s3events.ErrMalformedEvent, "%s: ParseS3Event agrees", name)
 	}
 	require.Zero(t, count(t, pool), "nothing was imported from an unsigned field")
 
@@ -578,12 +568,12 @@ func TestSNSCertificateURLAndSubject(t *testing.T) {
 		t.Helper()
 		return f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", body, nil)
 	}
-	status, out := post(sns.message(t, snsNotification, testTopic, event("attacker"), "2", func(m *snsMessage) {
+	status, out := post(sns.message(t, s3events.SNSNotification, testTopic, event("attacker"), "2", func(m *s3events.SNSMessage) {
 		m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/attacker.pem"
 	}))
 	require.Equal(t, http.StatusUnauthorized, status, out)
 	require.Contains(t, out["error"], "certificate is not SNS's")
-	status, out = post(sns.message(t, snsNotification, testTopic, event("s3-host"), "2", func(m *snsMessage) {
+	status, out = post(sns.message(t, s3events.SNSNotification, testTopic, event("s3-host"), "2", func(m *s3events.SNSMessage) {
 		m.SigningCertURL = "https://sns.s3.amazonaws.com/SimpleNotificationService-0123abcd.pem"
 	}))
 	require.Equal(t, http.StatusUnauthorized, status, out)
@@ -591,7 +581,7 @@ func TestSNSCertificateURLAndSubject(t *testing.T) {
 	require.Equal(t, int64(1), sns.fetches.Load(), "only the attacker's certificate was fetched")
 
 	for i, certURL := range []string{testCertURL, strings.Replace(testCertURL, "sns.us-east-1", "SNS.US-EAST-1", 1), testCertURL + "#frag"} {
-		status, out := post(sns.message(t, snsNotification, testTopic, event(fmt.Sprintf("ok-%d", i)), "2", func(m *snsMessage) { m.SigningCertURL = certURL }))
+		status, out := post(sns.message(t, s3events.SNSNotification, testTopic, event(fmt.Sprintf("ok-%d", i)), "2", func(m *s3events.SNSMessage) { m.SigningCertURL = certURL }))
 		if strings.Contains(certURL, "#") {
 			require.Equal(t, http.StatusUnauthorized, status, "a fragment is refused, not a cache miss: %v", out)
 			continue
@@ -621,7 +611,7 @@ func TestSNSCertificateFetchesAreLimited(t *testing.T) {
 	var wg sync.WaitGroup
 	statuses := make([]int, concurrent)
 	for i := range concurrent {
-		body := sns.message(t, snsNotification, testTopic, event(fmt.Sprintf("c%d", i)), "2", nil)
+		body := sns.message(t, s3events.SNSNotification, testTopic, event(fmt.Sprintf("c%d", i)), "2", nil)
 		wg.Go(func() { statuses[i], _ = f.post(t, "/v1/events/s3", "text/plain", body, nil) })
 	}
 	require.Eventually(t, func() bool { return sns.fetches.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
@@ -637,7 +627,7 @@ func TestSNSCertificateFetchesAreLimited(t *testing.T) {
 	// the burst is fetched, the rest refused 503 with Retry-After.
 	var limited int
 	for i := range 12 {
-		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/events/s3", bytes.NewReader(sns.message(t, snsNotification, testTopic, event(fmt.Sprintf("m%d", i)), "2", func(m *snsMessage) {
+		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/events/s3", bytes.NewReader(sns.message(t, s3events.SNSNotification, testTopic, event(fmt.Sprintf("m%d", i)), "2", func(m *s3events.SNSMessage) {
 			m.SigningCertURL = fmt.Sprintf("https://sns.us-east-1.amazonaws.com/missing-%d.pem", i)
 		})))
 		require.NoError(t, err)
@@ -670,8 +660,8 @@ func TestSNSCertificateOutageIsRetriedNotRefused(t *testing.T) {
 	f := newServer(t, pool, withSNS(sns, false, nil))
 	for k, failure := range []string{"500", "cut"} {
 		sns.fail.Store(failure)
-		msg := sns.message(t, snsNotification, testTopic, string(s3Event("fleet-uploads", "tenants/t1/db1/c1/outage-"+failure+"/_SUCCESS", "ObjectCreated:Put")), "2",
-			func(m *snsMessage) {
+		msg := sns.message(t, s3events.SNSNotification, testTopic, string(s3Event("fleet-uploads", "tenants/t1/db1/c1/outage-"+failure+"/_SUCCESS", "ObjectCreated:Put")), "2",
+			func(m *s3events.SNSMessage) {
 				m.SigningCertURL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-" + failure + ".pem"
 			})
 		status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", msg, nil)
@@ -706,7 +696,7 @@ func TestSNSCertificateFloodCannotStarveAnAcceptedTopic(t *testing.T) {
 	var seq atomic.Int64
 	forged := func(topic, certURL string) []byte {
 		n := seq.Add(1)
-		return sns.message(t, snsNotification, topic, event(fmt.Sprintf("forged-%d", n)), "", func(m *snsMessage) {
+		return sns.message(t, s3events.SNSNotification, topic, event(fmt.Sprintf("forged-%d", n)), "", func(m *s3events.SNSMessage) {
 			m.SignatureVersion, m.Signature = "2", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 256))
 			m.SigningCertURL = fmt.Sprintf(certURL, n)
 		})
@@ -762,7 +752,7 @@ func TestSNSCertificateFloodCannotStarveAnAcceptedTopic(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the flood never exhausted the other topic's certificate fetches")
 	}
-	status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", sns.message(t, snsNotification, testTopic, event("genuine"), "2", nil), nil)
+	status, out := f.post(t, "/v1/events/s3", "text/plain; charset=UTF-8", sns.message(t, s3events.SNSNotification, testTopic, event("genuine"), "2", nil), nil)
 	close(stop)
 	flood.Wait()
 	require.Equal(t, http.StatusAccepted, status, "the genuine delivery is not starved by the flood: %v", out)

@@ -1,4 +1,4 @@
-package uploads
+package s3events
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// notificationKind is what a /v1/events/s3 body is.
+// notificationKind is what a notification body is.
 type notificationKind int
 
 const (
@@ -34,15 +34,23 @@ func (k notificationKind) String() string {
 // object: S3, SNS and EventBridge send at most a dozen.
 const maxTopLevelKeys = 32
 
-// notification is a /v1/events/s3 body, classified once: the handler
-// authenticates it and ParseS3Event reads its object events from the same
-// value, so the part that is authenticated is the part that is imported.
-type notification struct {
+// Notification is a notification body (of the HTTP door's /v1/events/s3,
+// or of an SQS message), classified once: the door authenticates it (SNS)
+// and reads its object events (Events) from the same value, so the part
+// that is authenticated is the part that is imported. Only
+// ReadNotification makes one.
+type Notification struct {
 	kind notificationKind
 	body []byte
 	// sns is the envelope of kindSNS: only its signed Message is imported,
 	// never a sibling field.
-	sns snsMessage
+	sns SNSMessage
+}
+
+// SNS returns the envelope of a body that is an SNS envelope (a
+// Notification or a control message), and whether n is one.
+func (n Notification) SNS() (SNSMessage, bool) {
+	return n.sns, n.kind == kindSNS
 }
 
 // jsonMember is one member of a JSON object, in body order.
@@ -51,7 +59,7 @@ type jsonMember struct {
 	value json.RawMessage
 }
 
-// readNotification classifies body by its top-level keys, which must be
+// ReadNotification classifies body by its top-level keys, which must be
 // unambiguous: a key folding to "type" makes it an SNS envelope, "Records"
 // or "Event" an S3 notification, "detail-type" an EventBridge event, and a
 // body naming two of these is refused. Keys are compared case-insensitively
@@ -60,10 +68,10 @@ type jsonMember struct {
 // top-level keys (in any spelling) and data after the object are refused.
 // An SNS envelope is then read strictly (parseSNS): exact key names, no
 // unknown key. Errors wrap ErrMalformedEvent.
-func readNotification(body []byte) (notification, error) {
+func ReadNotification(body []byte) (Notification, error) {
 	members, err := topLevelMembers(body)
 	if err != nil {
-		return notification{}, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+		return Notification{}, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
 	var kinds []notificationKind
 	mark := func(k notificationKind) {
@@ -86,15 +94,15 @@ func readNotification(body []byte) (notification, error) {
 	}
 	switch len(kinds) {
 	case 0:
-		return notification{}, fmt.Errorf("%w: neither an S3 notification, an SNS envelope nor an EventBridge event", ErrMalformedEvent)
+		return Notification{}, fmt.Errorf("%w: neither an S3 notification, an SNS envelope nor an EventBridge event", ErrMalformedEvent)
 	case 1:
 	default:
-		return notification{}, fmt.Errorf("%w: ambiguous body: both %s and %s", ErrMalformedEvent, kinds[0], kinds[1])
+		return Notification{}, fmt.Errorf("%w: ambiguous body: both %s and %s", ErrMalformedEvent, kinds[0], kinds[1])
 	}
-	n := notification{kind: kinds[0], body: body}
+	n := Notification{kind: kinds[0], body: body}
 	if n.kind == kindSNS {
 		if n.sns, err = parseSNS(members); err != nil {
-			return notification{}, fmt.Errorf("%w: SNS envelope: %v", ErrMalformedEvent, err)
+			return Notification{}, fmt.Errorf("%w: SNS envelope: %v", ErrMalformedEvent, err)
 		}
 	}
 	return n, nil
@@ -142,15 +150,15 @@ func topLevelMembers(body []byte) ([]jsonMember, error) {
 	return members, nil
 }
 
-// events returns the object events of n. An SNS notification gives the
+// Events returns the object events of n. An SNS notification gives the
 // events of its signed Message (an S3 notification); other SNS messages
 // (subscription confirmations) give none.
-func (n notification) events() ([]ObjectEvent, error) {
+func (n Notification) Events() ([]ObjectEvent, error) {
 	switch n.kind {
 	case kindS3Notification:
 		return parseNotification(n.body)
 	case kindSNS:
-		if n.sns.Type != snsNotification {
+		if n.sns.Type != SNSNotification {
 			return nil, nil
 		}
 		return parseNotification([]byte(n.sns.Message))

@@ -1,4 +1,4 @@
-package uploads
+package s3events
 
 import (
 	"context"
@@ -18,8 +18,8 @@ import (
 // again.
 const OutcomeLateObject = "late_object"
 
-// MaxLateKeysLogged bounds the keys a late folder's log line names.
-const MaxLateKeysLogged = 20
+// maxLateKeysLogged bounds the keys a late folder's log line names.
+const maxLateKeysLogged = 20
 
 // LatestFinder returns the newest batch of each scope that has one, in one
 // statement; *batch.Store is one.
@@ -35,8 +35,8 @@ type LateFolder struct {
 	TenantID string
 	// BatchID is its newest batch, which Succeeded.
 	BatchID int64
-	// Keys are the data objects named (at most MaxLateKeysLogged), Events
-	// how many events named them.
+	// Keys are the data objects named (at most maxLateKeysLogged, 20),
+	// Events how many events named them.
 	Keys   []string
 	Events int
 }
@@ -105,7 +105,7 @@ func LateFoldersOf(plans []Planned) []LateFolder {
 		}
 		lf := &late[i]
 		lf.Events++
-		if len(lf.Keys) < MaxLateKeysLogged {
+		if len(lf.Keys) < maxLateKeysLogged {
 			lf.Keys = append(lf.Keys, p.Key)
 		}
 	}

@@ -1,6 +1,7 @@
-package uploads
+package s3events
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 )
@@ -32,4 +33,13 @@ func FuzzParseS3Event(f *testing.F) {
 			}
 		}
 	})
+}
+
+// s3Event is an S3 event notification of one record.
+func s3Event(bucket, key, eventName string) []byte {
+	b, _ := json.Marshal(map[string]any{"Records": []any{map[string]any{
+		"eventVersion": "2.1", "eventSource": "aws:s3", "eventName": eventName,
+		"s3": map[string]any{"bucket": map[string]any{"name": bucket}, "object": map[string]any{"key": key, "size": 0}},
+	}}})
+	return b
 }

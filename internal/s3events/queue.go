@@ -1,4 +1,4 @@
-package uploads
+package s3events
 
 import (
 	"encoding/json"
@@ -6,7 +6,7 @@ import (
 )
 
 // QueueMessage is the body of one SQS message of S3 notifications, read by
-// the same classification as /v1/events/s3 (readNotification): an S3 event
+// the same classification as /v1/events/s3 (ReadNotification): an S3 event
 // notification (direct, or SNS with raw message delivery), an SNS envelope
 // (non-raw delivery) or an EventBridge event.
 type QueueMessage struct {
@@ -29,7 +29,7 @@ type QueueMessage struct {
 // unwrapped without verifying its signature (the HTTP route verifies it,
 // because anyone can reach a listener). Errors wrap ErrMalformedEvent.
 func ReadQueueMessage(body []byte) (QueueMessage, error) {
-	n, err := readNotification(body)
+	n, err := ReadNotification(body)
 	if err != nil {
 		return QueueMessage{}, err
 	}
@@ -40,7 +40,7 @@ func ReadQueueMessage(body []byte) (QueueMessage, error) {
 		m.Kind = "s3"
 	case kindSNS:
 		m.Kind = "sns"
-		if n.sns.Type != snsNotification {
+		if n.sns.Type != SNSNotification {
 			m.SNSType = n.sns.Type
 			return m, nil
 		}
@@ -58,7 +58,7 @@ func ReadQueueMessage(body []byte) (QueueMessage, error) {
 			return m, nil
 		}
 	}
-	if m.Events, err = n.events(); err != nil {
+	if m.Events, err = n.Events(); err != nil {
 		return QueueMessage{}, err
 	}
 	return m, nil

@@ -1,14 +1,11 @@
-package uploads
+package s3events
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
-	"path"
 	"strings"
-
-	"github.com/fleet/ingest/internal/folder"
 )
 
 // ObjectEvent is one object notification extracted from a storage event.
@@ -60,14 +57,14 @@ type eventBridgeEvent struct {
 // from S3. Keys in S3 notifications are URL-encoded and are decoded here
 // ('+' is a space). Bodies with no object events (an s3:TestEvent, an SNS
 // subscription confirmation) give none and no error. What the body is
-// comes from readNotification, the one classification the listener also
+// comes from ReadNotification, the one classification the HTTP door also
 // authenticates by: of an SNS envelope only the signed Message is read.
 func ParseS3Event(body []byte) ([]ObjectEvent, error) {
-	n, err := readNotification(body)
+	n, err := ReadNotification(body)
 	if err != nil {
 		return nil, err
 	}
-	return n.events()
+	return n.Events()
 }
 
 func parseNotification(body []byte) ([]ObjectEvent, error) {
@@ -90,18 +87,4 @@ func parseNotification(body []byte) ([]ObjectEvent, error) {
 		events = append(events, ObjectEvent{Bucket: r.S3.Bucket.Name, Key: key, Created: strings.HasPrefix(r.EventName, "ObjectCreated:")})
 	}
 	return events, nil
-}
-
-// Mapping says which tenant, database and company a folder belongs to:
-// the one rule of every door (folder.Mapping).
-type Mapping = folder.Mapping
-
-// DefaultPattern is the default Mapping.Pattern.
-const DefaultPattern = folder.DefaultPattern
-
-// folderOf returns the directory of an object key, and whether its base name
-// is the completion marker.
-func folderOf(key, marker string) (string, bool) {
-	dir, base := path.Split(key)
-	return strings.TrimSuffix(dir, "/"), base == marker
 }
