@@ -146,7 +146,8 @@ func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing",
 		"FleetIngestNoLiveWorker", "FleetIngestFailedBatchRateHigh", "FleetIngestParkedBatch",
 		"FleetIngestSQSMessagesFailing", "FleetIngestSQSReceiveFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing", "FleetIngestReconcileCheckpointAhead",
-		"FleetIngestDoorDown", "FleetIngestDoorErrors"} {
+		"FleetIngestDoorDown", "FleetIngestDoorErrors",
+		"FleetIngestNotificationsGivenUp", "FleetIngestNotificationsFailing", "FleetIngestNotificationDestinationsInvalid"} {
 		require.True(t, alerts[want], "missing alert %s", want)
 	}
 
@@ -195,6 +196,8 @@ func TestDashboardQueriesReferenceExportedMetrics(t *testing.T) {
 		"ingest_sqs_oldest_message_age_seconds", "ingest_sqs_receive_duration_seconds_bucket", "ingest_sqs_receive_errors_total",
 		"ingest_reconcile_folders_total", "ingest_reconcile_missed_total", "ingest_reconcile_scans_total",
 		"ingest_reconcile_scan_duration_seconds_bucket", "ingest_reconcile_objects_listed_total",
+		"ingest_notifications_sent_total", "ingest_notifications_failed_total", "ingest_notifications_given_up_total",
+		"ingest_notifications_config_reload_failures_total",
 	} {
 		require.True(t, used[m], "no panel shows %s", m)
 	}

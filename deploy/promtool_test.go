@@ -92,7 +92,7 @@ func TestAlertRulesPassPromtool(t *testing.T) {
 			require.True(t, silent[r.Alert], "prometheus/alerts_test.yaml never shows %s silent", r.Alert)
 		}
 	}
-	require.GreaterOrEqual(t, n, 17)
+	require.GreaterOrEqual(t, n, 21)
 }
 
 // TestDeployGuideScrapeConfigIsValid: the plain Prometheus scrape job

@@ -536,3 +536,115 @@ func TestChartTenantTokens(t *testing.T) {
 	_, ok = argValue(enq.Spec.Template.Spec.Containers[0].Args, "--tenant-tokens-file")
 	require.False(t, ok, "no tenant tokens by default")
 }
+
+// TestChartNotifications: secrets.worker.notificationsKey mounts the
+// tenants' notification destinations as a file of a directory mount (no
+// subPath, so the kubelet brings Secret updates to the pod and the worker's
+// reload sees them), from the worker's own Secret, and names it
+// --notifications-file; worker.notify.* are the --notify-* flags; the
+// chart refuses values the worker would refuse.
+func TestChartNotifications(t *testing.T) {
+	t.Parallel()
+	notifyFlags := []string{"--notifications-reload", "--notify-concurrency", "--notify-max-attempts", "--notify-retry-base", "--notify-retry-max", "--notify-timeout"}
+	flags := func(c corev1.Container) map[string]string {
+		t.Helper()
+		got := map[string]string{}
+		for _, f := range notifyFlags {
+			v, ok := argValue(c.Args, f)
+			require.True(t, ok, f)
+			got[f] = v
+		}
+		return got
+	}
+
+	// By default: no destinations file, no volume, the worker's defaults.
+	pod := pods(t, mustRender(t, nil)).worker
+	c := pod.Containers[0]
+	_, ok := argValue(c.Args, "--notifications-file")
+	require.False(t, ok, "no destinations by default")
+	require.Empty(t, pod.Volumes)
+	require.Empty(t, c.VolumeMounts)
+	require.Equal(t, map[string]string{
+		"--notifications-reload": "10s", "--notify-concurrency": "2", "--notify-max-attempts": "12",
+		"--notify-retry-base": "10s", "--notify-retry-max": "1h", "--notify-timeout": "30s",
+	}, flags(c), "the worker's own defaults")
+
+	docs := mustRender(t, map[string]any{
+		"secrets": map[string]any{"worker": map[string]any{"notificationsKey": "notifications"}},
+		"worker": map[string]any{"notify": map[string]any{
+			"reload": "30s", "concurrency": 0, "maxAttempts": 20, "retryBase": "5s", "retryMax": "30m", "timeout": "10s",
+		}},
+	})
+	pod = pods(t, docs).worker
+	c = pod.Containers[0]
+	require.Equal(t, map[string]string{
+		"--notifications-reload": "30s", "--notify-concurrency": "0", "--notify-max-attempts": "20",
+		"--notify-retry-base": "5s", "--notify-retry-max": "30m", "--notify-timeout": "10s",
+	}, flags(c), "worker.notify.*; concurrency 0 is a value, not the default")
+	file, ok := argValue(c.Args, "--notifications-file")
+	require.True(t, ok)
+	require.Len(t, c.VolumeMounts, 1)
+	mount := c.VolumeMounts[0]
+	require.True(t, mount.ReadOnly)
+	require.Empty(t, mount.SubPath, "a subPath mount never sees the Secret's updates")
+	require.Equal(t, mount.MountPath+"/notifications.json", file)
+	require.Len(t, pod.Volumes, 1)
+	vol := pod.Volumes[0]
+	require.Equal(t, mount.Name, vol.Name)
+	require.NotNil(t, vol.Secret)
+	require.Equal(t, "fleet-ingest-worker", vol.Secret.SecretName, "the worker's own Secret")
+	require.Equal(t, []corev1.KeyToPath{{Key: "notifications", Path: "notifications.json"}}, vol.Secret.Items,
+		"only the destinations are a file; the database URL stays out of the volume")
+	require.Equal(t, []string{"fleet-ingest-worker"}, secretsOf(pod))
+	for _, e := range c.Env {
+		require.NotEqual(t, "NOTIFICATIONS_FILE", e.Name, "the flag names the file")
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			require.NotEqual(t, "notifications", e.ValueFrom.SecretKeyRef.Key, "webhook secrets never in the environment")
+		}
+	}
+	requireHardened(t, "worker", "fleet-ingest-worker", pod)
+
+	for _, c := range []struct {
+		notify map[string]any
+		want   string
+	}{
+		{map[string]any{"concurrency": -1}, "worker.notify.concurrency (-1) must not be negative"},
+		{map[string]any{"maxAttempts": 0}, "worker.notify.maxAttempts (0) must be at least 1"},
+	} {
+		_, err := render(t, map[string]any{"worker": map[string]any{"notify": c.notify}})
+		require.ErrorContains(t, err, c.want)
+	}
+}
+
+// TestChartNotificationsEgress: the worker reaches its tenants' webhooks
+// over HTTPS (its networkPolicy.https.cidrs); receivers outside those, or
+// on another port, get a rule of their own from networkPolicy.notifications,
+// only when the worker has destinations.
+func TestChartNotificationsEgress(t *testing.T) {
+	t.Parallel()
+	egress := func(values map[string]any) []peerRule {
+		t.Helper()
+		return rulesOf(decode[networkingv1.NetworkPolicy](t, mustRender(t, values)["NetworkPolicy/prod-fleet-ingest-worker"]).Spec.Egress)
+	}
+	withKey := map[string]any{"worker": map[string]any{"notificationsKey": "notifications"}}
+	narrowed := map[string]any{
+		"https":         map[string]any{"cidrs": []any{"52.95.0.0/16"}},
+		"notifications": map[string]any{"cidrs": []any{"203.0.113.0/24"}, "ports": []any{443, 8443}},
+	}
+
+	out := egress(map[string]any{"secrets": withKey})
+	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "UDP/53"}, allPorts(out), "HTTPS, to networkPolicy.https.cidrs")
+	require.Equal(t, "0.0.0.0/0", out[2].peers[0].IPBlock.CIDR)
+
+	out = egress(map[string]any{"secrets": withKey, "networkPolicy": narrowed})
+	require.Len(t, out, 4)
+	require.Equal(t, []string{"TCP/443"}, out[2].ports)
+	require.Equal(t, "52.95.0.0/16", out[2].peers[0].IPBlock.CIDR)
+	require.Equal(t, []string{"TCP/443", "TCP/8443"}, out[3].ports, "the receivers' ports")
+	require.Len(t, out[3].peers, 1)
+	require.Equal(t, "203.0.113.0/24", out[3].peers[0].IPBlock.CIDR)
+
+	out = egress(map[string]any{"networkPolicy": narrowed})
+	require.Len(t, out, 3, "no destinations: no rule for their receivers")
+	require.Equal(t, []string{"TCP/443", "TCP/53", "TCP/5432", "UDP/53"}, allPorts(out))
+}

@@ -60,3 +60,24 @@ func TestDeployGuideValuesRender(t *testing.T) {
 	require.Equal(t, "fleet", env["REDSHIFT_WORKGROUP"])
 	require.Equal(t, "eu-west-1", env["AWS_REGION"])
 }
+
+// TestDeployGuideNotificationValuesRender: the notification values
+// docs/deploy.md gives mount the destinations file and set the worker's
+// --notify-* flags to the defaults it states.
+func TestDeployGuideNotificationValuesRender(t *testing.T) {
+	t.Parallel()
+	var values map[string]any
+	require.NoError(t, yaml.Unmarshal([]byte(guideBlock(t, "notifications-values")), &values))
+	worker := decode[appsv1.Deployment](t, mustRender(t, values)["Deployment/prod-fleet-ingest-worker"]).Spec.Template.Spec
+	args := worker.Containers[0].Args
+	file, ok := argValue(args, "--notifications-file")
+	require.True(t, ok)
+	require.Equal(t, "/etc/fleet-ingest/worker/notifications.json", file, "the path docs/deploy.md names")
+	require.Equal(t, "notifications", worker.Volumes[0].Secret.Items[0].Key)
+	defaults := decode[appsv1.Deployment](t, mustRender(t, nil)["Deployment/prod-fleet-ingest-worker"]).Spec.Template.Spec.Containers[0].Args
+	for _, f := range []string{"--notify-concurrency", "--notify-max-attempts", "--notify-retry-base", "--notify-retry-max", "--notify-timeout"} {
+		got, _ := argValue(args, f)
+		want, _ := argValue(defaults, f)
+		require.Equal(t, want, got, "%s: the guide's values are the chart's defaults", f)
+	}
+}
