@@ -42,7 +42,8 @@ The image of every container: repository@digest when image.digest is set
 {{/*
 The pod-level fields every pod of the chart shares (Deployments, the
 migrate Job, any CronJob): (dict "root" $ "component" "worker" "values"
-.Values.worker). Each of imagePullSecrets, nodeSelector, tolerations,
+.Values.worker), and "serviceAccount" "<component>" to run as another
+component's ServiceAccount (default: the component's own). Each of imagePullSecrets, nodeSelector, tolerations,
 affinity, topologySpreadConstraints, priorityClassName and
 podSecurityContext is the component's own value when that is set
 (non-empty), else the top-level one. A spread constraint without a
@@ -72,7 +73,7 @@ include this.
 {{- $spread = append $spread (dict "maxSkew" 1 "topologyKey" $key "whenUnsatisfiable" "ScheduleAnyway" "labelSelector" (dict "matchLabels" $selector)) -}}
 {{- end -}}
 {{- end -}}
-serviceAccountName: {{ include "fleet-ingest.serviceAccountName" (dict "root" $root "component" .component) }}
+serviceAccountName: {{ include "fleet-ingest.serviceAccountName" (dict "root" $root "component" (.serviceAccount | default .component)) }}
 automountServiceAccountToken: false
 {{- with $v.imagePullSecrets }}
 imagePullSecrets:
