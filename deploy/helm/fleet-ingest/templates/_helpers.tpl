@@ -24,8 +24,130 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/*
+The image of every container: repository@digest when image.digest is set
+(the tag is then ignored), else repository:tag (default: appVersion).
+*/}}
 {{- define "fleet-ingest.image" -}}
+{{- with .Values.image.digest -}}
+{{- if not (regexMatch "^[a-z0-9]+([+._-][a-z0-9]+)*:[a-fA-F0-9]{32,}$" (toString .)) -}}
+{{- fail (printf "image.digest must look like sha256:<hex>, not %q" (toString .)) -}}
+{{- end -}}
+{{ $.Values.image.repository }}@{{ . }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The pod-level fields every pod of the chart shares (Deployments, the
+migrate Job, any CronJob): (dict "root" $ "component" "worker" "values"
+.Values.worker), and "serviceAccount" "<component>" to run as another
+component's ServiceAccount (default: the component's own). Each of imagePullSecrets, nodeSelector, tolerations,
+affinity, topologySpreadConstraints, priorityClassName and
+podSecurityContext is the component's own value when that is set
+(non-empty), else the top-level one. A spread constraint without a
+labelSelector selects the component's own pods; with none at all (and
+defaultTopologySpread), the component's pods spread over zones and nodes,
+ScheduleAnyway. The chart test fails on a pod template that does not
+include this.
+*/}}
+{{- define "fleet-ingest.podSpec" -}}
+{{- $root := .root -}}
+{{- $own := .values | default dict -}}
+{{- $v := dict -}}
+{{- range $key := list "imagePullSecrets" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" "podSecurityContext" -}}
+{{- $_ := set $v $key ((get $own $key) | default (get $root.Values $key)) -}}
+{{- end -}}
+{{- $selector := include "fleet-ingest.selector" (dict "root" $root "component" .component) | fromYaml -}}
+{{- $spread := list -}}
+{{- range $c := $v.topologySpreadConstraints -}}
+{{- $c2 := deepCopy $c -}}
+{{- if not $c2.labelSelector -}}
+{{- $_ := set $c2 "labelSelector" (dict "matchLabels" $selector) -}}
+{{- end -}}
+{{- $spread = append $spread $c2 -}}
+{{- end -}}
+{{- if and (not $spread) $root.Values.defaultTopologySpread -}}
+{{- range $key := list "topology.kubernetes.io/zone" "kubernetes.io/hostname" -}}
+{{- $spread = append $spread (dict "maxSkew" 1 "topologyKey" $key "whenUnsatisfiable" "ScheduleAnyway" "labelSelector" (dict "matchLabels" $selector)) -}}
+{{- end -}}
+{{- end -}}
+serviceAccountName: {{ include "fleet-ingest.serviceAccountName" (dict "root" $root "component" (.serviceAccount | default .component)) }}
+automountServiceAccountToken: false
+{{- with $v.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with $v.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $spread }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The startupProbe of a long-running container: (dict "root" $ "values"
+.Values.worker "port" "metrics"). Until it succeeds the liveness and
+readiness probes wait, so a slow start (a cold node, a slow database) is
+not killed; the component's startupProbe overrides the top-level one.
+*/}}
+{{- define "fleet-ingest.startupProbe" -}}
+{{- $p := (get (.values | default dict) "startupProbe") | default .root.Values.startupProbe | default dict -}}
+startupProbe:
+  httpGet: {path: /healthz, port: {{ .port }}}
+  periodSeconds: {{ $p.periodSeconds | default 5 }}
+  failureThreshold: {{ $p.failureThreshold | default 60 }}
+  timeoutSeconds: {{ $p.timeoutSeconds | default 2 }}
+{{- end -}}
+
+{{/*
+A component's PodDisruptionBudget: (dict "root" $ "component" "sqs"
+"values" .Values.sqs "minReplicas" <the fewest replicas it may run>).
+Rendered when podDisruptionBudget.enabled and the component runs more than
+one replica: a budget over a single pod would block every node drain.
+*/}}
+{{- define "fleet-ingest.pdb" -}}
+{{- $pdb := .values.podDisruptionBudget | default dict -}}
+{{- if and $pdb.enabled (gt (int .minReplicas) 1) }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "fleet-ingest.fullname" .root }}-{{ .component }}
+  labels:
+    {{- include "fleet-ingest.labels" .root | nindent 4 }}
+    app.kubernetes.io/component: {{ .component }}
+spec:
+  {{- if not (kindIs "invalid" $pdb.maxUnavailable) }}
+  maxUnavailable: {{ $pdb.maxUnavailable }}
+  {{- else if hasKey $pdb "minAvailable" }}
+  minAvailable: {{ $pdb.minAvailable }}
+  {{- else }}
+  minAvailable: 1
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "fleet-ingest.selector" (dict "root" .root "component" .component) | nindent 6 }}
+{{- end }}
 {{- end -}}
 
 {{/* The ServiceAccount of a component: (dict "root" . "component" "worker"). */}}
