@@ -15,6 +15,8 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
 	"sigs.k8s.io/yaml"
 )
 
@@ -143,6 +145,14 @@ func TestChartRulesPerEnabledComponent(t *testing.T) {
 		}
 		require.Contains(t, got, "FleetIngestNoLiveWorker", c.name)
 		require.Subset(t, keys(plain), keys(got), c.name)
+	}
+
+	// Helm's linter passes the SQS-only install with its rules.
+	lintValues := monitoringValues(map[string]any{"enqueue": map[string]any{"enabled": false}, "sqs": sqsOn,
+		"uploads": map[string]any{"buckets": []any{"fleet-uploads"}}})
+	res := lint.AllWithKubeVersion(chartDir, lintValues, "fleet", nil)
+	for _, msg := range res.Messages {
+		require.Less(t, msg.Severity, support.WarningSev, "%s", msg.Error())
 	}
 
 	// A rule's component is its name's: every rule reading a component's
