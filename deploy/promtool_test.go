@@ -153,6 +153,8 @@ func TestDeployGuideScrapeConfigIsValid(t *testing.T) {
 			"__meta_kubernetes_pod_name": "p-" + component,
 			"__meta_kubernetes_pod_label_app_kubernetes_io_name":      name,
 			"__meta_kubernetes_pod_label_app_kubernetes_io_component": component,
+			"__meta_kubernetes_pod_label_app_kubernetes_io_instance":  "prod",
+			"__meta_kubernetes_namespace":                             "fleet",
 		}
 		if annotated {
 			m["__meta_kubernetes_pod_annotation_prometheus_io_scrape"] = "true"
@@ -181,6 +183,9 @@ func TestDeployGuideScrapeConfigIsValid(t *testing.T) {
 			require.Equal(t, c.job, got.Get("job"))
 			require.Equal(t, c.addr, got.Get("__address__"))
 			require.Equal(t, "/metrics", got.Get("__metrics_path__"))
+			// The chart's rules and the dashboard select on these.
+			require.Equal(t, "fleet", got.Get("namespace"))
+			require.Equal(t, "prod", got.Get("release"))
 		}
 	}
 }
