@@ -184,10 +184,16 @@ func Prune(ctx context.Context, c Config) (Result, error) {
 	cfg := c.withDefaults()
 	res := Result{Applied: cfg.Apply, ByStatus: map[string]int64{}}
 	var upTo int64
-	if err := cfg.Pool.QueryRow(ctx, `
-		WITH c AS (SELECT now() - $1 * interval '1 microsecond' AS cutoff)
-		SELECT c.cutoff, coalesce((SELECT max(id) FROM ingestion_batches WHERE completed_at < c.cutoff), 0) FROM c`,
-		cfg.OlderThan.Microseconds()).Scan(&res.Cutoff, &upTo); err != nil {
+	err := pgx.BeginTxFunc(ctx, cfg.Pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := setLockTimeout(ctx, tx, cfg.LockTimeout); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `
+			WITH c AS (SELECT now() - $1 * interval '1 microsecond' AS cutoff)
+			SELECT c.cutoff, coalesce((SELECT max(id) FROM ingestion_batches WHERE completed_at < c.cutoff), 0) FROM c`,
+			cfg.OlderThan.Microseconds()).Scan(&res.Cutoff, &upTo)
+	})
+	if err != nil {
 		return res, fmt.Errorf("reading the cutoff: %w", err)
 	}
 	log := cfg.Logger.With("apply", cfg.Apply, "cutoff", res.Cutoff)
@@ -198,11 +204,7 @@ func Prune(ctx context.Context, c Config) (Result, error) {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		var cands []int64
-		rows, err := cfg.Pool.Query(ctx, candidatesSQL, after, upTo, cfg.BatchSize, res.Cutoff, window)
-		if err == nil {
-			cands, err = pgx.CollectRows(rows, pgx.RowTo[int64])
-		}
+		cands, err := listCandidates(ctx, cfg, log, after, upTo, res.Cutoff, window)
 		if err != nil {
 			return res, fmt.Errorf("listing candidates after id %d: %w", after, err)
 		}
@@ -248,6 +250,42 @@ func Prune(ctx context.Context, c Config) (Result, error) {
 	return res, nil
 }
 
+// listCandidates lists the next candidates after the id after, in a
+// read-only transaction under lock_timeout too (a migration's lock on the
+// table is waited for no longer than a delete's), tried again as a
+// round is; a table locked on every attempt is an error.
+func listCandidates(ctx context.Context, cfg Config, log *slog.Logger, after, upTo int64, cutoff time.Time, window int64) ([]int64, error) {
+	for attempt := 0; ; attempt++ {
+		var cands []int64
+		err := pgx.BeginTxFunc(ctx, cfg.Pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			if err := setLockTimeout(ctx, tx, cfg.LockTimeout); err != nil {
+				return err
+			}
+			rows, err := tx.Query(ctx, candidatesSQL, after, upTo, cfg.BatchSize, cutoff, window)
+			if err == nil {
+				cands, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+			}
+			return err
+		})
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable || attempt >= cfg.LockRetries {
+			return cands, err
+		}
+		log.Warn("prune met a lock; trying again", "after_id", after, "attempt", attempt+1, "error", pgErr.Message)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
+		}
+	}
+}
+
+// setLockTimeout is SET LOCAL lock_timeout, with a parameter.
+func setLockTimeout(ctx context.Context, tx pgx.Tx, d time.Duration) error {
+	_, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", max(d.Milliseconds(), 1)))
+	return err
+}
+
 type deleted struct {
 	id     int64
 	status string
@@ -269,8 +307,7 @@ func pruneRound(ctx context.Context, cfg Config, cands []int64, cutoff time.Time
 		return out, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`,
-		fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))); err != nil {
+	if err := setLockTimeout(ctx, tx, cfg.LockTimeout); err != nil {
 		return out, err
 	}
 	doomed, kept, err := withoutRetryChains(ctx, tx, cands, cutoff, window)

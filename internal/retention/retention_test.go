@@ -301,6 +301,25 @@ func TestPruneGivesWayToLocks(t *testing.T) {
 	require.Equal(t, []int64{ids["newest"]}, remaining(t, pool))
 }
 
+// TestPruneGivesUpOnALockedTable: a migration holding the table (ACCESS
+// EXCLUSIVE) makes prune fail within its lock timeout, not queue behind it.
+func TestPruneGivesUpOnALockedTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	ddl, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = ddl.Rollback(ctx) }()
+	_, err = ddl.Exec(ctx, `LOCK TABLE ingestion_batches IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = retention.Prune(ctx, retention.Config{Pool: pool, OlderThan: olderThan, Apply: true, LockTimeout: 100 * time.Millisecond})
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "55P03", pgErr.Code)
+	require.Less(t, time.Since(start), 5*time.Second)
+}
+
 // TestPruneRefusesAShortRetention: less than a day is invalid input, and
 // nothing is read.
 func TestPruneRefusesAShortRetention(t *testing.T) {
