@@ -53,6 +53,12 @@
 --     operator may update only Running and Failed rows into Running or
 --     Failed; the worker only Running rows. A row a policy hides from an
 --     UPDATE is not changed (0 rows); a new row it refuses is 42501.
+--   * Only the operator deletes batches (enqueue prune), and row-level
+--     security lets it delete only Succeeded or Failed batches with a
+--     source scope, not parked, completed more than a day ago, that are
+--     not their folder's newest (policy fleet_operator_prune); a DELETE of
+--     any other row changes nothing. The door and the worker have no
+--     DELETE (42501).
 --   * River's job table: the door's insert is INSERT … ON CONFLICT
 --     (unique_key) DO UPDATE SET kind = river_job.kind, which needs
 --     UPDATE (kind); the trigger fleet_river_job_insert_only refuses (42501)
