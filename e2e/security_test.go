@@ -203,7 +203,6 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	for _, sql := range []string{
 		`CREATE TABLE sneaky (i int)`,
 		`CREATE TEMP TABLE sneaky (i int)`,
-		`DELETE FROM ingestion_batches`,
 		`INSERT INTO curated.fleet_records (tenant_id, source_scope, batch_id, object_key, line_number, record) VALUES ('t','s',1,'k',1,'{}')`,
 		`UPDATE ingest_sweeps SET swept_at = now()`,
 		`DELETE FROM ingest_seen_signatures`,
@@ -229,6 +228,11 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	tag, err := o.Exec(ctx, `UPDATE ingestion_batches SET status = 'Failed', completed_at = now() WHERE id = $1`, id2)
 	require.NoError(t, err)
 	require.Zero(t, tag.RowsAffected(), "a Succeeded batch is hidden from the operator's updates")
+	// The operator prunes history (enqueue prune): row-level security lets
+	// only old terminal batches that are not their folder's newest go.
+	tag, err = o.Exec(ctx, `DELETE FROM ingestion_batches`)
+	require.NoError(t, err)
+	require.Zero(t, tag.RowsAffected(), "no batch of this run is old enough to prune")
 	requireDenied(t, e, "row-level security", `
 		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, business_date, pipeline_stage, status, details, source_scope)
 		VALUES ('c', 't', 'd', 'FileUpload', 'FleetS3', NULL, 'fleet_s3_direct_to_curated', 'Succeeded', '{}', 'fleet_s3:s3://b/x')`)

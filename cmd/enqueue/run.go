@@ -39,6 +39,9 @@ type enqueueCLI struct {
 
 	// Finding what notifications lost.
 	Reconcile reconcileCmd `cmd:"" help:"List a bucket for completed folders without a batch (their notification was lost) and enqueue them. One JSON line per folder and a summary; --every runs periodically."`
+
+	// Retention.
+	Prune pruneCmd `cmd:"" help:"Delete batch history older than --older-than (dry run unless --apply), never a Running batch, a folder's newest or newest Succeeded batch, a resumable failed publication or a batch a kept retry names. Needs the operators' login (fleet_operator)."`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -76,7 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func privilegeHint(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		return fmt.Errorf("the database login of DATABASE_URL may not do this (%s): imports need the doors' login (fleet_enqueue); cancel, retry and resume the operators' (fleet_operator): %w", pgErr.Message, err)
+		return fmt.Errorf("the database login of DATABASE_URL may not do this (%s): imports need the doors' login (fleet_enqueue); cancel, retry, resume and prune the operators' (fleet_operator): %w", pgErr.Message, err)
 	}
 	return err
 }

@@ -35,6 +35,9 @@
 --                 retries and deletes River jobs, pauses queues; reads the
 --                 warehouse stamp to prove resumes. Nothing only the worker
 --                 does (lease renewals, parking, sweeps, warehouse writes).
+--                 Prunes the batch history (enqueue prune): deletes old
+--                 terminal batches that are not their folder's newest
+--                 (policy fleet_operator_prune).
 --
 -- What holds, and how:
 --
@@ -50,6 +53,12 @@
 --     operator may update only Running and Failed rows into Running or
 --     Failed; the worker only Running rows. A row a policy hides from an
 --     UPDATE is not changed (0 rows); a new row it refuses is 42501.
+--   * Only the operator deletes batches (enqueue prune), and row-level
+--     security lets it delete only Succeeded or Failed batches with a
+--     source scope, not parked, completed more than a day ago, that are
+--     not their folder's newest (policy fleet_operator_prune); a DELETE of
+--     any other row changes nothing. The door and the worker have no
+--     DELETE (42501).
 --   * River's job table: the door's insert is INSERT … ON CONFLICT
 --     (unique_key) DO UPDATE SET kind = river_job.kind, which needs
 --     UPDATE (kind); the trigger fleet_river_job_insert_only refuses (42501)
@@ -152,6 +161,7 @@ DROP POLICY IF EXISTS fleet_enqueue_update ON ingestion_batches;
 DROP POLICY IF EXISTS fleet_operator_update ON ingestion_batches;
 DROP POLICY IF EXISTS fleet_read ON ingestion_batches;
 DROP POLICY IF EXISTS fleet_reserve ON ingestion_batches;
+DROP POLICY IF EXISTS fleet_operator_prune ON ingestion_batches;
 ALTER TABLE ingestion_batches ENABLE ROW LEVEL SECURITY;
 
 -- Every runtime role reads every batch.
@@ -293,6 +303,20 @@ GRANT UPDATE (status, details, completed_at, updated_at,
     ON ingestion_batches TO fleet_operator;
 CREATE POLICY fleet_operator_update ON ingestion_batches FOR UPDATE TO fleet_operator
     USING (status IN ('Running', 'Failed')) WITH CHECK (status IN ('Running', 'Failed'));
+
+-- Retention (enqueue prune): DELETE of batches, only those row-level
+-- security lets go: Succeeded or Failed Fleet batches (with a source
+-- scope), completed more than a day ago, that are not the newest batch of
+-- their folder. enqueue prune applies its fuller rules (the newest
+-- Succeeded batch of a folder, resumable publications, retry chains:
+-- internal/retention) within these; a DELETE of any other row changes
+-- nothing.
+GRANT DELETE ON ingestion_batches TO fleet_operator;
+CREATE POLICY fleet_operator_prune ON ingestion_batches FOR DELETE TO fleet_operator
+    USING (status IN ('Succeeded', 'Failed') AND source_scope IS NOT NULL AND parked_at IS NULL
+           AND completed_at < now() - interval '1 day'
+           AND id < (SELECT max(n.id) FROM public.ingestion_batches n
+                     WHERE n.tenant_id = ingestion_batches.tenant_id AND n.source_scope = ingestion_batches.source_scope));
 
 -- River: jobs of retries and resumes, a cancel's jobs marked cancelled, and
 -- the River UI's actions (cancel, retry, delete jobs; pause, resume and

@@ -338,10 +338,12 @@ func TestOperatorLoginCancelsRetriesResumesButNeverUndoesSuccess(t *testing.T) {
 		`UPDATE ingestion_batches SET tenant_id = 'evil' WHERE id = $1`,
 		`UPDATE ingestion_batches SET execution_lease_renewed_at = now() WHERE id = $1`,
 		`UPDATE ingestion_batches SET parked_at = now(), parked_reason = 'x' WHERE id = $1`,
-		`DELETE FROM ingestion_batches WHERE id = $1`,
 	} {
 		requireDenied(t, db.operator, sql, retried.BatchID)
 	}
+	// The operator prunes history (enqueue prune), but row-level security
+	// lets no Running batch go.
+	requireNoRowChanged(t, db.operator, `DELETE FROM ingestion_batches WHERE id = $1`, retried.BatchID)
 	for _, sql := range []string{
 		`INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type, pipeline_stage, status, details, source_scope)
 		 VALUES ('c', 'tenant-a', 'db', 'FileUpload', 'FleetS3', 'fleet_s3_direct_to_curated', 'Succeeded', '{}', 'fleet_s3:s3://fleet-uploads/tenants/tenant-a/db/c/x')`,
