@@ -88,6 +88,7 @@ func everyComponent(t *testing.T) map[string]any {
 	}
 	out["sqs"].(map[string]any)["queueURL"] = "https://sqs.us-east-1.amazonaws.com/123456789012/fleet"
 	out["reconcile"].(map[string]any)["bucket"] = "fleet-uploads"
+	out["prune"].(map[string]any)["databaseURLKey"] = "operator-url"
 	return out
 }
 
