@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRiverUIGateFailsClosed: the gate in front of the River UI passes
+// reads, lets a queue's pause and resume through and logs them as operator
+// actions (who, which queue, River's answer), and refuses 403, in the UI's
+// error shape and naming what to use instead, every other change it does
+// not know — none of which reaches the UI.
+func TestRiverUIGateFailsClosed(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	var reached []string
+	answer := http.StatusOK
+	ui := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached = append(reached, r.Method+" "+r.URL.Path)
+		w.WriteHeader(answer)
+	})
+	gate := &uiActions{ui: ui, log: slog.New(slog.NewJSONHandler(&logs, nil))}
+	do := func(method, path string) *httptest.ResponseRecorder {
+		reached = nil
+		req := httptest.NewRequest(method, path, strings.NewReader(`{}`))
+		req.SetBasicAuth("ops", "secret")
+		rec := httptest.NewRecorder()
+		gate.ServeHTTP(rec, req)
+		return rec
+	}
+
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/riverui/"}, {"GET", "/riverui/api/jobs"}, {"GET", "/riverui/api/queues/fleet_ingest"},
+		{"HEAD", "/riverui/assets/x.js"}, {"OPTIONS", "/riverui/api/jobs"},
+	} {
+		rec := do(c.method, c.path)
+		require.Equal(t, http.StatusOK, rec.Code, "%v", c)
+		require.Equal(t, []string{c.method + " " + c.path}, reached, "reads pass: %v", c)
+	}
+	require.Empty(t, logs.String(), "reads are no operator actions")
+
+	for _, verb := range []string{"pause", "resume"} {
+		rec := do("PUT", "/riverui/api/queues/fleet_ingest/"+verb)
+		require.Equal(t, http.StatusOK, rec.Code)
+		require.Equal(t, []string{"PUT /riverui/api/queues/fleet_ingest/" + verb}, reached)
+		require.Contains(t, logs.String(), `"msg":"operator action","via":"riverui","action":"`+verb+`_queue","by":"riverui:ops@192.0.2.1","queue":"fleet_ingest","status":200`)
+	}
+	logs.Reset()
+	answer = http.StatusNotFound
+	rec := do("PUT", "/riverui/api/queues/nosuch/pause")
+	require.Equal(t, http.StatusNotFound, rec.Code, "River's answer")
+	require.Contains(t, logs.String(), `"msg":"operator action failed","via":"riverui","action":"pause_queue","by":"riverui:ops@192.0.2.1","queue":"nosuch","status":404`)
+
+	for _, c := range []struct{ method, path string }{
+		{"PATCH", "/riverui/api/queues/fleet_ingest"}, // a queue's concurrency: the workers' flags
+		{"POST", "/riverui/api/queues/fleet_ingest/pause"},
+		{"PUT", "/riverui/api/queues/fleet_ingest/pause/x"},
+		{"PUT", "/riverui/api/queues//pause"},
+		{"DELETE", "/riverui/api/jobs/1"},
+		{"POST", "/riverui/api/workflows/cancel"}, // a route a later (or Pro) UI adds
+		{"PUT", "/riverui/api/jobs/cancel"},
+		{"POST", "/riverui/api/jobs/cancel/"},
+	} {
+		logs.Reset()
+		rec := do(c.method, c.path)
+		require.Equal(t, http.StatusForbidden, rec.Code, "%v", c)
+		require.Empty(t, reached, "nothing of a refused change reaches the UI: %v", c)
+		require.Equal(t, "application/json; charset=utf-8", rec.Header().Get("Content-Type"))
+		var body struct{ Message string }
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+		require.Contains(t, body.Message, c.method+" "+c.path+" is not allowed through the River UI", "%v", c)
+		require.Contains(t, body.Message, "use the enqueue commands", "%v", c)
+		require.Contains(t, logs.String(), `"msg":"operator action refused","via":"riverui","action":"unknown","by":"riverui:ops@192.0.2.1","method":"`+c.method+`"`)
+	}
+}
