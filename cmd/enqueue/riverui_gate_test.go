@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -9,7 +10,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/httpserver"
+	"github.com/fleet/ingest/internal/metrics"
 )
 
 // TestRiverUIGateFailsClosed: the gate in front of the River UI passes
@@ -79,4 +85,55 @@ func TestRiverUIGateFailsClosed(t *testing.T) {
 		require.Contains(t, body.Message, "use the enqueue commands", "%v", c)
 		require.Contains(t, logs.String(), `"msg":"operator action refused","via":"riverui","action":"unknown","by":"riverui:ops@192.0.2.1","method":"`+c.method+`"`)
 	}
+}
+
+// TestRiverUIRequestsAreApartFromTheDoors: on the admin listener's handler
+// the River UI's requests are counted in ingest_riverui_requests_total by
+// code and never in the door's ingest_http_requests_total or its duration
+// histogram (which its alerts watch); its polls log at debug, its changes
+// at info, and the door's requests are measured as before.
+func TestRiverUIRequestsAreApartFromTheDoors(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	e := &cli.Env{Ctx: context.Background(), Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	m := metrics.NewServe()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/riverui/", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			w.WriteHeader(http.StatusForbidden)
+		}
+	})
+	mux.HandleFunc("POST /v1/batches/{id}/cancel", func(http.ResponseWriter, *http.Request) {})
+	h := apart(httpserver.Observe(mux, observeDoor(m, e)), httpserver.Observe(mux, observeRiverUI(m, e)))
+	for _, r := range []struct{ method, path string }{
+		{"GET", "/riverui/"}, {"GET", "/riverui/api/jobs"}, {"GET", "/riverui/api/states"}, {"PATCH", "/riverui/api/queues/q"}, {"POST", "/v1/batches/1/cancel"},
+	} {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(r.method, r.path, nil))
+	}
+	require.Equal(t, 3.0, testutil.ToFloat64(m.RiverUIRequests.WithLabelValues("200")))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.RiverUIRequests.WithLabelValues("403")))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.DoorRequests.WithLabelValues("POST /v1/batches/{id}/cancel", "200")))
+	families, err := m.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "ingest_http_requests_total" && f.GetName() != "ingest_http_request_duration_seconds" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			for _, l := range s.GetLabel() {
+				require.NotContains(t, l.GetValue(), "riverui", "%s: the River UI is not the door", f.GetName())
+			}
+		}
+	}
+	levels := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var l struct{ Level, Msg, Method, Path string }
+		require.NoError(t, json.Unmarshal([]byte(line), &l))
+		require.Equal(t, "http request", l.Msg)
+		levels[l.Method+" "+l.Path] = l.Level
+	}
+	require.Equal(t, map[string]string{
+		"GET /riverui/": "DEBUG", "GET /riverui/api/jobs": "DEBUG", "GET /riverui/api/states": "DEBUG",
+		"PATCH /riverui/api/queues/q": "INFO", "POST /v1/batches/1/cancel": "INFO",
+	}, levels)
 }
