@@ -169,7 +169,9 @@ func TestRiverUIActionsGoThroughTheBatch(t *testing.T) {
 	)
 	require.NoError(t, err, "unfiltered:\n%s\nfiltered:\n%s", all, listed)
 	var tagged []int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM river_job WHERE tags @> '{tenant_tenant-other}'`).Scan(&tagged))
+	// The batch's ingest job; its outcome notification's job (kind
+	// fleet_outcome, queue fleet_notify) carries the tenant's tags too.
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM river_job WHERE tags @> '{tenant_tenant-other}' AND queue = 'fleet_ingest'`).Scan(&tagged))
 	require.Equal(t, []int64{otherJob}, tagged)
 
 	// The public port serves neither the UI nor pprof; the admin listener
