@@ -82,7 +82,7 @@ func TestRiverUIQueuePauseIsAnOperatorAction(t *testing.T) {
 			if _, err := chromedp.Poll[bool](sel+` !== null && !`+sel+`.disabled`, chromedp.WithPollingTimeout(60*time.Second))(ctx, tgt); err != nil {
 				return fmt.Errorf("no %s button: %w", title, err)
 			}
-			_, err := chromedp.Evaluate[bool](`(() => { ` + sel + `.click(); return true })()`)(ctx, tgt)
+			_, err := chromedp.Evaluate[bool](`(() => { `+sel+`.click(); return true })()`)(ctx, tgt)
 			return err
 		})
 	}
