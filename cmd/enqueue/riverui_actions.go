@@ -35,9 +35,22 @@ import (
 //   - Delete of a job of a Running batch is refused: the batch would wait
 //     for the orphan sweeper; cancel it instead.
 //
-// Everything else (other jobs, other actions, queues) is the UI's own. An
-// action on ingest jobs is logged once with who and what: a cancel by
-// Enqueuer.Cancel, the rest here.
+// The gate fails closed: read-only requests (GET, HEAD, OPTIONS) pass; the
+// job actions above and a queue's pause and resume (PUT
+// /api/queues/{name}/pause|resume) are the only changes it lets through.
+// Pausing and resuming a queue is an operator action: allowed, and logged
+// once with who (riverui:<user>@<address>), the queue and River's answer,
+// as every operator action is (jobs.OperatorLog). A paused queue shows:
+// enqueue status and list name it for the batches waiting in it, the
+// workers export ingest_queue_paused{queue} and FleetIngestQueuePaused
+// fires after 15 minutes. Any other change (PATCH /api/queues/{name},
+// which would set a queue's concurrency behind the workers' flags, and
+// whatever route a later River UI adds) is refused 403, in the UI's error
+// shape, naming what to use instead.
+//
+// Jobs that are not ingest jobs are the UI's own. An action on ingest jobs
+// is logged once with who and what: a cancel by Enqueuer.Cancel, the rest
+// here.
 type uiActions struct {
 	ui   http.Handler
 	enq  *jobs.Enqueuer
@@ -60,7 +73,12 @@ type uiJob struct {
 
 func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	action := ""
-	if r.Method == http.MethodPost {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		// Read-only: the pages, their assets and the API's polls.
+		a.ui.ServeHTTP(w, r)
+		return
+	case http.MethodPost:
 		switch r.URL.Path {
 		case riverUIPrefix + "/api/jobs/cancel":
 			action = "cancel"
@@ -69,9 +87,14 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case riverUIPrefix + "/api/jobs/delete":
 			action = "delete"
 		}
+	case http.MethodPut:
+		if queue, verb, ok := uiQueueAction(r.URL.Path); ok {
+			a.queueAction(w, r, queue, verb)
+			return
+		}
 	}
 	if action == "" {
-		a.ui.ServeHTTP(w, r)
+		a.refuse(w, r)
 		return
 	}
 	who := uiOperator(r)
@@ -173,6 +196,72 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r2 := r.Clone(r.Context())
 	r2.Body, r2.ContentLength = io.NopCloser(bytes.NewReader(fwd)), int64(len(fwd))
 	a.ui.ServeHTTP(w, r2)
+}
+
+// uiQueueAction parses a queue action's path,
+// /riverui/api/queues/{name}/pause or …/resume.
+func uiQueueAction(path string) (queue, verb string, ok bool) {
+	rest, ok := strings.CutPrefix(path, riverUIPrefix+"/api/queues/")
+	if !ok {
+		return "", "", false
+	}
+	queue, verb, ok = strings.Cut(rest, "/")
+	if !ok || queue == "" || strings.Contains(verb, "/") || verb != "pause" && verb != "resume" {
+		return "", "", false
+	}
+	return queue, verb, true
+}
+
+// queueAction lets the UI pause or resume queue and logs it as an operator
+// action, with River's answer.
+func (a *uiActions) queueAction(w http.ResponseWriter, r *http.Request, queue, verb string) {
+	who := uiOperator(r)
+	if err := batch.ValidateOperator(who, ""); err != nil {
+		uiError(w, http.StatusBadRequest, "operator name (the HTTP Basic user or the "+uploads.OperatorHeader+" header, recorded as "+
+			"riverui:<name>@<address>): "+err.Error())
+		return
+	}
+	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	a.ui.ServeHTTP(rec, r)
+	attrs := []any{"via", "riverui", "action", verb + "_queue", "by", who, "queue", queue, "status", rec.status}
+	if rec.status >= 300 {
+		a.log.Warn(jobs.OperatorLog+" failed", attrs...)
+		return
+	}
+	a.log.Warn(jobs.OperatorLog, attrs...)
+}
+
+// statusRecorder keeps the status code of an answer.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// refuse answers a change the gate does not know: 403, nothing forwarded.
+func (a *uiActions) refuse(w http.ResponseWriter, r *http.Request) {
+	who := uiOperator(r)
+	a.log.Warn(jobs.OperatorLog+" refused", "via", "riverui", "action", "unknown", "by", who, "method", r.Method, "path", truncatePath(r.URL.Path))
+	uiError(w, http.StatusForbidden, fmt.Sprintf(
+		"%s %s is not allowed through the River UI: it changes River's state behind the batches. "+
+			"The UI may cancel, retry and delete jobs (through the batch) and pause or resume a queue; "+
+			"for anything else use the enqueue commands (enqueue cancel, retry, resume) or the workers' flags (--concurrency).",
+		r.Method, truncatePath(r.URL.Path)))
+}
+
+// truncatePath bounds a path that comes from the client, for a log line
+// or an answer.
+func truncatePath(p string) string {
+	if len(p) > 200 {
+		return p[:200] + "…"
+	}
+	return p
 }
 
 func (a *uiActions) lookup(r *http.Request, ids []int64) (map[int64]uiJob, error) {

@@ -357,6 +357,29 @@ func observeDoor(m *metrics.Metrics, e *cli.Env) httpserver.ObserveConfig {
 	}
 }
 
+// observeRiverUI is how the admin listener logs and measures the River
+// UI's requests, apart from the door's: they are an operator's browser
+// polling every few seconds, not the door's clients, and stay out of
+// ingest_http_requests_total and ingest_http_request_duration_seconds (and
+// so of the door's alerts). They are counted by code in
+// ingest_riverui_requests_total; its polls (GET, HEAD) log at debug, its
+// changes at info (their operator action lines at warn).
+func observeRiverUI(m *metrics.Metrics, e *cli.Env) httpserver.ObserveConfig {
+	return httpserver.ObserveConfig{Logger: e.Logger, Codes: m.RiverUIRequests, QuietReads: true}
+}
+
+// apart sends the River UI's requests (under riverUIPrefix) to ui, the
+// rest to door.
+func apart(door, ui http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == riverUIPrefix || strings.HasPrefix(r.URL.Path, riverUIPrefix+"/") {
+			ui.ServeHTTP(w, r)
+			return
+		}
+		door.ServeHTTP(w, r)
+	})
+}
+
 // adminMaxConns caps the admin listener's connections, as the worker's
 // metrics listener (--metrics-max-conns) is by default.
 const adminMaxConns = 64
@@ -378,7 +401,7 @@ func (s *serveCmd) startAdmin(srv *uploads.Server, operator *http.ServeMux, m *m
 		mux.Handle(pattern, refuseBody(routes))
 	}
 	admin, err := httpserver.Listen(httpserver.Config{
-		Addr: s.AdminListen, Handler: httpserver.Observe(mux, observeDoor(m, e)), MaxConns: adminMaxConns, Logger: e.Logger,
+		Addr: s.AdminListen, Handler: apart(httpserver.Observe(mux, observeDoor(m, e)), httpserver.Observe(mux, observeRiverUI(m, e))), MaxConns: adminMaxConns, Logger: e.Logger,
 		EvictableAfter: httpserver.EvictableAfterProbes,
 	})
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/term"
 
@@ -111,9 +112,24 @@ type objectsView = batchview.Objects
 // view is the View of b at now.
 func view(b batch.Batch, now time.Time) batchView { return batchview.Of(b, now) }
 
-// addLinks fills in the River jobs and retries of views.
+// addLinks fills in the River jobs and retries of views, and the paused
+// queue a waiting batch waits in. A login that may not read river_queue
+// (the door's, fleet_enqueue) shows no paused queue.
 func addLinks(ctx context.Context, pool *pgxpool.Pool, views []batchView) error {
-	return batchview.AddLinks(ctx, pool, views)
+	if err := batchview.AddLinks(ctx, pool, views); err != nil {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if err := batchview.AddPausedQueues(ctx, pool, views); err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42501") {
+		return err
+	}
+	return nil
+}
+
+// pausedNote says that a batch waits in a paused queue, and what resumes
+// it.
+func pausedNote(v batchView) string {
+	return "waiting: River queue " + v.QueuePaused + " is paused (resume it in the River UI, Queues)"
 }
 
 func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
@@ -187,6 +203,9 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return nil
 	}
 	printTable(e.Stdout, []batchView{v})
+	if v.QueuePaused != "" {
+		fmt.Fprintln(e.Stdout, "\nThe batch is "+pausedNote(v)+": no worker takes its job until the queue is resumed.")
+	}
 	printObjectsSummary(e.Stdout, v)
 	return nil
 }
@@ -768,6 +787,9 @@ func printTable(w io.Writer, views []batchView) {
 		if v.Parked {
 			note = "parked: " + v.ParkedReason
 		}
+		if v.QueuePaused != "" {
+			note = pausedNote(v)
+		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n",
 			v.BatchID, cell(v.TenantID), cell(v.Status), phaseCell(v), v.RedshiftCommitted, progressCell(v), cell(v.LeaseHolder),
 			ago(v.LeaseRenewedSecondsAgo), secondsCell(v.LeaseExpiresInSeconds),
@@ -780,7 +802,10 @@ func printTable(w io.Writer, views []batchView) {
 // phaseCell is the phase, with the failure's reason next to it when one is
 // named: failed_pre_commit (folder_incomplete).
 func phaseCell(v batchView) string {
-	if v.Reason == "" {
+	switch {
+	case v.QueuePaused != "":
+		return cell(v.Phase + " (queue paused)")
+	case v.Reason == "":
 		return cell(v.Phase)
 	}
 	return cell(v.Phase + " (" + v.Reason + ")")

@@ -223,3 +223,67 @@ func TestWatchEstimatesRateAndETA(t *testing.T) {
 	require.InDelta(t, 100, *v.RecordsPerSecond, 1e-9)
 	require.InDelta(t, 40, *v.ETASeconds, 1e-9)
 }
+
+// TestStatusAndListSayTheQueueIsPaused: a Running batch whose job waits
+// in a paused River queue is shown so — status's table and note, list's
+// phase, queue_paused in the JSON — and no longer once the queue is
+// resumed; a batch whose job is not waiting is never marked.
+func TestStatusAndListSayTheQueueIsPaused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+
+	importOne := func(folder string) int64 {
+		t.Helper()
+		out, code := runCLI(t, dbURL, "import", "--tenant-id", "tenant-p", "--tenant-database", "db", "--company-id", "c", "--folder", folder)
+		require.Equal(t, cli.ExitOK, code, out)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &m), out)
+		return int64(m["batch_id"].(float64))
+	}
+	waiting := importOne("s3://fleet-bucket/p/1")
+	running := importOne("s3://fleet-bucket/p/2")
+	_, err := pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() WHERE args @> jsonb_build_object('batch_id', $1::bigint)`, running)
+	require.NoError(t, err)
+
+	status := func(id int64, args ...string) string {
+		t.Helper()
+		out, code := runCLI(t, dbURL, append([]string{"status", "--batch-id", fmt.Sprint(id)}, args...)...)
+		require.Equal(t, cli.ExitOK, code, out)
+		return out
+	}
+	require.NotContains(t, status(waiting), "paused", "no queue is paused yet")
+
+	// Paused as River's QueuePause (the River UI's Pause) records it.
+	_, err = pool.Exec(ctx, `INSERT INTO river_queue (name, created_at, paused_at, updated_at) VALUES ('fleet_ingest', now(), now(), now())
+		ON CONFLICT (name) DO UPDATE SET paused_at = now()`)
+	require.NoError(t, err)
+	out := status(waiting)
+	require.Contains(t, out, "reserved (queue paused)")
+	require.Contains(t, out, "waiting: River queue fleet_ingest is paused")
+	var v batchView
+	require.NoError(t, json.Unmarshal([]byte(status(waiting, "--json")), &v))
+	require.Equal(t, "fleet_ingest", v.QueuePaused)
+	require.Equal(t, "fleet_ingest", v.RiverJobs[0].Queue)
+	var rv batchView
+	require.NoError(t, json.Unmarshal([]byte(status(running, "--json")), &rv))
+	require.Empty(t, rv.QueuePaused, "a running job is not waiting for the queue")
+	require.NotContains(t, status(running), "paused")
+
+	out, code := runCLI(t, dbURL, "list", "--tenant-id", "tenant-p")
+	require.Equal(t, cli.ExitOK, code, out)
+	marked := 0
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "queue paused") {
+			marked++
+			require.True(t, strings.HasPrefix(line, fmt.Sprint(waiting)+" "), "only the waiting batch is marked: %q", line)
+		}
+	}
+	require.Equal(t, 1, marked, out)
+
+	// Resumed: nothing said.
+	_, err = pool.Exec(ctx, `UPDATE river_queue SET paused_at = NULL WHERE name = 'fleet_ingest'`)
+	require.NoError(t, err)
+	require.NotContains(t, status(waiting), "paused")
+}

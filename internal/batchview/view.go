@@ -65,6 +65,11 @@ type View struct {
 	// deletes finalized jobs after its retention: a day for completed
 	// ones), oldest first: the ids the River UI shows and operators act on.
 	RiverJobs []jobs.JobRef `json:"river_jobs,omitempty"`
+	// QueuePaused names the paused River queue a Running batch waits in:
+	// one of its jobs waits there to be worked (available, scheduled,
+	// retryable or pending), and no worker takes it until the queue is
+	// resumed. Set by AddPausedQueues (enqueue status and list).
+	QueuePaused string `json:"queue_paused,omitempty"`
 	// RecordsPerSecond and ETASeconds are status --watch's estimate, from
 	// the load's progress since the watch began.
 	RecordsPerSecond *float64 `json:"records_per_second,omitempty"`
@@ -161,6 +166,40 @@ func AddLinks(ctx context.Context, pool *pgxpool.Pool, views []View) error {
 	}
 	for i := range views {
 		views[i].RiverJobs, views[i].RetriedBy = riverJobs[views[i].BatchID], retries[views[i].BatchID]
+	}
+	return nil
+}
+
+// waitingStates are the states of a River job that waits to be worked.
+var waitingStates = map[string]bool{"available": true, "scheduled": true, "retryable": true, "pending": true}
+
+// AddPausedQueues sets QueuePaused on the Running views (their RiverJobs
+// filled in by AddLinks) that wait in a paused queue.
+func AddPausedQueues(ctx context.Context, db batch.DB, views []View) error {
+	var queues []string
+	seen := map[string]bool{}
+	for _, v := range views {
+		for _, j := range v.RiverJobs {
+			if v.Status == string(batch.StatusRunning) && waitingStates[j.State] && !seen[j.Queue] {
+				seen[j.Queue] = true
+				queues = append(queues, j.Queue)
+			}
+		}
+	}
+	if len(queues) == 0 {
+		return nil
+	}
+	paused, err := jobs.PausedQueues(ctx, db, queues)
+	if err != nil {
+		return fmt.Errorf("paused queues: %w", err)
+	}
+	for i, v := range views {
+		for _, j := range v.RiverJobs {
+			if v.Status == string(batch.StatusRunning) && waitingStates[j.State] && paused[j.Queue] {
+				views[i].QueuePaused = j.Queue
+				break
+			}
+		}
 	}
 	return nil
 }

@@ -28,6 +28,12 @@ type ObserveConfig struct {
 	// logged at debug level, not info: probes and scrapes, which arrive
 	// every few seconds. They are counted all the same.
 	QuietRoutes []string
+	// Codes, if set, counts requests by status code alone: a surface whose
+	// requests are kept apart from Requests (the River UI).
+	Codes *prometheus.CounterVec
+	// QuietReads logs every GET and HEAD request answered below 500 at
+	// debug level, not info: a UI's polls. Its changes stay at info.
+	QuietReads bool
 }
 
 // Observe wraps h so that every request it answers is logged once and
@@ -66,8 +72,12 @@ func Observe(h http.Handler, cfg ObserveConfig) http.Handler {
 			if cfg.Duration != nil {
 				cfg.Duration.WithLabelValues(route).Observe(elapsed.Seconds())
 			}
+			if cfg.Codes != nil {
+				cfg.Codes.WithLabelValues(strconv.Itoa(status)).Inc()
+			}
 			level := slog.LevelInfo
-			if quiet[route] && status < http.StatusInternalServerError {
+			read := r.Method == http.MethodGet || r.Method == http.MethodHead
+			if (quiet[route] || cfg.QuietReads && read) && status < http.StatusInternalServerError {
 				level = slog.LevelDebug
 			}
 			if !logger.Enabled(r.Context(), level) {

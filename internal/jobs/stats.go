@@ -66,7 +66,28 @@ func RefreshStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) e
 	for _, s := range metrics.JobStates {
 		m.QueueDepth.WithLabelValues(s).Set(depth[s])
 	}
+	if err := refreshQueuePaused(ctx, pool, m); err != nil {
+		return err
+	}
 	return refreshTenantStats(ctx, pool, m)
+}
+
+// refreshQueuePaused sets ingest_queue_paused for the workers' queues
+// (metrics.PausedQueues) from river_queue.paused_at: 1 paused, 0 not (nor
+// a queue River has no row for yet, which no worker has started).
+func refreshQueuePaused(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) error {
+	paused, err := PausedQueues(ctx, pool, metrics.PausedQueues)
+	if err != nil {
+		return err
+	}
+	for _, q := range metrics.PausedQueues {
+		v := 0.0
+		if paused[q] {
+			v = 1
+		}
+		m.QueuePaused.WithLabelValues(q).Set(v)
+	}
+	return nil
 }
 
 // tenantStatsQuery counts each tenant's Running scoped batches that hold a

@@ -185,6 +185,12 @@ type Metrics struct {
 	NotificationsGivenUp             *prometheus.CounterVec
 	NotificationConfigReloadFailures prometheus.Counter
 
+	// RiverUIRequests counts the River UI's requests on enqueue serve's
+	// admin listener by code, apart from the door's (riverui.go);
+	// QueuePaused is 1 for each River queue of the workers that is paused.
+	RiverUIRequests *prometheus.CounterVec
+	QueuePaused     *prometheus.GaugeVec
+
 	sqs, reconcile []prometheus.Collector // the collectors of NewSQS and NewReconcile
 }
 
@@ -207,7 +213,7 @@ func New() *Metrics {
 // created but not registered.
 func NewServe() *Metrics {
 	m, _ := build()
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures, m.RiverUIRequests} {
 		m.Registry.MustRegister(c)
 	}
 	return m
@@ -340,6 +346,7 @@ func build() (*Metrics, []prometheus.Collector) {
 	m.newReconcile(f)
 	m.newFairness(f)
 	m.newNotifications(f)
+	m.newRiverUI(f)
 	m.SupersededJobs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_superseded_jobs_finalized_total",
 		Help: "River jobs left running by a delivery whose lease was taken over (a killed or paused worker), finalized as cancelled by the sweeper.",
