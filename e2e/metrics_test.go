@@ -102,7 +102,7 @@ func TestMetricsMoveAsDocumented(t *testing.T) {
 	require.Equal(t, float64(1), serveMetric(`ingest_reservations_total{outcome="reserved",source_type="FleetS3"}`))
 	require.Equal(t, float64(1), serveMetric(`ingest_reservations_total{outcome="conflict",source_type="FleetS3"}`))
 	require.Equal(t, float64(0), serveMetric(`ingest_reservations_total{outcome="enqueue_failed",source_type="FleetS3"}`))
-	require.Equal(t, float64(1), serveMetric(`ingest_http_request_outcomes_total{outcome="conflict",route="imports"}`))
+	require.Equal(t, float64(1), serveMetric(`ingest_http_request_outcomes_total{outcome="conflict",route="POST /v1/imports"}`))
 	// The door is measured by route pattern and code; serve exports none
 	// of the worker's lease metrics or database gauges.
 	require.Equal(t, float64(1), serveMetric(`ingest_http_requests_total{code="202",route="POST /v1/imports"}`))
