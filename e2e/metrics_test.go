@@ -128,6 +128,24 @@ func TestMetricsMoveAsDocumented(t *testing.T) {
 	} {
 		require.Contains(t, body, series)
 	}
+	// The worker exports none of the doors' families, which it never
+	// moves, and its connection pools' statistics.
+	for _, line := range strings.Split(body, "\n") {
+		if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			for _, door := range []string{"ingest_http_", "ingest_sqs_", "ingest_reconcile_", "ingest_sns_", "ingest_reservations_",
+				"ingest_late_object_events_", "ingest_tenant_tokens_", "ingest_import_group_"} {
+				require.False(t, strings.HasPrefix(name, door), "the worker exports %s", name)
+			}
+		}
+	}
+	for _, pool := range []string{"shared", "renewals", "loads"} {
+		require.Contains(t, body, `ingest_pgxpool_max_connections{pool="`+pool+`"}`)
+		require.Contains(t, body, `ingest_pgxpool_acquires_total{pool="`+pool+`"}`)
+	}
+	require.Contains(t, serveBody, `ingest_pgxpool_acquired_connections{pool="enqueue"}`)
+	require.Greater(t, serveMetric(`ingest_pgxpool_acquires_total{pool="enqueue"}`), float64(0), "enqueue serve's imports acquired connections")
+	// One route vocabulary: the outcomes' routes are the mux patterns.
+	require.NotContains(t, serveBody, `route="imports"`)
 }
 
 func fmtSscan(s string, f *float64) (int, error) { return fmt.Sscan(strings.TrimSpace(s), f) }
