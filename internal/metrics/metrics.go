@@ -250,6 +250,7 @@ func NewServe() *Metrics {
 	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures} {
 		m.Registry.MustRegister(c)
 	}
+	m.LateObjectEvents.DeleteLabelValues(DoorSQS) // enqueue sqs's door
 	return m
 }
 
@@ -261,6 +262,7 @@ func NewServe() *Metrics {
 func NewSQS() *Metrics {
 	m, _ := build()
 	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations, m.LateObjectEvents}, m.sqs...))
+	m.LateObjectEvents.DeleteLabelValues(DoorEvents) // enqueue serve's door
 	return m
 }
 

@@ -61,6 +61,20 @@ func TestEachBinaryExportsItsOwnMetrics(t *testing.T) {
 			}
 		}
 	}
+	// ingest_late_object_events_total: each door its own series.
+	for m, door := range map[*Metrics]string{NewServe(): DoorEvents, NewSQS(): DoorSQS} {
+		families, err := m.Registry.Gather()
+		require.NoError(t, err)
+		var doors []string
+		for _, f := range families {
+			if f.GetName() == "ingest_late_object_events_total" {
+				for _, s := range f.GetMetric() {
+					doors = append(doors, s.GetLabel()[0].GetValue())
+				}
+			}
+		}
+		require.Equal(t, []string{door}, doors)
+	}
 	require.True(t, exported(t, NewSQS())["ingest_sqs_messages_deleted_total"])
 	require.True(t, exported(t, NewReconcile())["ingest_reconcile_missed_total"])
 }
