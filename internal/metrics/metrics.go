@@ -1,10 +1,14 @@
 // Package metrics defines the Prometheus metrics of the ingestion
 // coordinator. Each binary owns a Registry (no global registration), so tests
-// can scrape exactly what one process exported. New registers what a worker
-// (and the one-shot commands) export; NewServe only what enqueue serve
-// measures, so serve does not export the worker's lease metrics and
-// database gauges frozen at zero. Every field is set either way: a metric
-// that is not registered can be updated and is simply not exported.
+// can scrape exactly what one process exported. Each binary registers only
+// the families it moves: NewWorker the worker's (not the doors'), NewServe
+// enqueue serve's, NewSQS enqueue sqs's, NewReconcile enqueue reconcile's,
+// so none exports another's families frozen at zero; New registers every
+// family (the one-shot commands, which serve no /metrics, and tests). A new
+// family is created in build (and so registered by NewWorker unless it is
+// listed among the doors'). Every field is set either way: a metric that is
+// not registered can be updated and is simply not exported. AddPool exports
+// a connection pool's statistics.
 //
 // Every labelled series is initialised for all its known label values when
 // the metrics are created, so dashboards and alerts see zeros, not gaps.
