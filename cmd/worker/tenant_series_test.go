@@ -206,7 +206,10 @@ func TestWorkerMetricsOneTenantExporterNoDoorFamiliesPoolsPerPool(t *testing.T) 
 	}, 60*time.Second, 100*time.Millisecond, "no worker exported tenant series; logs: %s", stderr.String())
 	// Several refreshes later, still one exporter.
 	time.Sleep(time.Second)
-	pods[0], pods[1] = scrape(0), scrape(1)
+	require.Eventually(t, func() bool {
+		pods[0], pods[1] = scrape(0), scrape(1)
+		return pods[0] != nil && pods[1] != nil
+	}, 30*time.Second, 100*time.Millisecond)
 	leader := 0
 	if tenantSeries(pods[1]) > 0 {
 		leader = 1
