@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"unicode"
@@ -23,7 +24,7 @@ import (
 // histograms the _bucket, _sum and _count series are included.
 func exported(t *testing.T) map[string]map[string]bool {
 	t.Helper()
-	m := metrics.New()
+	m := metrics.NewWorker()
 	// Series per tenant exist only once a tenant has batches: give the
 	// gauge one so it is gathered with its labels.
 	m.SetTenantBatches([]metrics.TenantBatchCount{{Tenant: "tenant-a"}})
@@ -31,8 +32,12 @@ func exported(t *testing.T) map[string]map[string]bool {
 	require.NoError(t, err)
 	serve, err := metrics.NewServe().Registry.Gather()
 	require.NoError(t, err)
+	sqs, err := metrics.NewSQS().Registry.Gather()
+	require.NoError(t, err)
+	reconcile, err := metrics.NewReconcile().Registry.Gather()
+	require.NoError(t, err)
 	out := map[string]map[string]bool{}
-	for _, f := range append(worker, serve...) {
+	for _, f := range slices.Concat(worker, serve, sqs, reconcile) {
 		labels := map[string]bool{}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {

@@ -277,7 +277,7 @@ func TestDoorRateLimit(t *testing.T) {
 	var body map[string]any
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
 	require.Equal(t, "rate_limited", body["outcome"])
-	require.Contains(t, httpGet(t, base+"/metrics"), `ingest_http_request_outcomes_total{outcome="rate_limited",route="imports"} 1`)
+	require.Contains(t, httpGet(t, base+"/metrics"), `ingest_http_request_outcomes_total{outcome="rate_limited",route="POST /v1/imports"} 1`)
 }
 
 // TestRiverUIRefusesFraming: every answer under /riverui/ of a real

@@ -102,7 +102,7 @@ func TestMetricsMoveAsDocumented(t *testing.T) {
 	require.Equal(t, float64(1), serveMetric(`ingest_reservations_total{outcome="reserved",source_type="FleetS3"}`))
 	require.Equal(t, float64(1), serveMetric(`ingest_reservations_total{outcome="conflict",source_type="FleetS3"}`))
 	require.Equal(t, float64(0), serveMetric(`ingest_reservations_total{outcome="enqueue_failed",source_type="FleetS3"}`))
-	require.Equal(t, float64(1), serveMetric(`ingest_http_request_outcomes_total{outcome="conflict",route="imports"}`))
+	require.Equal(t, float64(1), serveMetric(`ingest_http_request_outcomes_total{outcome="conflict",route="POST /v1/imports"}`))
 	// The door is measured by route pattern and code; serve exports none
 	// of the worker's lease metrics or database gauges.
 	require.Equal(t, float64(1), serveMetric(`ingest_http_requests_total{code="202",route="POST /v1/imports"}`))
@@ -128,6 +128,24 @@ func TestMetricsMoveAsDocumented(t *testing.T) {
 	} {
 		require.Contains(t, body, series)
 	}
+	// The worker exports none of the doors' families, which it never
+	// moves, and its connection pools' statistics.
+	for _, line := range strings.Split(body, "\n") {
+		if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			for _, door := range []string{"ingest_http_", "ingest_sqs_", "ingest_reconcile_", "ingest_sns_", "ingest_reservations_",
+				"ingest_late_object_events_", "ingest_tenant_tokens_", "ingest_import_group_"} {
+				require.False(t, strings.HasPrefix(name, door), "the worker exports %s", name)
+			}
+		}
+	}
+	for _, pool := range []string{"shared", "renewals", "loads"} {
+		require.Contains(t, body, `ingest_pgxpool_max_connections{pool="`+pool+`"}`)
+		require.Contains(t, body, `ingest_pgxpool_acquires_total{pool="`+pool+`"}`)
+	}
+	require.Contains(t, serveBody, `ingest_pgxpool_acquired_connections{pool="enqueue"}`)
+	require.Greater(t, serveMetric(`ingest_pgxpool_acquires_total{pool="enqueue"}`), float64(0), "enqueue serve's imports acquired connections")
+	// One route vocabulary: the outcomes' routes are the mux patterns.
+	require.NotContains(t, serveBody, `route="imports"`)
 }
 
 func fmtSscan(s string, f *float64) (int, error) { return fmt.Sscan(strings.TrimSpace(s), f) }

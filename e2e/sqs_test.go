@@ -137,7 +137,7 @@ func TestSQSConsumerKilledBetweenCommitAndDelete(t *testing.T) {
 	require.Equal(t, 10.0, b.metric(`ingest_sqs_messages_deleted_total{outcome="imported"}`))
 	require.Equal(t, 10.0, b.metric(`ingest_reservations_total{outcome="conflict",source_type="FleetS3"}`))
 	require.Equal(t, 0.0, b.metric(`ingest_reservations_total{outcome="reserved",source_type="FleetS3"}`))
-	require.GreaterOrEqual(t, b.metric(`ingest_sqs_message_receive_count_sum`), 20.0, "every message was a redelivery")
+	require.GreaterOrEqual(t, b.metric(`ingest_sqs_message_receives_sum`), 20.0, "every message was a redelivery")
 	// The consumer exports its own metrics, not the worker's gauges frozen
 	// at zero.
 	body := httpGet(t, "http://"+b.addr+"/metrics")

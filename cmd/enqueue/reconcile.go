@@ -107,6 +107,7 @@ func (r *reconcileCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	defer pool.Close()
 	enq.Metrics = metrics.NewReconcile() // the scans' own metrics, not the worker's gauges frozen at zero
+	enq.Metrics.AddPool(metrics.PoolEnqueue, pool)
 	cfg.S3, cfg.Pool, cfg.Importer, cfg.Metrics = s3.NewFromConfig(awsCfg), pool, enq, enq.Metrics
 	if r.Every > 0 {
 		return r.periodic(e, cfg, pool)

@@ -220,6 +220,10 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if opPool != pool {
 		defer opPool.Close()
 	}
+	enq.Metrics.AddPool(metrics.PoolEnqueue, pool)
+	if opPool != pool {
+		enq.Metrics.AddPool(metrics.PoolOperator, opPool)
+	}
 	cfg.Enqueuer, cfg.Operator, cfg.Pool, cfg.Metrics = enq, opEnq, pool, enq.Metrics
 	srv, err := uploads.New(cfg)
 	if err != nil {

@@ -123,6 +123,7 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	defer pool.Close()
 	enq.Metrics = metrics.NewSQS() // the consumer's own metrics, not the worker's gauges frozen at zero
+	enq.Metrics.AddPool(metrics.PoolEnqueue, pool)
 	cfg.Queue, cfg.Importer, cfg.Metrics = sqsconsumer.NewSQSClient(awsCfg, cfg), enq, enq.Metrics
 	cfg.Batches = batch.NewStore(pool) // late_object: data-object events of published folders
 	consumer, err := sqsconsumer.New(cfg)

@@ -265,8 +265,13 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	}
 	defer closeWarehouse()
 
-	m := metrics.New()
+	m := metrics.NewWorker()
 	m.MaxTenants = r.MetricsMaxTenants
+	m.AddPool(metrics.PoolShared, pool)
+	m.AddPool(metrics.PoolRenewals, renewPool)
+	if loads, ok := wh.(interface{ Pool() *pgxpool.Pool }); ok {
+		m.AddPool(metrics.PoolLoads, loads.Pool())
+	}
 	notifyCfg, outbox, err := r.notifications(ctx, m, log)
 	if err != nil {
 		return err
@@ -332,7 +337,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	defer stopBackground()
 	sweeper := &jobs.Sweeper{Pool: pool, River: client, Interval: r.SweepInterval, OrphanAfter: r.OrphanAfter, Metrics: m, Logger: log}
 	go sweeper.Run(bg)
-	go jobs.RunStats(bg, pool, m, r.StatsInterval, log)
+	go jobs.RunStats(bg, pool, m, r.StatsInterval, log, client.ID())
 	if reg, ok := notifyCfg.Destinations.(*notify.Registry); ok && reg.Path() != "" {
 		go reg.Watch(bg, r.NotificationsReload)
 	}

@@ -141,3 +141,124 @@ func TestRunRefusesANonsenseTenantSeriesBound(t *testing.T) {
 		require.Contains(t, stderr.String(), "metrics", v)
 	}
 }
+
+// TestWorkerMetricsOneTenantExporterNoDoorFamiliesPoolsPerPool scrapes
+// the /metrics of two workers on one database (--simulate-pods 2: each its
+// own pools, River client, stats loop and listener): only one of them,
+// River's leader, exports tenant-labelled series; neither exports the
+// doors' families (enqueue serve's, sqs's, reconcile's); each exports its
+// connection pools' metrics, one series per pool.
+func TestWorkerMetricsOneTenantExporterNoDoorFamiliesPoolsPerPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, url)
+	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	enq := &jobs.Enqueuer{Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler)}
+	for _, tenant := range []string{"tenant-a", "tenant-b", "tenant-c"} {
+		_, err := enq.Import(ctx, jobs.ImportRequest{TenantID: tenant, TenantDatabase: "db", CompanyID: "c",
+			Folder: "s3://fleet-uploads/tenants/" + tenant + "/db/c/up-1"})
+		require.NoError(t, err)
+	}
+	_, err = pool.Exec(ctx, `DELETE FROM river_job`) // the batches stay Running, waiting
+	require.NoError(t, err)
+
+	base := freePorts(t, 2)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var stdout, stderr testproc.SyncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(runCtx, []string{"run", "--database-url", url, "--metrics-addr", "127.0.0.1:" + strconv.Itoa(base),
+			"--name", "two", "--simulate-pods", "2", "--orphan-after", "1h", "--stats-interval", "200ms", "--log-level", "warn"}, &stdout, &stderr)
+	}()
+	scrape := func(i int) map[string]*dto.MetricFamily {
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", base+i))
+		if err != nil {
+			return nil
+		}
+		defer resp.Body.Close()
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err := parser.TextToMetricFamilies(resp.Body)
+		if err != nil {
+			return nil
+		}
+		return families
+	}
+	tenantSeries := func(families map[string]*dto.MetricFamily) int {
+		n := 0
+		for _, f := range families {
+			for _, s := range f.GetMetric() {
+				for _, l := range s.GetLabel() {
+					if l.GetName() == "tenant" || l.GetName() == "tenant_id" {
+						n++
+					}
+				}
+			}
+		}
+		return n
+	}
+	var pods [2]map[string]*dto.MetricFamily
+	require.Eventually(t, func() bool {
+		pods[0], pods[1] = scrape(0), scrape(1)
+		return pods[0] != nil && pods[1] != nil && tenantSeries(pods[0])+tenantSeries(pods[1]) > 0
+	}, 60*time.Second, 100*time.Millisecond, "no worker exported tenant series; logs: %s", stderr.String())
+	// Several refreshes later, still one exporter.
+	time.Sleep(time.Second)
+	require.Eventually(t, func() bool {
+		pods[0], pods[1] = scrape(0), scrape(1)
+		return pods[0] != nil && pods[1] != nil
+	}, 30*time.Second, 100*time.Millisecond)
+	leader := 0
+	if tenantSeries(pods[1]) > 0 {
+		leader = 1
+	}
+	require.Equal(t, 6, tenantSeries(pods[leader]), "three tenants, running and waiting")
+	require.Zero(t, tenantSeries(pods[1-leader]), "the worker that does not lead River exports no tenant series")
+	require.Equal(t, 1.0, pods[leader]["ingest_river_leader"].GetMetric()[0].GetGauge().GetValue())
+	require.Equal(t, 0.0, pods[1-leader]["ingest_river_leader"].GetMetric()[0].GetGauge().GetValue())
+	var leaderID string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT leader_id FROM river_leader`).Scan(&leaderID))
+	require.Equal(t, fmt.Sprintf("two-%03d", leader), leaderID, "the exporter is River's elected leader")
+
+	for i, families := range pods {
+		for name := range families {
+			for _, door := range []string{"ingest_http_", "ingest_sqs_", "ingest_reconcile_", "ingest_sns_", "ingest_reservations_",
+				"ingest_late_object_events_", "ingest_tenant_tokens_", "ingest_import_group_"} {
+				require.False(t, strings.HasPrefix(name, door), "worker %d exports %s", i, name)
+			}
+		}
+		require.Contains(t, families, "ingest_lease_acquisitions_total")
+		for _, family := range []string{"ingest_pgxpool_acquired_connections", "ingest_pgxpool_max_connections", "ingest_pgxpool_acquires_total",
+			"ingest_pgxpool_acquire_duration_seconds_total", "ingest_pgxpool_empty_acquires_total", "ingest_pgxpool_canceled_acquires_total",
+			"ingest_pgxpool_idle_connections", "ingest_pgxpool_total_connections"} {
+			f := families[family]
+			require.NotNil(t, f, "worker %d exports %s", i, family)
+			pools := map[string]float64{}
+			for _, s := range f.GetMetric() {
+				pools[s.GetLabel()[0].GetValue()] = s.GetGauge().GetValue() + s.GetCounter().GetValue()
+			}
+			require.Len(t, pools, 3, "%s: worker %d's pools", family, i)
+			require.Contains(t, pools, metrics.PoolShared)
+			require.Contains(t, pools, metrics.PoolRenewals)
+			require.Contains(t, pools, metrics.PoolLoads)
+		}
+		// The default budget (concurrency 4: --max-conns 6) as the pools
+		// report it: one renewal connection, two loads, two shared, beside
+		// River's LISTEN connection.
+		maxConns := map[string]float64{}
+		for _, s := range families["ingest_pgxpool_max_connections"].GetMetric() {
+			maxConns[s.GetLabel()[0].GetValue()] = s.GetGauge().GetValue()
+		}
+		require.Equal(t, map[string]float64{metrics.PoolRenewals: 1, metrics.PoolLoads: 2, metrics.PoolShared: 2}, maxConns, "worker %d", i)
+	}
+
+	stop()
+	select {
+	case code := <-exited:
+		require.Equal(t, cli.ExitOK, code, stderr.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the workers did not stop; logs: %s", stderr.String())
+	}
+}

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -66,10 +67,34 @@ func RefreshStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) e
 	for _, s := range metrics.JobStates {
 		m.QueueDepth.WithLabelValues(s).Set(depth[s])
 	}
-	if err := refreshQueuePaused(ctx, pool, m); err != nil {
-		return err
+	return refreshQueuePaused(ctx, pool, m)
+}
+
+// leaderQuery reports whether River's leader (the client that runs River's
+// maintenance, elected in river_leader with a TTL) is the client id $1.
+const leaderQuery = `SELECT EXISTS (SELECT 1 FROM river_leader WHERE leader_id = $1 AND expires_at > now())`
+
+// RefreshTenantStats updates ingest_tenant_batches when riverID, this
+// process's River client id, is River's elected leader, and empties it
+// otherwise (or when it cannot tell): so one worker of a fleet exports the
+// tenant-labelled series, however many pods there are, and a worker that
+// lost the leadership stops at its next refresh. It sets
+// ingest_river_leader and reports whether this process leads.
+func RefreshTenantStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics, riverID string) (bool, error) {
+	var leader bool
+	err := pool.QueryRow(ctx, leaderQuery, riverID).Scan(&leader)
+	if err == nil && leader {
+		err = refreshTenantStats(ctx, pool, m)
 	}
-	return refreshTenantStats(ctx, pool, m)
+	if err != nil || !leader {
+		m.SetTenantBatches(nil)
+		leader = false
+	}
+	m.RiverLeader.Set(0)
+	if leader {
+		m.RiverLeader.Set(1)
+	}
+	return leader, err
 }
 
 // refreshQueuePaused sets ingest_queue_paused for the workers' queues
@@ -120,12 +145,25 @@ func refreshTenantStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metr
 	return nil
 }
 
-// RunStats refreshes the gauges every interval until ctx is done.
-func RunStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics, interval time.Duration, logger *slog.Logger) {
+// RunStats refreshes the gauges every interval until ctx is done; the
+// tenant-labelled ones only while riverID, this worker's River client id
+// (Client.ID), is River's leader (RefreshTenantStats).
+func RunStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics, interval time.Duration, logger *slog.Logger, riverID string) {
+	leading := false
 	refresh := func() {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if err := RefreshStats(qctx, pool, m); err != nil && ctx.Err() == nil {
+		err := RefreshStats(qctx, pool, m)
+		leader, terr := RefreshTenantStats(qctx, pool, m, riverID)
+		if leader != leading {
+			leading = leader
+			if leader {
+				logger.Info("this worker is River's leader: it exports the tenant gauge ingest_tenant_batches")
+			} else {
+				logger.Info("this worker is not River's leader (any more): it exports no ingest_tenant_batches")
+			}
+		}
+		if err = errors.Join(err, terr); err != nil && ctx.Err() == nil {
 			m.DatabaseStatsErrors.Inc()
 			logger.Warn("refreshing database gauges failed", "error", err)
 		}

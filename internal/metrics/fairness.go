@@ -41,8 +41,13 @@ func (m *Metrics) newFairness(f func(prometheus.Collector)) {
 			"Only the --metrics-max-tenants tenants with the most such batches (100 by default; ties by tenant id) have series of their own; "+
 			"the others are summed under tenant=\""+TenantOther+"\". Tenants with neither are not exported.",
 		[]string{"tenant", "state"}, nil)}
+	m.RiverLeader = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ingest_river_leader",
+		Help: "1 on the worker that is River's elected leader (river_leader, read every --stats-interval), the one process that exports ingest_tenant_batches; 0 on the others.",
+	})
 	f(m.TenantCapDeferrals)
 	f(m.tenantBatches)
+	f(m.RiverLeader)
 }
 
 // tenantBatches is the collector of ingest_tenant_batches: the counts of

@@ -1,10 +1,14 @@
 // Package metrics defines the Prometheus metrics of the ingestion
 // coordinator. Each binary owns a Registry (no global registration), so tests
-// can scrape exactly what one process exported. New registers what a worker
-// (and the one-shot commands) export; NewServe only what enqueue serve
-// measures, so serve does not export the worker's lease metrics and
-// database gauges frozen at zero. Every field is set either way: a metric
-// that is not registered can be updated and is simply not exported.
+// can scrape exactly what one process exported. Each binary registers only
+// the families it moves: NewWorker the worker's (not the doors'), NewServe
+// enqueue serve's, NewSQS enqueue sqs's, NewReconcile enqueue reconcile's,
+// so none exports another's families frozen at zero; New registers every
+// family (the one-shot commands, which serve no /metrics, and tests). A new
+// family is created in build (and so registered by NewWorker unless it is
+// listed among the doors'). Every field is set either way: a metric that is
+// not registered can be updated and is simply not exported. AddPool exports
+// a connection pool's statistics.
 //
 // Every labelled series is initialised for all its known label values when
 // the metrics are created, so dashboards and alerts see zeros, not gaps.
@@ -14,12 +18,14 @@
 // worker run --metrics-max-tenants) and sums the other tenants under
 // tenant="_other" (TenantOther), however many tenants the database holds.
 // The only such family is the worker's gauge ingest_tenant_batches
-// (SetTenantBatches); it keeps the tenants with the most Running batches,
-// the same on every worker. Its collector is unexported, so no caller can add
-// a series around the bound.
+// (SetTenantBatches); it keeps the tenants with the most Running batches.
+// Only one worker of a fleet exports it, River's leader (jobs.RunStats);
+// the others export none of its series. Its collector is unexported, so no
+// caller can add a series around the bound.
 package metrics
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,10 +56,22 @@ var (
 	CancelRequestOutcomes = []string{"cancelled", "not_cancellable", "not_found", "invalid", "unauthorized", "forbidden", "not_served", "unavailable", "client_closed"}
 )
 
+// The door's routes: their ServeMux patterns, the one vocabulary of the
+// route label of ingest_http_requests_total,
+// ingest_http_request_duration_seconds and
+// ingest_http_request_outcomes_total (and of the access log).
+const (
+	RouteImports  = "POST /v1/imports"
+	RouteEventsS3 = "POST /v1/events/s3"
+	RouteBatch    = "GET /v1/batches/{id}"
+	RouteBatches  = "GET /v1/batches"
+	RouteCancel   = "POST /v1/batches/{id}/cancel"
+)
+
 // DoorRoutes are enqueue serve's routes (ServeMux patterns) whose request
 // series are initialised: their duration, their success code and the 5xx
 // codes the door-errors alert watches.
-var DoorRoutes = map[string]string{"POST /v1/imports": "202", "POST /v1/events/s3": "200", "GET /v1/batches/{id}": "200", "GET /v1/batches": "200", "POST /v1/batches/{id}/cancel": "200"}
+var DoorRoutes = map[string]string{RouteImports: "202", RouteEventsS3: "200", RouteBatch: "200", RouteBatches: "200", RouteCancel: "200"}
 
 // SNSConfirmationOutcomes label ingest_sns_subscription_confirmations_total.
 var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "invalid", "topic_not_accepted"}
@@ -140,6 +158,9 @@ type Metrics struct {
 
 	// Fairness between tenants (worker run --max-running-per-tenant).
 	TenantCapDeferrals prometheus.Counter
+	// RiverLeader is 1 while this worker is River's leader: the one
+	// process that exports ingest_tenant_batches (jobs.RunStats).
+	RiverLeader prometheus.Gauge
 	// tenantBatches is ingest_tenant_batches, set only through
 	// SetTenantBatches, which bounds its tenants.
 	tenantBatches *tenantBatches
@@ -192,14 +213,37 @@ type Metrics struct {
 	QueuePaused     *prometheus.GaugeVec
 
 	sqs, reconcile []prometheus.Collector // the collectors of NewSQS and NewReconcile
+
+	// The process's connection pools (AddPool), registered with the first.
+	poolsOnce sync.Once
+	pools     *poolCollector
 }
 
-// New creates the metrics of a worker (and of the one-shot commands) on a fresh registry, with the Go and process
-// collectors, and initialises every known series.
+// New creates every metric on a fresh registry, with the Go and process
+// collectors, registers them all and initialises every known series: for
+// the one-shot commands, which serve no /metrics, and for tests. A binary
+// that serves /metrics uses its own constructor (NewWorker, NewServe,
+// NewSQS, NewReconcile), which registers only the families it moves.
 func New() *Metrics {
 	m, all := build()
+	m.register(all)
+	return m
+}
+
+// NewWorker creates the metrics worker run exports: every family but the
+// doors' (enqueue serve's requests, SNS confirmations, tenant token
+// reloads, reservations and late-object events, the SQS consumer's and
+// reconcile's), which a worker never moves and would export frozen at zero
+// beside the real ones.
+func NewWorker() *Metrics {
+	m, all := build()
+	notWorker := map[prometheus.Collector]bool{m.DoorRequests: true, m.DoorDuration: true, m.HTTPRequests: true,
+		m.SNSConfirmations: true, m.TenantTokenReloadFailures: true, m.Reservations: true, m.LateObjectEvents: true}
+	for _, c := range append(m.sqs, m.reconcile...) {
+		notWorker[c] = true
+	}
 	for _, c := range all {
-		if c != m.DoorRequests && c != m.DoorDuration {
+		if !notWorker[c] {
 			m.Registry.MustRegister(c)
 		}
 	}
@@ -216,6 +260,7 @@ func NewServe() *Metrics {
 	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures, m.RiverUIRequests} {
 		m.Registry.MustRegister(c)
 	}
+	m.LateObjectEvents.DeleteLabelValues(DoorSQS) // enqueue sqs's door
 	return m
 }
 
@@ -227,6 +272,7 @@ func NewServe() *Metrics {
 func NewSQS() *Metrics {
 	m, _ := build()
 	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations, m.LateObjectEvents}, m.sqs...))
+	m.LateObjectEvents.DeleteLabelValues(DoorEvents) // enqueue serve's door
 	return m
 }
 
@@ -319,7 +365,7 @@ func build() (*Metrics, []prometheus.Collector) {
 		Name: "ingest_database_stats_errors_total", Help: "Failed refreshes of the database-derived gauges.",
 	})
 	m.HTTPRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_http_request_outcomes_total", Help: "Outcomes of the upload and cancel routes (one per folder of a notification) by route and outcome.",
+		Name: "ingest_http_request_outcomes_total", Help: "Outcomes of the door's routes (one per folder of a notification) by route (the ServeMux pattern, as in ingest_http_requests_total) and outcome.",
 	}, []string{"route", "outcome"})
 	m.DoorRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_http_requests_total", Help: "HTTP requests answered by enqueue serve, by route (the ServeMux pattern; unmatched: none) and status code.",
@@ -402,16 +448,17 @@ func build() (*Metrics, []prometheus.Collector) {
 	for _, s := range JobStates {
 		m.QueueDepth.WithLabelValues(s)
 	}
-	for _, route := range []string{"imports", "events_s3"} {
+	for _, route := range []string{RouteImports, RouteEventsS3} {
 		for _, o := range HTTPRequestOutcomes {
 			m.HTTPRequests.WithLabelValues(route, o)
 		}
 	}
 	for _, o := range BatchRequestOutcomes {
-		m.HTTPRequests.WithLabelValues("batch", o)
+		m.HTTPRequests.WithLabelValues(RouteBatch, o)
+		m.HTTPRequests.WithLabelValues(RouteBatches, o)
 	}
 	for _, o := range CancelRequestOutcomes {
-		m.HTTPRequests.WithLabelValues("cancel", o)
+		m.HTTPRequests.WithLabelValues(RouteCancel, o)
 	}
 	for route, ok := range DoorRoutes {
 		m.DoorDuration.WithLabelValues(route)
@@ -443,7 +490,7 @@ func (m *Metrics) newSQS(f func(prometheus.Collector)) {
 		Name: "ingest_sqs_oldest_message_age_seconds", Help: "Age (by its SentTimestamp) of the oldest message of this consumer's last receive; 0 after a receive that returned none.",
 	})
 	m.SQSReceiveCount = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: "ingest_sqs_message_receive_count", Help: "ApproximateReceiveCount of the messages received: above 1 is a redelivery.",
+		Name: "ingest_sqs_message_receives", Help: "ApproximateReceiveCount of the messages received (how many times SQS delivered each): above 1 is a redelivery.",
 		Buckets: []float64{1, 2, 3, 5, 10, 20},
 	})
 	m.sqs = []prometheus.Collector{m.SQSMessagesReceived, m.SQSReceiveErrors, m.SQSMessagesDeleted, m.SQSMessagesLeft, m.SQSReceiveDuration, m.SQSOldestMessageAge, m.SQSReceiveCount}

@@ -13,10 +13,15 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/metrics"
 )
 
-// routeBatch is GET /v1/batches/{id}'s name in metrics and logs.
-const routeBatch = "batch"
+// routeBatch and routeBatches name GET /v1/batches/{id} and GET
+// /v1/batches in metrics and logs: their ServeMux patterns.
+const (
+	routeBatch   = metrics.RouteBatch
+	routeBatches = metrics.RouteBatches
+)
 
 // BatchAnswer is the answer of GET /v1/batches/{id}: outcome "found" and
 // the batch as enqueue status shows it (batchview.View: status, phase, the
@@ -109,12 +114,12 @@ type BatchPage struct {
 func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 	caller, ok := s.importCallerOf(r)
 	if !ok {
-		s.refuse(w, routeBatch, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
+		s.refuse(w, routeBatches, http.StatusUnauthorized, "unauthorized", "", "missing or wrong bearer token")
 		return
 	}
 	q := r.URL.Query()
 	invalid := func(field, reason string) {
-		s.refuse(w, routeBatch, http.StatusUnprocessableEntity, "invalid", field, reason)
+		s.refuse(w, routeBatches, http.StatusUnprocessableEntity, "invalid", field, reason)
 	}
 	f := batch.PageFilter{TenantID: q.Get("tenant_id")}
 	switch {
@@ -122,7 +127,7 @@ func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 		f.TenantID = caller.tenant
 	case caller.tenant != "" && f.TenantID != caller.tenant:
 		// Another tenant's batches are as absent as missing ones.
-		s.reply(w, routeBatch, http.StatusOK, "found", BatchPage{Outcome: "found", Batches: []batchview.View{}})
+		s.reply(w, routeBatches, http.StatusOK, "found", BatchPage{Outcome: "found", Batches: []batchview.View{}})
 		return
 	}
 	if err := batch.ValidateTenantID(f.TenantID); err != nil {
@@ -175,7 +180,7 @@ func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 	}
 	httpserver.SetTenant(w, f.TenantID)
 	if admission, delay := s.door.admit(caller.credential, 1); admission == rateLimited {
-		s.refuseRateLimited(w, routeBatch, caller.credential, 1, delay)
+		s.refuseRateLimited(w, routeBatches, caller.credential, 1, delay)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
@@ -188,12 +193,12 @@ func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		if r.Context().Err() != nil {
-			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeBatch, "client_closed").Inc()
+			s.cfg.Metrics.HTTPRequests.WithLabelValues(routeBatches, "client_closed").Inc()
 			httpserver.SetOutcome(w, "client_closed")
 			return
 		}
 		s.cfg.Logger.Error("listing batches failed: database unavailable", "error", err)
-		s.reply(w, routeBatch, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
+		s.reply(w, routeBatches, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
 		return
 	}
 	out := BatchPage{Outcome: "found", Batches: make([]batchview.View, 0, len(page))}
@@ -203,7 +208,7 @@ func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := batchview.AddLinks(ctx, s.cfg.Enqueuer.Pool, out.Batches); err != nil {
 		s.cfg.Logger.Error("listing batches' jobs failed: database unavailable", "error", err)
-		s.reply(w, routeBatch, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
+		s.reply(w, routeBatches, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
 		return
 	}
 	if next != nil {
@@ -212,5 +217,5 @@ func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 	if len(last) > 0 {
 		out.LastSucceededBatchID = last[0].ID
 	}
-	s.reply(w, routeBatch, http.StatusOK, "found", out)
+	s.reply(w, routeBatches, http.StatusOK, "found", out)
 }

@@ -12,9 +12,10 @@ import (
 
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
+	"github.com/fleet/ingest/internal/metrics"
 )
 
-const routeCancel = "cancel"
+const routeCancel = metrics.RouteCancel // its ServeMux pattern, in metrics and logs
 
 // OperatorHeader names who asks for an operator action over HTTP; it is
 // recorded with the action (as "http:<name>@<client address>").

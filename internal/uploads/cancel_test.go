@@ -88,9 +88,9 @@ func TestCancelRoute(t *testing.T) {
 	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "not_cancellable", out["outcome"])
 	require.Equal(t, "cancelled", out["phase"])
-	require.Equal(t, float64(1), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "cancelled")))
-	require.Equal(t, float64(1), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "not_cancellable")))
-	require.Equal(t, float64(2), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "forbidden")))
+	require.Equal(t, float64(1), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues(routeCancel, "cancelled")))
+	require.Equal(t, float64(1), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues(routeCancel, "not_cancellable")))
+	require.Equal(t, float64(2), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues(routeCancel, "forbidden")))
 }
 
 // TestCancelRouteIsNotServedWithoutAnOperatorToken: without an operator
@@ -113,7 +113,7 @@ func TestCancelRouteIsNotServedWithoutAnOperatorToken(t *testing.T) {
 	b, err := batch.NewStore(pool).Get(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusRunning, b.Status)
-	require.Equal(t, float64(3), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("cancel", "not_served")))
+	require.Equal(t, float64(3), testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues(routeCancel, "not_served")))
 }
 
 // TestClientDisconnectIsNotADatabaseOutage: a client that gives up while its
@@ -153,9 +153,9 @@ func TestClientDisconnectIsNotADatabaseOutage(t *testing.T) {
 	hangUp()
 	require.Error(t, <-done)
 	require.Eventually(t, func() bool {
-		return testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("imports", "client_closed")) == 1
+		return testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues(routeImports, "client_closed")) == 1
 	}, 30*time.Second, 10*time.Millisecond)
 	require.Contains(t, logs.String(), "client disconnected before the import finished")
 	require.NotContains(t, logs.String(), "database unavailable")
-	require.Zero(t, testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues("imports", "unavailable")))
+	require.Zero(t, testutil.ToFloat64(f.m.HTTPRequests.WithLabelValues(routeImports, "unavailable")))
 }

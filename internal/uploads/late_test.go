@@ -67,7 +67,7 @@ func TestDataObjectEventsOfAPublishedFolder(t *testing.T) {
 	}
 	require.Equal(t, []string{"late_object", "late_object", "ignored", "ignored", "ignored"}, outcomes)
 	require.Equal(t, 1.0, testutil.ToFloat64(f.m.LateObjectEvents.WithLabelValues("events_s3")), "once per folder and request")
-	require.Equal(t, 2.0, counterValue(t, f.m, "events_s3", "late_object"))
+	require.Equal(t, 2.0, counterValue(t, f.m, routeEvents, "late_object"))
 	lines := lateLogLines(t, logs.String())
 	require.Len(t, lines, 1)
 	require.Equal(t, "s3://fleet-uploads/"+published, lines[0]["folder"])

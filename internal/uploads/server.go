@@ -508,8 +508,8 @@ func (s *Server) importMany(ctx context.Context, reqs []jobs.ImportRequest) []an
 }
 
 const (
-	routeImports = "imports"
-	routeEvents  = "events_s3"
+	routeImports = metrics.RouteImports // the ServeMux patterns, in metrics and logs
+	routeEvents  = metrics.RouteEventsS3
 )
 
 func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {

@@ -280,7 +280,7 @@ func TestS3EventEnvelopes(t *testing.T) {
 		status, _ := f.post(t, "/v1/events/s3", "application/json", body, auth)
 		require.Equal(t, http.StatusBadRequest, status, name)
 	}
-	require.Equal(t, float64(3), counterValue(t, f.m, "events_s3", "unmapped"))
+	require.Equal(t, float64(3), counterValue(t, f.m, routeEvents, "unmapped"))
 }
 
 func TestS3EventSignatures(t *testing.T) {

@@ -51,7 +51,7 @@ func TestHTTPImportsAreS3ImportsOfTheFolderTenant(t *testing.T) {
 		require.NotContains(t, out["error"], "/srv", "%s: no host path is echoed", name)
 	}
 	require.Zero(t, count(t, pool), "refused requests write nothing")
-	require.Equal(t, float64(9), counterValue(t, f.m, "imports", "invalid"))
+	require.Equal(t, float64(9), counterValue(t, f.m, routeImports, "invalid"))
 
 	// The folder names its tenant; the body may say nothing, or the same.
 	status, out := f.post(t, "/v1/imports", "application/json", jsonBody(map[string]any{"folder": acme}), auth)

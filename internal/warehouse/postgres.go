@@ -25,6 +25,9 @@ type Postgres struct {
 // NewPostgres returns the local warehouse on pool.
 func NewPostgres(pool *pgxpool.Pool) *Postgres { return &Postgres{pool: pool} }
 
+// Pool is the pool the warehouse loads on (its connection metrics).
+func (p *Postgres) Pool() *pgxpool.Pool { return p.pool }
+
 var recordColumns = []string{"tenant_id", "source_scope", "batch_id", "object_key", "line_number", "record"}
 
 // loadTag names a load's session in pg_stat_activity (application_name):
