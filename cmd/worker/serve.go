@@ -62,7 +62,7 @@ type runCmd struct {
 	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
 	Marker               string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"The completion marker a folder must hold to be loaded (the object its producer writes last). A folder without it fails before any warehouse write, failed_pre_commit with reason folder_incomplete, unless its import opted out (enqueue import --no-marker, \"marker\": false). Use the same name as enqueue's doors."`
 	DevLocal             bool          `name:"dev-allow-local-folders" help:"Also read file:// and mem:// folders. Development only: a file:// batch loads a directory of this host into the warehouse. Without it such batches are parked unread."`
-	NotificationsFile    string        `name:"notifications-file" env:"NOTIFICATIONS_FILE" help:"JSON file of each tenant's notification destinations (a Kubernetes Secret mounted as a file): webhooks (https URL and HMAC secret) and SNS topics, see docs/deploy.md. Every batch outcome (Succeeded, Failed with phase and reason, parked) is sent to its tenant's destinations through River's fleet_notify queue, at least once, with an idempotency key. Reloaded every --notifications-reload. Empty: no tenant has destinations (outcomes are still queued and completed)."`
+	NotificationsFile    string        `name:"notifications-file" env:"NOTIFICATIONS_FILE" help:"JSON file of each tenant's notification destinations (a Kubernetes Secret mounted as a file): webhooks (https URL and HMAC secret) and SNS topics, see docs/deploy.md. Every batch outcome (Succeeded, Failed with phase and reason, parked) is sent to its tenant's destinations through River's fleet_notify queue, at least once, with an idempotency key. Reloaded every --notifications-reload. Empty: no tenant has destinations. Only tenants with a destination get a notification job (a tenant without any costs its batches nothing)."`
 	NotificationsReload  time.Duration `name:"notifications-reload" env:"NOTIFICATIONS_RELOAD" default:"10s" help:"How often --notifications-file is read again: a destination added is used, one removed no longer is, without a restart; a file that no longer parses keeps the last good one (logged and counted)."`
 	NotifyConcurrency    int           `name:"notify-concurrency" env:"NOTIFY_CONCURRENCY" default:"2" help:"Notifications this process sends at once, on the fleet_notify queue (never holding a batch's lease). 0: this worker sends none (another must)."`
 	NotifyMaxAttempts    int           `name:"notify-max-attempts" env:"NOTIFY_MAX_ATTEMPTS" default:"12" help:"Attempts of one notification to one destination before it is given up (ingest_notifications_given_up_total, an ERROR log line)."`
@@ -440,6 +440,7 @@ func (r *runCmd) notifications(ctx context.Context, m *metrics.Metrics, log *slo
 	if err != nil {
 		return nil, nil, err
 	}
+	outbox = outbox.For(reg)
 	return &jobs.NotifyConfig{
 		Destinations: reg,
 		Sender:       &notify.Sender{HTTP: &http.Client{Timeout: r.NotifyTimeout}, SNS: sns.NewFromConfig(awsCfg), Metrics: m},

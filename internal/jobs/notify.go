@@ -69,7 +69,15 @@ func (DeliveryArgs) InsertOpts() river.InsertOpts {
 // the outbox: the job commits with the outcome or not at all.
 type Outbox struct {
 	river *river.Client[pgx.Tx]
+	dests Destinations // nil: every tenant's outcomes
 }
+
+// For returns the outbox limited to the outcomes of tenants that have a
+// destination in d when the outcome is written (the worker: its
+// destinations file), so the batches of a tenant that named none cost no
+// job. A destination added to the file reaches the outcomes written after
+// the worker reads it again (--notifications-reload).
+func (o *Outbox) For(d Destinations) *Outbox { return &Outbox{river: o.river, dests: d} }
 
 // NewOutbox returns an outbox inserting with client (any client of the
 // database: it inserts in the caller's transaction only).
@@ -90,7 +98,7 @@ func NewInsertOnlyOutbox(logger *slog.Logger) (*Outbox, error) {
 // Outcome implements batch.Outbox.
 func (o *Outbox) Outcome(ctx context.Context, tx pgx.Tx, b batch.Batch) error {
 	n, ok := NotificationOf(b)
-	if !ok {
+	if !ok || (o.dests != nil && len(o.dests.Destinations(b.TenantID)) == 0) {
 		return nil
 	}
 	if _, err := o.river.InsertTx(ctx, tx, OutcomeArgs{Notification: n}, insertOpts(b.TenantID, b.ID)); err != nil {

@@ -154,3 +154,31 @@ var errOutboxDown = errors.New("outbox down")
 type failingOutbox struct{}
 
 func (failingOutbox) Outcome(context.Context, pgx.Tx, batch.Batch) error { return errOutboxDown }
+
+// TestOutboxOnlyForTenantsWithDestinations: the worker's outbox inserts
+// the notification of a tenant that names a destination (tagged with the
+// tenant and the batch, as its ingest jobs are, for the River UI) and
+// none for a tenant that names none.
+func TestOutboxOnlyForTenantsWithDestinations(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	cfg, err := notify.Parse([]byte(`{"tenants": {"tenant-a": [{"name": "hook", "kind": "webhook", "url": "https://hooks.example.com/fleet", "secret": "0123456789abcdef"}]}}`))
+	require.NoError(t, err)
+	store := batch.NewStore(f.pool).WithOutbox(NewOutbox(f.enqueuer.River).For(cfg))
+	succeed := func(tenant string) int64 {
+		t.Helper()
+		id := f.importBatch(t, tenant)
+		a, err := lease.NewStore(f.pool).Acquire(ctx, id, "outbox-test", time.Minute)
+		require.NoError(t, err)
+		_, err = store.MarkSucceeded(ctx, a.Lease.Fence(), batch.Details{Version: batch.DetailsVersion})
+		require.NoError(t, err)
+		return id
+	}
+	a, b := succeed("tenant-a"), succeed("tenant-b")
+	require.Len(t, outcomeJobs(t, f.pool, a), 1)
+	require.Empty(t, outcomeJobs(t, f.pool, b), "a tenant without destinations costs its batches no job")
+	var tags []string
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT tags FROM river_job WHERE kind = $1 AND (args->'notification'->>'batch_id')::bigint = $2`, OutcomeArgs{}.Kind(), a).Scan(&tags))
+	require.Equal(t, Tags("tenant-a", a), tags)
+}
