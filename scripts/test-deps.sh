@@ -21,9 +21,9 @@
 # Debian packages: as root, the missing ones are installed with apt-get
 # (apt-get update only when something is missing). Not root and something
 # is missing, it installs nothing, names the command to run (sudo make
-# test-deps) and exits 1. local-aws-sqs and goaws go to the invoking user's
-# cache and need no root; under sudo (SUDO_USER set) they are left to the
-# user's own make test, so nothing in the user's home becomes root's.
+# test-deps) and exits 1. local-aws-sqs and goaws go to the user's cache
+# and need no root (under sudo with the user's HOME, they are installed as
+# that user).
 #
 # When everything is present it prints only the exports (on stdout; what it
 # does goes to stderr) and takes well under a second.
@@ -101,22 +101,26 @@ fi
 LOCAL_AWS_SQS_DIR=${LOCAL_AWS_SQS_DIR:-$HOME/.cache/fleet-ingest/local-aws-sqs}
 GOAWS_BIN=${GOAWS_BIN:-$HOME/.cache/fleet-ingest/goaws/goaws}
 
-if [ "$(id -u)" = 0 ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
-	log "Debian packages present; local-aws-sqs and goaws are installed by $SUDO_USER's make test"
-else
-	# The SQS tests' server: the npm package local-aws-sqs 2.0.2.
-	if ! grep -qs '"version": "2.0.2"' "$LOCAL_AWS_SQS_DIR/node_modules/local-aws-sqs/package.json"; then
-		log "installing local-aws-sqs 2.0.2 into $LOCAL_AWS_SQS_DIR (npm)"
-		npm install --prefix "$LOCAL_AWS_SQS_DIR" --no-audit --no-fund --loglevel=error local-aws-sqs@2.0.2 >&2
-	fi
-	# The SNS tests' server: goaws v0.4.5. Its main package is app/cmd, so go
-	# install names the binary cmd.
-	if [ ! -x "$GOAWS_BIN" ]; then
-		log "building goaws v0.4.5 into $GOAWS_BIN (go install)"
-		mkdir -p "$(dirname "$GOAWS_BIN")"
-		GOBIN="$(dirname "$GOAWS_BIN")" "${GO:-go}" install github.com/Admiral-Piett/goaws/app/cmd@v0.4.5 >&2
-		mv "$(dirname "$GOAWS_BIN")/cmd" "$GOAWS_BIN"
-	fi
+# Under sudo with the user's HOME kept (sudo -E), the npm and goaws files go
+# to the user's cache: install them as that user, so none becomes root's.
+as_user=()
+if [ "$(id -u)" = 0 ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ] &&
+	[ "$(stat -c %U "$HOME" 2>/dev/null)" = "$SUDO_USER" ]; then
+	as_user=(runuser -m -u "$SUDO_USER" --)
+fi
+
+# The SQS tests' server: the npm package local-aws-sqs 2.0.2.
+if ! grep -qs '"version": "2.0.2"' "$LOCAL_AWS_SQS_DIR/node_modules/local-aws-sqs/package.json"; then
+	log "installing local-aws-sqs 2.0.2 into $LOCAL_AWS_SQS_DIR (npm)"
+	${as_user[@]+"${as_user[@]}"} npm install --prefix "$LOCAL_AWS_SQS_DIR" --no-audit --no-fund --loglevel=error local-aws-sqs@2.0.2 >&2
+fi
+# The SNS tests' server: goaws v0.4.5. Its main package is app/cmd, so go
+# install names the binary cmd.
+if [ ! -x "$GOAWS_BIN" ]; then
+	log "building goaws v0.4.5 into $GOAWS_BIN (go install)"
+	${as_user[@]+"${as_user[@]}"} mkdir -p "$(dirname "$GOAWS_BIN")"
+	${as_user[@]+"${as_user[@]}"} env GOBIN="$(dirname "$GOAWS_BIN")" "${GO:-go}" install github.com/Admiral-Piett/goaws/app/cmd@v0.4.5 >&2
+	${as_user[@]+"${as_user[@]}"} mv "$(dirname "$GOAWS_BIN")/cmd" "$GOAWS_BIN"
 fi
 
 printf 'export PROMTOOL=%q\n' "$(find_promtool)"
