@@ -18,8 +18,8 @@ const Command = "sudo make test-deps"
 var Short = testing.Short
 
 // Missing skips the test under -short and fails it otherwise, saying that
-// tool could not be found (err) and how to install it: install is the
-// package or command that provides it (apt-get install prometheus, …).
+// tool could not be found (err) and how to install it: install says how to
+// by hand (apt-get install prometheus, …).
 // The caller returns right after it.
 func Missing(t testing.TB, tool, install string, err error) {
 	t.Helper()
@@ -28,6 +28,6 @@ func Missing(t testing.TB, tool, install string, err error) {
 		return
 	}
 	t.Fatalf("%s not found: %v\n"+
-		"make test installs it when run as root; otherwise run %s first (it runs scripts/test-deps.sh: %s),\n"+
-		"or go test -short to skip the tests that need it", tool, err, Command, install)
+		"make test installs it (scripts/test-deps.sh; Debian packages only as root: not root, it says to run %s first);\n"+
+		"by hand: %s; or go test -short to skip the tests that need it", tool, err, Command, install)
 }

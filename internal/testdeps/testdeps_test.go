@@ -30,7 +30,8 @@ func TestMissingFailsUnlessShort(t *testing.T) {
 	Missing(r, "promtool", "apt-get install prometheus", err)
 	require.Empty(t, r.skip)
 	require.Contains(t, r.fatal, "promtool not found: "+err.Error())
-	require.Contains(t, r.fatal, "run sudo make test-deps first")
+	require.Contains(t, r.fatal, "make test installs it")
+	require.Contains(t, r.fatal, "sudo make test-deps")
 	require.Contains(t, r.fatal, "apt-get install prometheus")
 	require.Contains(t, r.fatal, "go test -short")
 
