@@ -93,7 +93,7 @@ if [ -n "$pkgs" ]; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs >/dev/null
 	pkgs=$(missing_packages)
 	if [ -n "$pkgs" ]; then
-		log "still missing after apt-get install: $pkgs"
+		log "still missing after apt-get install: $pkgs (if set, PROMTOOL, PGBOUNCER_BIN or CHROMIUM_BIN must name the installed binary)"
 		exit 1
 	fi
 fi
