@@ -1,7 +1,12 @@
 # Fleet ingestion coordinator.
 #
 #   make demo   run the whole system end to end on a local PostgreSQL
-#   make test   run every test (needs TEST_DATABASE_URL or a Docker engine)
+#   make test   run every test (needs TEST_DATABASE_URL or a Docker engine); it
+#               first runs scripts/test-deps.sh, which installs the tools the
+#               tests need (as root; not root, it names the command: sudo make
+#               test-deps) and points the tests at them
+#   make test-deps   only that set-up (Debian: apt-get prometheus pgbouncer
+#               chromium; npm local-aws-sqs; go install goaws)
 #   make redshift-live   the opt-in test against a real Redshift Serverless
 #               workgroup (REDSHIFT_TEST_* settings; it says what is missing)
 
@@ -14,7 +19,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/fleet/ingest/internal/buildinfo.version=$(VERSION)
 
-.PHONY: redshift-live all build test local-aws-sqs goaws promtool test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
+.PHONY: redshift-live all build test test-deps local-aws-sqs test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
 
 all: lint test
 
@@ -24,39 +29,31 @@ build:
 demo:
 	bash scripts/demo.sh
 
-# The SQS tests run local-aws-sqs (npm, on Node) as their SQS server; make
-# test installs it on first use (into LOCAL_AWS_SQS_DIR) so they always run.
+# The SQS tests run local-aws-sqs (npm, on Node) as their SQS server
+# (LOCAL_AWS_SQS_DIR), the SNS tests goaws (GOAWS_BIN), the alert rules'
+# tests promtool (PROMTOOL), the PgBouncer tests pgbouncer (PGBOUNCER_BIN),
+# the River UI tests chromium (CHROMIUM_BIN): scripts/test-deps.sh installs
+# what is missing and exports those variables (a value set here or in the
+# environment names the tool to use). With them set, a test whose tool is
+# missing fails; only go test -short skips it.
 LOCAL_AWS_SQS_DIR ?= $(HOME)/.cache/fleet-ingest/local-aws-sqs
-export LOCAL_AWS_SQS_DIR
-
-# The SNS tests (internal/notify) run goaws as their SNS server (GOAWS_BIN);
-# make test builds it on first use. Its main package is app/cmd, so go
-# install names the binary cmd.
 GOAWS_BIN ?= $(HOME)/.cache/fleet-ingest/goaws/goaws
-export GOAWS_BIN
-
-# The alert rules are tested with promtool test rules (deploy/promtool_test.go),
-# which fails without it under make test: Debian's prometheus package installs it.
-PROMTOOL ?= promtool
-export PROMTOOL
+export LOCAL_AWS_SQS_DIR GOAWS_BIN
 
 # After the tests (passed or not), the template databases they cloned are
 # dropped unless another test run still uses them (internal/pgtest,
 # DropTemplates); it fails if templates remain although none does.
-test: local-aws-sqs goaws promtool
-	@status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
+test:
+	@exports=$$(GO="$(GO)" bash scripts/test-deps.sh) || exit 1; eval "$$exports"; \
+		status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
 		$(GO) run ./internal/pgtest/droptemplates || status=1; exit $$status
 
-promtool:
-	@command -v "$(PROMTOOL)" >/dev/null || { echo "make test: $(PROMTOOL) not found: apt-get install -y prometheus (it installs /usr/bin/promtool), or set PROMTOOL"; exit 1; }
+test-deps:
+	@GO="$(GO)" bash scripts/test-deps.sh
 
 local-aws-sqs:
 	@test -f "$(LOCAL_AWS_SQS_DIR)/node_modules/local-aws-sqs/package.json" || \
 		npm install --prefix "$(LOCAL_AWS_SQS_DIR)" --no-audit --no-fund local-aws-sqs@2.0.2
-
-goaws:
-	@test -x "$(GOAWS_BIN)" || { GOBIN="$(dir $(GOAWS_BIN))" $(GO) install github.com/Admiral-Piett/goaws/app/cmd@v0.4.5 && \
-		mv "$(dir $(GOAWS_BIN))cmd" "$(GOAWS_BIN)"; }
 
 test-short:
 	$(GO) test -short ./...

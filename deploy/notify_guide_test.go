@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/notify"
+	"github.com/fleet/ingest/internal/testdeps"
 )
 
 // guideFence returns the body of the first fenced block (```lang) after
@@ -94,7 +95,8 @@ func TestDeployGuideWebhookSignature(t *testing.T) {
 	}
 	require.NotEmpty(t, openssl, "docs/deploy.md has no openssl line")
 	if _, err := exec.LookPath("openssl"); err != nil {
-		t.Skipf("openssl not installed: the guide's openssl line is not run (%v)", err)
+		testdeps.Missing(t, "openssl (to run the guide's openssl line)", "apt-get install openssl", err)
+		return
 	}
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "body.json"), body, 0o600))

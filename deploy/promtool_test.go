@@ -13,15 +13,17 @@ import (
 	"github.com/stretchr/testify/require"
 	goyaml "go.yaml.in/yaml/v2"
 	"sigs.k8s.io/yaml"
+
+	"github.com/fleet/ingest/internal/testdeps"
 )
 
 // PromtoolEnv names the promtool binary (make test exports it; Debian's
 // prometheus package installs /usr/bin/promtool).
 const PromtoolEnv = "PROMTOOL"
 
-// promtool returns the promtool to run. With PROMTOOL or CI set a missing
-// promtool fails the test; only a developer's go test without either skips
-// it, never make test or .ci/run.
+// promtool returns the promtool to run (PROMTOOL, make test sets it,
+// installing Debian's prometheus as root; else promtool on PATH). A missing
+// promtool fails the test; only go test -short skips it.
 func promtool(t *testing.T) string {
 	t.Helper()
 	name := os.Getenv(PromtoolEnv)
@@ -32,10 +34,7 @@ func promtool(t *testing.T) string {
 	if err == nil {
 		return path
 	}
-	if os.Getenv(PromtoolEnv) == "" && os.Getenv("CI") == "" {
-		t.Skipf("promtool not found (%v): install it (apt-get install prometheus) or run make test, which requires it", err)
-	}
-	t.Fatalf("promtool %q not found (%v): apt-get install -y prometheus, or set %s", name, err, PromtoolEnv)
+	testdeps.Missing(t, "promtool", "apt-get install prometheus, which installs /usr/bin/promtool; or set "+PromtoolEnv, err)
 	return ""
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -17,17 +18,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testdeps"
 )
 
-// chromiumPath finds the Debian chromium (.ci/run installs it).
+// chromiumPath finds the Debian chromium: CHROMIUM_BIN (make test sets it,
+// installing chromium as root), else chromium, chromium-browser or
+// google-chrome on PATH. Missing, it fails the test (skips it under -short).
 func chromiumPath(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
+	names := []string{"chromium", "chromium-browser", "google-chrome"}
+	if bin := os.Getenv("CHROMIUM_BIN"); bin != "" {
+		names = []string{bin}
+	}
+	var err error
+	for _, name := range names {
+		var p string
+		if p, err = exec.LookPath(name); err == nil {
 			return p
 		}
 	}
-	t.Fatal("this test needs a headless Chromium: apt-get install chromium (.ci/run does)")
+	testdeps.Missing(t, "a headless Chromium", "apt-get install chromium", err)
 	return ""
 }
 

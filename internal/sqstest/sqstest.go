@@ -3,14 +3,14 @@
 // protocol (x-amz-json-1.0) of the current AWS SDK, started with Node on a
 // free loopback port and reached through the real AWS SDK for Go v2.
 //
-// The package is installed, not vendored: .ci/run runs
+// The package is installed, not vendored: make test (scripts/test-deps.sh)
+// runs
 //
 //	npm install --prefix "$HOME/.cache/fleet-ingest/local-aws-sqs" local-aws-sqs@2.0.2
 //
 // and exports LOCAL_AWS_SQS_DIR with that prefix. Start fails the test when
-// the package cannot be found and CI is set; it skips the test only when
-// LOCAL_AWS_SQS_DIR is unset and CI is not set (a developer's machine
-// without Node), never otherwise.
+// the package (or node) cannot be found, naming the command that installs
+// it; only under go test -short is the test skipped (internal/testdeps).
 //
 // Code under test finds the server the way production code finds SQS:
 // through the SDK's configuration (Env: AWS_ENDPOINT_URL_SQS, static
@@ -46,6 +46,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/fleet/ingest/internal/testdeps"
 )
 
 // DirEnv names the environment variable holding the npm prefix where
@@ -79,15 +81,13 @@ type Server struct {
 }
 
 // Start starts a server that stops when the test ends, or fails (skips,
-// outside CI and without DirEnv) the test when local-aws-sqs is missing.
+// under -short) the test when local-aws-sqs is missing.
 func Start(t testing.TB) *Server {
 	t.Helper()
 	module, err := modulePath()
 	if err != nil {
-		if os.Getenv(DirEnv) == "" && os.Getenv("CI") == "" {
-			t.Skipf("sqstest: %v (set %s, as .ci/run does, to run this test)", err, DirEnv)
-		}
-		t.Fatalf("sqstest: %v", err)
+		testdeps.Missing(t, "local-aws-sqs", "npm install --prefix $HOME/.cache/fleet-ingest/local-aws-sqs local-aws-sqs@2.0.2, and "+DirEnv+" set to that prefix", err)
+		return nil
 	}
 	s, err := start(module)
 	if err != nil {

@@ -4,17 +4,17 @@
 // free loopback port with a configuration of its own and reached through
 // the real SDK.
 //
-// The binary is installed, not vendored: .ci/run (and make test) build it
-// with
+// The binary is installed, not vendored: make test (scripts/test-deps.sh)
+// builds it with
 //
 //	GOBIN="$HOME/.cache/fleet-ingest/goaws" go install github.com/Admiral-Piett/goaws/app/cmd@v0.4.5
 //	mv "$HOME/.cache/fleet-ingest/goaws/cmd" "$HOME/.cache/fleet-ingest/goaws/goaws"
 //
 // (the module's main package is app/cmd, so go install names the binary
-// cmd) and export GOAWS_BIN with its path. Start fails the test when the
-// binary cannot be found or started and GOAWS_BIN or CI is set; it skips
-// the test only when GOAWS_BIN is unset and CI is not set (a developer's
-// machine without it), never otherwise.
+// cmd) and exports GOAWS_BIN with its path. Start fails the test when the
+// binary cannot be found, naming the command that installs it, or does not
+// start; only a binary not found under go test -short skips the test
+// (internal/testdeps).
 //
 // Code under test finds the server the way production code finds SNS:
 // through the SDK's configuration (Env: AWS_ENDPOINT_URL_SNS, static
@@ -84,6 +84,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 
+	"github.com/fleet/ingest/internal/testdeps"
 	"github.com/fleet/ingest/internal/testproc"
 )
 
@@ -118,7 +119,7 @@ type Server struct {
 func Bin() (string, error) {
 	bin := os.Getenv(EnvBin)
 	if bin == "" {
-		return "", fmt.Errorf("%s is not set: install goaws with GOBIN=DIR go install github.com/Admiral-Piett/goaws/app/cmd@%s, rename DIR/cmd to DIR/goaws and export %s=DIR/goaws (.ci/run does)", EnvBin, Version, EnvBin)
+		return "", fmt.Errorf("%s is not set: install goaws with GOBIN=DIR go install github.com/Admiral-Piett/goaws/app/cmd@%s, rename DIR/cmd to DIR/goaws and export %s=DIR/goaws", EnvBin, Version, EnvBin)
 	}
 	fi, err := os.Stat(bin)
 	if err != nil {
@@ -131,17 +132,13 @@ func Bin() (string, error) {
 }
 
 // Start starts a server that stops when the test ends (its log shown if the
-// test failed), or fails (skips, outside CI and without GOAWS_BIN) the test
-// when goaws is missing or does not start.
+// test failed), or fails the test when goaws is missing (skips it, under
+// -short) or does not start.
 func Start(t testing.TB) *Server {
 	t.Helper()
 	bin, err := Bin()
 	if err != nil {
-		if os.Getenv(EnvBin) == "" && os.Getenv("CI") == "" {
-			t.Skipf("goawstest: %v", err)
-			return nil
-		}
-		t.Fatalf("goawstest: %v", err)
+		testdeps.Missing(t, "goaws", "GOBIN=DIR go install github.com/Admiral-Piett/goaws/app/cmd@"+Version+", DIR/cmd renamed DIR/goaws, "+EnvBin+"=DIR/goaws", err)
 		return nil
 	}
 	var lastErr error

@@ -21,6 +21,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/testdeps"
 )
 
 // envelope is what SNS posts to an http(s) subscription.
@@ -187,24 +189,31 @@ func (r *recorder) Helper()                      {}
 func (r *recorder) Fatalf(f string, args ...any) { r.fatal = fmt.Sprintf(f, args...) }
 func (r *recorder) Skipf(f string, args ...any)  { r.skip = fmt.Sprintf(f, args...) }
 
-// TestStartFailsOrSkips: a missing or broken binary fails the test when
-// GOAWS_BIN or CI is set; only with neither is the test skipped.
+// TestStartFailsOrSkips: a missing binary fails the test, naming the
+// command that installs it; only under -short is it skipped. A binary that
+// does not start fails it under -short too. CI no longer matters.
 func TestStartFailsOrSkips(t *testing.T) {
 	broken := filepath.Join(t.TempDir(), "goaws")
 	require.NoError(t, os.WriteFile(broken, []byte("#!/bin/sh\necho cannot bind >&2\nexit 1\n"), 0o755))
+	defer func(short func() bool) { testdeps.Short = short }(testdeps.Short)
 	for _, tc := range []struct {
 		name, bin, ci string
+		short         bool
 		fatal, skip   string
 	}{
-		{"unset outside CI", "", "", "", "GOAWS_BIN is not set"},
-		{"unset in CI", "", "true", "GOAWS_BIN is not set", ""},
-		{"missing", filepath.Join(t.TempDir(), "nope"), "", "no such file", ""},
-		{"not executable", t.TempDir(), "", "not an executable file", ""},
-		{"exits at start", broken, "", "cannot bind", ""},
+		{"unset", "", "", false, "sudo make test-deps", ""},
+		{"unset in CI", "", "true", false, "GOAWS_BIN is not set", ""},
+		{"unset under -short", "", "", true, "", "GOAWS_BIN is not set"},
+		{"missing", filepath.Join(t.TempDir(), "nope"), "", false, "no such file", ""},
+		{"missing under -short", filepath.Join(t.TempDir(), "nope"), "", true, "", "no such file"},
+		{"not executable", t.TempDir(), "", false, "not an executable file", ""},
+		{"exits at start", broken, "", false, "cannot bind", ""},
+		{"exits at start under -short", broken, "", true, "cannot bind", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(EnvBin, tc.bin)
 			t.Setenv("CI", tc.ci)
+			testdeps.Short = func() bool { return tc.short }
 			r := &recorder{TB: t}
 			require.Nil(t, Start(r))
 			if tc.fatal != "" {
