@@ -12,11 +12,14 @@
 #   node, npm   Debian packages nodejs npm                  to run local-aws-sqs
 #   local-aws-sqs 2.0.2, npm, into LOCAL_AWS_SQS_DIR        SQS tests
 #   goaws v0.4.5, go install, at GOAWS_BIN                  SNS tests (internal/notify)
+#   helm v3.16.4, go install, at HELM_BIN                   helm lint of the chart (deploy/helm)
 #
 # An environment variable already set names the tool to use (PROMTOOL may
 # be a name on PATH or a path); unset, the defaults above apply
 # (LOCAL_AWS_SQS_DIR=$HOME/.cache/fleet-ingest/local-aws-sqs,
-# GOAWS_BIN=$HOME/.cache/fleet-ingest/goaws/goaws).
+# GOAWS_BIN=$HOME/.cache/fleet-ingest/goaws/goaws,
+# HELM_BIN=$HOME/.cache/fleet-ingest/helm/helm; the first build of Helm
+# takes about 6 minutes, later runs find it).
 #
 # Debian packages: as root, the missing ones are installed with apt-get
 # (apt-get update only when something is missing). Not root and something
@@ -100,6 +103,7 @@ fi
 
 LOCAL_AWS_SQS_DIR=${LOCAL_AWS_SQS_DIR:-$HOME/.cache/fleet-ingest/local-aws-sqs}
 GOAWS_BIN=${GOAWS_BIN:-$HOME/.cache/fleet-ingest/goaws/goaws}
+HELM_BIN=${HELM_BIN:-$HOME/.cache/fleet-ingest/helm/helm}
 
 # Under sudo with the user's HOME kept (sudo -E), the npm and goaws files go
 # to the user's cache: install them as that user, so none becomes root's.
@@ -123,8 +127,16 @@ if [ ! -x "$GOAWS_BIN" ]; then
 	${as_user[@]+"${as_user[@]}"} mv "$(dirname "$GOAWS_BIN")/cmd" "$GOAWS_BIN"
 fi
 
+# The chart's helm lint: Helm v3.16.4, built from the Go module proxy.
+if [ ! -x "$HELM_BIN" ]; then
+	log "building helm v3.16.4 into $HELM_BIN (go install; about 6 minutes the first time)"
+	${as_user[@]+"${as_user[@]}"} mkdir -p "$(dirname "$HELM_BIN")"
+	${as_user[@]+"${as_user[@]}"} env GOBIN="$(dirname "$HELM_BIN")" "${GO:-go}" install helm.sh/helm/v3/cmd/helm@v3.16.4 >&2
+fi
+
 printf 'export PROMTOOL=%q\n' "$(find_promtool)"
 printf 'export PGBOUNCER_BIN=%q\n' "$(find_pgbouncer)"
 printf 'export CHROMIUM_BIN=%q\n' "$(find_chromium)"
 printf 'export LOCAL_AWS_SQS_DIR=%q\n' "$LOCAL_AWS_SQS_DIR"
 printf 'export GOAWS_BIN=%q\n' "$GOAWS_BIN"
+printf 'export HELM_BIN=%q\n' "$HELM_BIN"
