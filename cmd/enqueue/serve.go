@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fleet/ingest/internal/cli"
-	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
@@ -35,8 +34,9 @@ type serveCmd struct {
 	TenantTokensFile  string        `name:"tenant-tokens-file" env:"ENQUEUE_TENANT_TOKENS_FILE" help:"File of tenant tokens, one per line: \"<tenant id> sha256:<hex>\", the SHA-256 of the token, never the token (enqueue token mint prints a token and its line). A tenant token imports only its tenant's folders (POST /v1/imports; another's is 403) and reads only its tenant's batches (GET /v1/batches/{id}; another's is 404). Reloaded every --tenant-tokens-reload: a token added works, a token removed stops working, without a restart."`
 	TenantTokensEvery time.Duration `name:"tenant-tokens-reload" env:"ENQUEUE_TENANT_TOKENS_RELOAD" default:"10s" help:"How often --tenant-tokens-file is read again."`
 	ImportsNoMarker   bool          `name:"imports-without-marker" env:"IMPORTS_WITHOUT_MARKER" help:"POST /v1/imports loads a folder without its completion marker when the body does not say (no \"no_marker\" field): for producers that write none. A body's \"no_marker\": false still requires it. Default: required, as on every door."`
-	PathPattern       string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
-	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). Give the worker the same list."`
+	// --path-pattern and --bucket: the rule enqueue import and retry
+	// apply too.
+	mappingFlags
 	MaxBodyBytes      int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
 	MaxHTTPConns      int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open connections to the public listener (--listen), a cap of its own (the admin listener has 64). At the cap a new connection closes the one idle, or waiting for its request body, longest, once it has been so for a second; until then it waits in the kernel's accept queue."`
 	SNSTopicARNs      []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
@@ -188,7 +188,7 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorToken: operator, HMACSecret: []byte(hmacSecret), SNS: sns,
 		TenantTokens:      tenants,
 		AllowLocalFolders: s.DevLocal, ImportsWithoutMarker: s.ImportsNoMarker, MaxBadRecords: s.MaxBadRecords,
-		Marker: s.Marker, Mapping: folder.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
+		Marker: s.Marker, Mapping: s.mapping(),
 		MaxBodyBytes: s.MaxBodyBytes, RequestTimeout: c.Timeout, Logger: e.Logger,
 		SignedMaxBodyBytes: s.SignedMaxBodyBytes, RateLimit: s.RateLimit, RateBurst: s.RateBurst,
 		GroupLinger: s.GroupLinger, GroupMax: s.GroupMax,
