@@ -37,14 +37,14 @@ type serveCmd struct {
 	// --path-pattern and --bucket: the rule enqueue import and retry
 	// apply too.
 	mappingFlags
-	MaxBodyBytes      int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
-	MaxHTTPConns      int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open connections to the public listener (--listen), a cap of its own (the admin listener has 64). At the cap a new connection closes the one idle, or waiting for its request body, longest, once it has been so for a second; until then it waits in the kernel's accept queue."`
-	SNSTopicARNs      []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
-	SNSAutoConfirm    bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
-	DevLocal          bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
-	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
-	NoRiverUI         bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI (at /riverui/ on the admin listener)."`
-	MaxConns          int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within --timeout. Size it for the concurrent requests expected, within the server's max_connections."`
+	MaxBodyBytes   int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
+	MaxHTTPConns   int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open connections to the public listener (--listen), a cap of its own (the admin listener has 64). At the cap a new connection closes the one idle, or waiting for its request body, longest, once it has been so for a second; until then it waits in the kernel's accept queue."`
+	SNSTopicARNs   []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
+	SNSAutoConfirm bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
+	DevLocal       bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
+	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
+	NoRiverUI      bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI (at /riverui/ on the admin listener)."`
+	MaxConns       int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within --timeout. Size it for the concurrent requests expected, within the server's max_connections."`
 	// The operator surfaces' own login.
 	OperatorDatabaseURL string `name:"operator-database-url" env:"OPERATOR_DATABASE_URL" help:"PostgreSQL connection string of the operator login (fleet_operator, deploy/postgres/roles.sql), used by the operator surfaces only, the cancel route and the River UI, in a pool of its own (at most 4 connections). Without it they use --database-url, which in production is the door's login (fleet_enqueue), which may not change a batch or a job. Needs --operator-token-file."`
 
