@@ -18,6 +18,7 @@ import (
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/uploads"
+	"github.com/fleet/ingest/migrations"
 )
 
 type serveCmd struct {
@@ -97,12 +98,26 @@ func refuseConfigSetting(e *cli.Env, fields map[string]string, setting, reason, 
 }
 
 // connectEnqueuer opens the operational pool of a long-running command
-// (at most maxConns connections; the database must answer at start) and
-// the enqueuer on it. The caller closes the pool.
+// (serve, sqs, reconcile: at most maxConns connections; the database must
+// answer at start) and the enqueuer on it. The caller closes the pool.
+//
+// As the worker does, the command does not start on a database whose
+// schema is behind this build (migrations.RequireCurrent): it exits 1
+// with the reason and "run `worker migrate` first" (a log line and the
+// error outcome line), so a pod that started before its migrations
+// restarts until they ran rather than report ready and refuse every
+// import. Its /readyz asks again at every probe (schemaReady).
 func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int) (*pgxpool.Pool, *jobs.Enqueuer, error) {
 	pool, err := c.Globals.Connect(e.Ctx, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(maxConns) })
 	if err != nil {
 		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
+	err = migrations.RequireCurrent(ctx, pool)
+	cancel()
+	if err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("not starting: %w", err)
 	}
 	enq, err := newEnqueuer(c, e, pool, nil, 0)
 	if err != nil {
@@ -221,6 +236,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		defer opPool.Close()
 	}
 	cfg.Enqueuer, cfg.Operator, cfg.Pool, cfg.Metrics = enq, opEnq, pool, enq.Metrics
+	cfg.Schema = schemaReady(pool)
 	srv, err := uploads.New(cfg)
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
@@ -303,6 +319,13 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	e.Logger.Info("stopped")
 	return nil
+}
+
+// schemaReady is the schema check of a long-running command's /readyz:
+// the database's schema is current for this build (migrations.RequireCurrent),
+// or the reason it is not.
+func schemaReady(pool *pgxpool.Pool) func(context.Context) error {
+	return func(ctx context.Context) error { return migrations.RequireCurrent(ctx, pool) }
 }
 
 // operatorMaxConns bounds the operator surfaces' pool: a person's cancels

@@ -159,8 +159,9 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	return err
 }
 
-// startProbes serves /healthz, /readyz (ready, and the database answers)
-// and /metrics on addr, a listener that refuses request bodies.
+// startProbes serves /healthz, /readyz (ready, the database answers and
+// its schema is current for this build: otherwise 503 with the reason) and
+// /metrics on addr, a listener that refuses request bodies.
 func startProbes(addr string, m *metrics.Metrics, pool *pgxpool.Pool, ready *atomic.Bool, e *cli.Env) (*httpserver.Server, <-chan error, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -169,6 +170,10 @@ func startProbes(addr string, m *metrics.Metrics, pool *pgxpool.Pool, ready *ato
 		defer cancel()
 		if !ready.Load() || pool.Ping(ctx) != nil {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		if err := schemaReady(pool)(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
