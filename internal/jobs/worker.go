@@ -235,7 +235,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 	} else {
 		m.LeaseAcquisitions.WithLabelValues("acquired").Inc()
 	}
-	log = log.With("lease_id", holder, "lease_generation", a.Lease.Generation)
+	log = log.With("tenant_id", a.TenantID, "lease_id", holder, "lease_generation", a.Lease.Generation)
 	m.LeasesHeld.Inc()
 	defer m.LeasesHeld.Dec()
 
@@ -334,8 +334,7 @@ func countResume(m *metrics.Metrics, b batch.Batch, outcome string) {
 // finish maps a pipeline result onto River: completed, snoozed, cancelled
 // or retried.
 func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], res pipeline.Result, log *slog.Logger) error {
-	m := w.cfg.Metrics
-	log = log.With("tenant_id", res.Batch.TenantID)
+	m := w.cfg.Metrics // log names the tenant already (the acquisition's)
 	age := time.Since(res.Batch.StartedAt).Seconds()
 	switch res.Outcome {
 	case pipeline.Succeeded:
@@ -365,10 +364,8 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 		if errors.Is(res.Err, batch.ErrStaleLease) {
 			m.StaleWritesRejected.Inc()
 		}
-		if b, err := w.cfg.Store.Get(context.WithoutCancel(ctx), job.Args.BatchID); err == nil && b.CancelledAt != nil {
-			m.Deliveries.WithLabelValues("cancelled").Inc()
-			log.Warn("batch cancelled by an operator: stopped without further writes", "cancelled_by", deref(b.CancelledBy), "reason", deref(b.CancelReason))
-			return river.JobCancel(fmt.Errorf("batch %d cancelled by %s", job.Args.BatchID, deref(b.CancelledBy)))
+		if b, ok := w.cancelledByOperator(ctx, job.Args.BatchID); ok {
+			return w.stoppedByOperator(job, b, log)
 		}
 		m.Deliveries.WithLabelValues("lease_lost").Inc()
 		log.Warn("lease lost mid-way: stopped without further writes", "error", res.Err)
@@ -378,6 +375,9 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 	}
 	// Transient failure or cancellation: the batch keeps its progress.
 	if errors.Is(context.Cause(ctx), river.ErrJobCancelledRemotely) {
+		if b, ok := w.cancelledByOperator(ctx, job.Args.BatchID); ok {
+			return w.stoppedByOperator(job, b, log)
+		}
 		m.Deliveries.WithLabelValues("cancelled").Inc()
 		log.Warn("job cancelled remotely, lease lost (an operator cancelled the batch, or the sweeper re-delivered it after the lease expired): stopped without further writes", "error", res.Err)
 		return river.JobCancel(fmt.Errorf("cancelled remotely: %w", res.Err))
@@ -403,6 +403,22 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 	m.Deliveries.WithLabelValues("retry").Inc()
 	log.Warn("transient failure: will retry", "error", res.Err)
 	return res.Err
+}
+
+// cancelledByOperator returns the batch if an operator cancelled it.
+func (w *IngestWorker) cancelledByOperator(ctx context.Context, batchID int64) (batch.Batch, bool) {
+	b, err := w.cfg.Store.Get(context.WithoutCancel(ctx), batchID)
+	return b, err == nil && b.CancelledAt != nil
+}
+
+// stoppedByOperator ends a delivery whose batch an operator cancelled: one
+// line naming who (cancelled_by) and why (reason), and when, and the job
+// cancelled.
+func (w *IngestWorker) stoppedByOperator(job *river.Job[IngestArgs], b batch.Batch, log *slog.Logger) error {
+	w.cfg.Metrics.Deliveries.WithLabelValues("cancelled").Inc()
+	log.Warn("batch cancelled by an operator: stopped without further writes",
+		"cancelled_by", deref(b.CancelledBy), "reason", deref(b.CancelReason), "cancelled_at", b.CancelledAt)
+	return river.JobCancel(fmt.Errorf("batch %d cancelled by %s: %s", job.Args.BatchID, deref(b.CancelledBy), deref(b.CancelReason)))
 }
 
 // giveUp records a batch whose transient failures outlasted every attempt as
