@@ -298,7 +298,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
 	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", cfg.AuthToken != "", "operator", cfg.OperatorToken != "", "hmac", len(cfg.HMACSecret) > 0,
-		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "rate_limit", s.RateLimit, "rate_burst", s.RateBurst, "group_linger", s.GroupLinger, "group_max", s.GroupMax, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
+		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "rate_limit", s.RateLimit, "rate_burst", s.RateBurst, "group_linger_seconds", s.GroupLinger.Seconds(), "group_max", s.GroupMax, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
 
 	select {
 	case <-e.Ctx.Done():
@@ -308,7 +308,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	srv.SetReady(false)
-	e.Logger.Info("shutting down: finishing in-flight requests", "grace", s.ShutdownGrace)
+	e.Logger.Info("shutting down: finishing in-flight requests", "grace_seconds", s.ShutdownGrace.Seconds())
 	ctx, cancel := context.WithTimeout(context.Background(), s.ShutdownGrace)
 	defer cancel()
 	if err := httpSrv.Shutdown(ctx); err != nil {

@@ -139,8 +139,8 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	ready.Store(true)
 	e.Logger.Info("consuming upload notifications", "addr", admin.Addr().String(), "queue_url", s.QueueURL, "buckets", s.Buckets,
-		"wait_time", s.WaitTime, "max_messages", s.MaxMessages, "receivers", s.Receivers, "max_burst", s.MaxBurst, "linger", s.Linger,
-		"visibility_timeout", s.VisibilityTimeout)
+		"wait_time_seconds", s.WaitTime.Seconds(), "max_messages", s.MaxMessages, "receivers", s.Receivers, "max_burst", s.MaxBurst, "linger_seconds", s.Linger.Seconds(),
+		"visibility_timeout_seconds", s.VisibilityTimeout.Seconds())
 
 	consumed := make(chan error, 1)
 	go func() { consumed <- consumer.Run(e.Ctx) }()

@@ -206,7 +206,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		m.TenantCapDeferrals.Inc()
 		log.Info("tenant at its cap of running batches while another tenant waits: snoozing",
 			"tenant_id", over.tenant, "running", over.running, "cap", w.cfg.MaxRunningPerTenant,
-			"waiting_tenant_id", over.waiting, "jobs_moved_behind", over.moved, "snooze", minSnoozeDefault)
+			"waiting_tenant_id", over.waiting, "jobs_moved_behind", over.moved, "snooze_seconds", minSnoozeDefault.Seconds())
 		return river.JobSnooze(minSnoozeDefault)
 	}
 	switch a.Outcome {
@@ -225,13 +225,13 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		m.Deliveries.WithLabelValues("snoozed_contended").Inc()
 		wait := max(a.PreviousExpiresAt.Sub(a.Now)+time.Second, minSnoozeDefault)
 		log.Info("lease held by another delivery: snoozing until its expiry",
-			"holder", a.PreviousHolder, "holder_expires_at", a.PreviousExpiresAt, "snooze", wait)
+			"holder", a.PreviousHolder, "holder_expires_at", a.PreviousExpiresAt, "snooze_seconds", wait.Seconds())
 		return river.JobSnooze(wait)
 	}
 	if a.TakenOver {
 		m.LeaseAcquisitions.WithLabelValues("taken_over").Inc()
 		m.TakeoverDelay.Observe(a.TakeoverDelay().Seconds())
-		log.Warn("took over an expired lease", "previous_holder", a.PreviousHolder, "takeover_delay", a.TakeoverDelay())
+		log.Warn("took over an expired lease", "previous_holder", a.PreviousHolder, "takeover_delay_seconds", a.TakeoverDelay().Seconds())
 	} else {
 		m.LeaseAcquisitions.WithLabelValues("acquired").Inc()
 	}
@@ -262,7 +262,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		res.Outcome = pipeline.LeaseLost
 	}
 	if p := w.cfg.PauseBeforeCompletion; p > 0 && (res.Outcome == pipeline.Succeeded || res.Outcome == pipeline.Failed) {
-		log.Warn("tests only: pausing between the batch's terminal write and the job's completion", "pause", p)
+		log.Warn("tests only: pausing between the batch's terminal write and the job's completion", "pause_seconds", p.Seconds())
 		time.Sleep(p)
 	}
 	return w.finish(ctx, job, res, log)
@@ -389,12 +389,12 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 	// attempts meant for failures.
 	if errors.Is(context.Cause(ctx), drain.ErrWillNotFinish) {
 		m.Deliveries.WithLabelValues("interrupted").Inc()
-		log.Info("delivery given up by the draining worker: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze", minSnoozeDefault)
+		log.Info("delivery given up by the draining worker: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze_seconds", minSnoozeDefault.Seconds())
 		return river.JobSnooze(minSnoozeDefault)
 	}
 	if ctx.Err() != nil {
 		m.Deliveries.WithLabelValues("interrupted").Inc()
-		log.Info("delivery interrupted by shutdown: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze", minSnoozeDefault)
+		log.Info("delivery interrupted by shutdown: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze_seconds", minSnoozeDefault.Seconds())
 		return river.JobSnooze(minSnoozeDefault)
 	}
 	if job.Attempt >= job.MaxAttempts {
