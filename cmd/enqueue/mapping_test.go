@@ -90,8 +90,8 @@ func TestImportChecksTheFolderAgainstItsTenant(t *testing.T) {
 }
 
 // TestImportMappingFlagsReadServesVariables: PATH_PATTERN and
-// ACCEPTED_BUCKETS, the variables enqueue serve reads (the chart sets them
-// in the enqueue pods), set the rule of enqueue import too.
+// ACCEPTED_BUCKETS, the variables enqueue serve reads, set the rule of
+// enqueue import too.
 func TestImportMappingFlagsReadServesVariables(t *testing.T) {
 	// Not parallel: it sets the environment.
 	dbURL := pgtest.NewDatabaseURL(t)
