@@ -49,8 +49,20 @@ func TestCancelStopsTheWorkerAndFreesTheScope(t *testing.T) {
 	// The scope is free at once, while the old load is still in flight.
 	newer := enqueueBatch(t, dbURL, "tenant-a", folderURL)
 
-	// The worker notices (River's cancel and its next renewal) and stops.
-	w.waitLog("an operator", 30*time.Second)
+	// The worker notices (River's cancel and its next renewal) and stops,
+	// saying in one line who cancelled the batch and why.
+	var cancelLine map[string]any
+	require.NoError(t, json.Unmarshal([]byte(w.waitLog(`"msg":"batch cancelled by an operator: stopped without further writes"`, 30*time.Second)), &cancelLine))
+	require.Equal(t, "alice", cancelLine["cancelled_by"])
+	require.Equal(t, "wrong upload", cancelLine["reason"])
+	require.Equal(t, "tenant-a", cancelLine["tenant_id"])
+	require.Equal(t, float64(id), cancelLine["batch_id"])
+	require.NotEmpty(t, cancelLine["cancelled_at"])
+	// The delivery's acquire line named its tenant.
+	var acquired map[string]any
+	require.NoError(t, json.Unmarshal([]byte(w.waitLog(`"msg":"lease acquired: working on batch"`, time.Second)), &acquired))
+	require.Equal(t, "tenant-a", acquired["tenant_id"])
+	require.Equal(t, float64(id), acquired["batch_id"])
 	require.Eventually(t, func() bool { return jobStates(t, pool, id)["cancelled"] == 1 }, 30*time.Second, 50*time.Millisecond,
 		"the cancelled delivery's job ends cancelled: %v", jobStates(t, pool, id))
 	release()

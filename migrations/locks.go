@@ -284,8 +284,8 @@ func (c Config) withLockRetries(ctx context.Context, pool *pgxpool.Pool, what st
 		if n >= c.LockAttempts {
 			return &LockTimeoutError{Attempts: n, LockTimeout: c.LockTimeout, Blockers: blockers, Err: err}
 		}
-		attrs := []any{"migrations", what, "attempt", n, "attempts", c.LockAttempts, "lock_timeout", c.LockTimeout,
-			"retry_in", backoff, "blockers", len(blockers)}
+		attrs := []any{"migrations", what, "attempt", n, "attempts", c.LockAttempts, "lock_timeout_seconds", c.LockTimeout.Seconds(),
+			"retry_in_seconds", backoff.Seconds(), "blockers", len(blockers)}
 		if len(blockers) > 0 {
 			attrs = append(attrs, blockers[0].attrs()...)
 		}

@@ -129,3 +129,29 @@ func TestInvisibleCharactersAreRefused(t *testing.T) {
 	require.Equal(t, cli.ExitOK, code, "the demo's ids are valid: %s", out)
 	require.Contains(t, out, `"outcome":"enqueued"`)
 }
+
+// TestLongRunningCommandsRefuseAnUnmigratedDatabase: serve, sqs and
+// reconcile check the schema version at start as the worker does: on a
+// database behind this build (or without any schema) they do not start,
+// exit 1 and say why and to run `worker migrate`.
+func TestLongRunningCommandsRefuseAnUnmigratedDatabase(t *testing.T) {
+	t.Parallel()
+	for _, url := range []string{pgtest.NewDatabaseURLAt(t, 1), pgtest.EmptyDatabaseURL(t)} {
+		for _, args := range [][]string{
+			{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--insecure-no-auth"},
+			{"sqs", "--queue-url", "http://127.0.0.1:1/000000000000/uploads", "--admin-listen", "127.0.0.1:0"},
+			{"reconcile", "--bucket", "fleet-uploads", "--every", "1m", "--admin-listen", "127.0.0.1:0"},
+			{"reconcile", "--bucket", "fleet-uploads"},
+		} {
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), append(args, "--database-url", url), &stdout, &stderr)
+			require.Equal(t, cli.ExitInfra, code, "%v: %s", args, stderr.String())
+			require.Contains(t, stderr.String(), "not starting: ", args)
+			require.Contains(t, stderr.String(), "run `worker migrate` first", args)
+			var o map[string]string
+			require.NoError(t, json.Unmarshal(stdout.Bytes(), &o), stdout.String())
+			require.Equal(t, "error", o["outcome"])
+			require.Contains(t, o["error"], "run `worker migrate` first")
+		}
+	}
+}

@@ -29,6 +29,8 @@ func TestImportFromFile(t *testing.T) {
 		return p
 	}
 	flags := []string{"import", "--tenant-id", "tenant-a", "--tenant-database", "db", "--company-id", "c"}
+	// at is a folder of tenant-a's, as the default --path-pattern names it.
+	at := func(name string) string { return "s3://fleet-bucket/tenants/tenant-a/db/c/" + name }
 	lines := func(out string) []map[string]any {
 		var res []map[string]any
 		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
@@ -39,7 +41,7 @@ func TestImportFromFile(t *testing.T) {
 		return res
 	}
 
-	file := write("folders.txt", "# nightly uploads\ns3://fleet-bucket/a\n\ns3://fleet-bucket/b\ns3://fleet-bucket/../bad\ns3://fleet-bucket/c\n")
+	file := write("folders.txt", "# nightly uploads\n"+at("a")+"\n\n"+at("b")+"\n"+at("../bad")+"\n"+at("c")+"\n")
 	out, code := runCLI(t, dbURL, append(flags, "--from-file", file)...)
 	require.Equal(t, cli.ExitInvalidInput, code, out)
 	res := lines(out)
@@ -55,7 +57,7 @@ func TestImportFromFile(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(DISTINCT xmin::text) FROM ingestion_batches WHERE id = ANY($1)`, ids).Scan(&xids))
 	require.Equal(t, 1, xids, "one transaction")
 
-	out, code = runCLI(t, dbURL, append(flags, "--from-file", write("again.txt", "s3://fleet-bucket/a\ns3://fleet-bucket/d\n"))...)
+	out, code = runCLI(t, dbURL, append(flags, "--from-file", write("again.txt", at("a")+"\n"+at("d")+"\n"))...)
 	require.Equal(t, cli.ExitConflict, code, out)
 	res = lines(out)
 	require.Equal(t, "conflict", res[0]["outcome"])
@@ -65,6 +67,6 @@ func TestImportFromFile(t *testing.T) {
 	out, code = runCLI(t, dbURL, append(flags, "--from-file", write("empty.txt", "# nothing\n"))...)
 	require.Equal(t, cli.ExitInvalidInput, code, out)
 	require.Equal(t, "from_file", lines(out)[0]["field"])
-	_, code = runCLI(t, dbURL, append(flags, "--from-file", write("both.txt", "s3://fleet-bucket/e\n"), "--folder", "s3://fleet-bucket/e")...)
+	_, code = runCLI(t, dbURL, append(flags, "--from-file", write("both.txt", at("e")+"\n"), "--folder", at("e"))...)
 	require.Equal(t, cli.ExitInvalidInput, code, "--folder and --from-file exclude each other")
 }

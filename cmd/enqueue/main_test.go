@@ -32,7 +32,7 @@ func phased(t *testing.T, pool *pgxpool.Pool, tenant string, phase batch.Phase, 
 	t.Helper()
 	ctx := context.Background()
 	store := batch.NewStore(pool)
-	folder := fmt.Sprintf("s3://fleet-bucket/%s/%s", tenant, phase)
+	folder := fmt.Sprintf("s3://fleet-bucket/tenants/%s/db/c/%s", tenant, phase)
 	res, err := store.Reserve(ctx, batch.Reservation{
 		CompanyID: "c", TenantID: tenant, TenantDatabase: "db", SourceType: batch.SourceTypeFleetS3,
 		IngestionMode: batch.IngestionModeFileUpload, PipelineStage: batch.PipelineStageFleet,

@@ -123,7 +123,7 @@ func (r *reconcileCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	sum, err := reconcile.Scan(e.Ctx, cfg, "")
 	printJSON(e.Stdout, map[string]any{"summary": sum})
 	e.Logger.Info("reconcile finished", "objects_listed", sum.ObjectsListed, "keys_skipped", sum.KeysSkipped, "folders", sum.Folders, "outcomes", sum.Outcomes,
-		"complete", sum.Complete, "duration", time.Duration(sum.DurationSeconds*float64(time.Second)))
+		"complete", sum.Complete, "duration_seconds", sum.DurationSeconds)
 	if err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ func (r *reconcileCmd) periodic(e *cli.Env, cfg reconcile.Config, pool *pgxpool.
 		}()
 	}
 	ready.Store(true)
-	attrs := []any{"bucket", cfg.Bucket, "prefix", cfg.Prefix, "every", r.Every, "max_objects", cfg.MaxObjects}
+	attrs := []any{"bucket", cfg.Bucket, "prefix", cfg.Prefix, "every_seconds", r.Every.Seconds(), "max_objects", cfg.MaxObjects}
 	if admin != nil {
 		attrs = append(attrs, "addr", admin.Addr().String())
 	}
@@ -181,7 +181,7 @@ func (r *reconcileCmd) periodic(e *cli.Env, cfg reconcile.Config, pool *pgxpool.
 			s := p.Summary
 			e.Logger.Info("reconcile period finished", "start_after", p.StartAfter, "since", p.Since, "objects_listed", s.ObjectsListed, "keys_skipped", s.KeysSkipped,
 				"folders", s.Folders, "outcomes", s.Outcomes, "complete", s.Complete, "last_key", s.LastKey,
-				"duration", time.Duration(s.DurationSeconds*float64(time.Second)))
+				"duration_seconds", s.DurationSeconds)
 		}
 		timer.Reset(r.Every)
 	}

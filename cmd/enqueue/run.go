@@ -16,8 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/uploads"
 	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/warehousecli"
 )
@@ -168,6 +170,52 @@ func invalidFlag(e *cli.Env, err error) error {
 	return err
 }
 
+// mappingFlags are the rule that ties a folder to its tenant: an s3://
+// folder's path names the tenant, database and company it is imported as
+// (folder.Mapping), and only accepted buckets are imported. enqueue serve,
+// import and retry take the same flags, variables and defaults, and check
+// them the same way (uploads.ResolveImportWith), so the command line refuses
+// what the door refuses — the worker parks the rest.
+type mappingFlags struct {
+	PathPattern string   `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company: an s3:// folder is imported only as the tenant, database and company its path names (serve, import and retry alike). Use the same pattern as the worker."`
+	Buckets     []string `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept s3:// folders only of these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). serve, import and retry alike; give the worker the same list."`
+}
+
+func (m mappingFlags) mapping() folder.Mapping {
+	return folder.Mapping{Pattern: m.PathPattern, Buckets: m.Buckets}
+}
+
+// validate reports an invalid --path-pattern or --bucket as invalid input.
+func (m mappingFlags) validate(e *cli.Env) error {
+	if err := m.mapping().Validate(); err != nil {
+		field := "path_pattern"
+		if strings.HasPrefix(err.Error(), "bucket allow-list") {
+			field = "bucket"
+		}
+		return refuseSetting(e, field, fmt.Errorf("--%s: %w", strings.ReplaceAll(field, "_", "-"), err))
+	}
+	return nil
+}
+
+// resolve applies the door's rule (uploads.ResolveImportWith) to an import
+// of the command line: an s3:// folder must be of an accepted bucket and
+// its path must name req's tenant, database and company; file:// and mem://
+// folders are the command line's own (development) and keep req's. The
+// import it may run is returned with its folder canonical, or the refusal.
+func (m mappingFlags) resolve(req jobs.ImportRequest) (jobs.ImportRequest, error) {
+	body := uploads.ImportBody{TenantID: req.TenantID, TenantDatabase: req.TenantDatabase, CompanyID: req.CompanyID, Folder: req.Folder, Reimport: req.Reimport}
+	// The command line names all three (an empty one is refused here, not
+	// filled in from the path), checked as before.
+	if err := jobs.ValidateImport(req); err != nil {
+		return jobs.ImportRequest{}, err
+	}
+	out, refusal := uploads.ResolveImportWith(m.mapping(), body, uploads.ImportRules{AllowLocal: true, WithoutMarker: req.NoMarker, MaxBadRecords: req.MaxBadRecords})
+	if refusal != nil {
+		return jobs.ImportRequest{}, refusal
+	}
+	return out, nil
+}
+
 type importCmd struct {
 	TenantID       string `name:"tenant-id" required:"" help:"Canonical tenant id."`
 	TenantDatabase string `name:"tenant-database" required:"" help:"Tenant database name."`
@@ -177,14 +225,18 @@ type importCmd struct {
 	Reimport       bool   `name:"reimport" help:"Start a new batch even if the folder's latest batch succeeded (otherwise: already_succeeded)."`
 	MaxBadRecords  int    `name:"max-bad-records" default:"0" help:"Skip up to this many bad records (a CSV row or NDJSON line that cannot be stored), each recorded with the slice in the warehouse's errors table (curated.fleet_load_errors); one more fails the batch. 0 to 10000; 0: the first bad record fails the batch."`
 	NoMarker       bool   `name:"no-marker" help:"Load the folder without its completion marker (for a producer that writes none). Without it, a folder that holds no marker (worker --marker, _SUCCESS) fails before any warehouse write: failed_pre_commit, reason folder_incomplete."`
+	mappingFlags
 }
 
 func (i *importCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if i.FromFile != "" {
 		return i.runFromFile(c, e)
 	}
-	req := jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder, Reimport: i.Reimport, NoMarker: i.NoMarker, MaxBadRecords: i.MaxBadRecords}
-	if err := jobs.ValidateImport(req); err != nil {
+	if err := i.mappingFlags.validate(e); err != nil {
+		return err
+	}
+	req, err := i.resolve(jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: i.Folder, Reimport: i.Reimport, NoMarker: i.NoMarker, MaxBadRecords: i.MaxBadRecords})
+	if err != nil {
 		return invalid(e, err)
 	}
 	return act(c, e, func(ctx context.Context, enq *jobs.Enqueuer) (jobs.Result, error) { return enq.Import(ctx, req) })
@@ -199,15 +251,32 @@ func (i *importCmd) runFromFile(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return invalid(e, &jobs.InputError{Field: "from_file", Reason: err.Error()})
 	}
-	var reqs []jobs.ImportRequest
+	if err := i.mappingFlags.validate(e); err != nil {
+		return err
+	}
+	// Each line meets the door's rule (resolve); a line it refuses answers
+	// invalid_input in its place and is not imported.
+	var (
+		reqs    []jobs.ImportRequest
+		refused = map[int]jobs.Result{} // by line, among the folders listed
+		listed  int
+	)
 	for _, line := range strings.Split(string(raw), "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		reqs = append(reqs, jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: line, Reimport: i.Reimport, NoMarker: i.NoMarker, MaxBadRecords: i.MaxBadRecords})
+		listed++
+		req, err := i.resolve(jobs.ImportRequest{TenantID: i.TenantID, TenantDatabase: i.TenantDatabase, CompanyID: i.CompanyID, Folder: line, Reimport: i.Reimport, NoMarker: i.NoMarker, MaxBadRecords: i.MaxBadRecords})
+		if err != nil {
+			in := &jobs.InputError{Field: "folder", Reason: err.Error()}
+			errors.As(err, &in)
+			refused[listed-1] = jobs.Result{Outcome: jobs.OutcomeInvalidInput, Field: in.Field, Error: in.Reason}
+			continue
+		}
+		reqs = append(reqs, req)
 	}
-	if len(reqs) == 0 {
+	if listed == 0 {
 		return invalid(e, &jobs.InputError{Field: "from_file", Reason: "lists no folder"})
 	}
 	pool, err := connect(c, e)
@@ -222,7 +291,22 @@ func (i *importCmd) runFromFile(c *enqueueCLI, e *cli.Env) error {
 	// --timeout bounds each burst.
 	ctx, cancel := context.WithTimeout(e.Ctx, time.Duration(1+len(reqs)/jobs.MaxBurst)*c.Timeout)
 	defer cancel()
-	results, err := enq.ImportMany(ctx, reqs)
+	imported, err := enq.ImportMany(ctx, reqs)
+	// The answers in the file's order: each refused line in its place, then
+	// the imports' answers (all of them, or those committed before an
+	// error).
+	var results []jobs.Result
+	for n := 0; n < listed; n++ {
+		if res, ok := refused[n]; ok {
+			results = append(results, res)
+			continue
+		}
+		if len(imported) == 0 {
+			break
+		}
+		results = append(results, imported[0])
+		imported = imported[1:]
+	}
 	worst := cli.ExitOK
 	// On an error the bursts committed before it still have their answers.
 	for _, res := range results {
@@ -328,12 +412,29 @@ type retryCmd struct {
 	BatchID  int64  `name:"batch-id" required:"" help:"The failed (failed_pre_commit, failed_enqueue) or cancelled batch."`
 	TenantID string `name:"tenant-id" required:"" help:"The batch's tenant."`
 	operator
+	// The batch's s3:// folder must still name its tenant, database and
+	// company, in an accepted bucket, as an import of it would.
+	mappingFlags
 }
 
 func (r *retryCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	req := jobs.RetryRequest{BatchID: r.BatchID, TenantID: r.TenantID, By: r.by(), Reason: r.Reason}
 	if err := jobs.ValidateRetry(req); err != nil {
 		return invalid(e, err)
+	}
+	if err := r.mappingFlags.validate(e); err != nil {
+		return err
+	}
+	// The batch's folder meets today's rule, as a new import of it would.
+	req.Admit = func(imp jobs.ImportRequest) error {
+		if _, err := r.resolve(imp); err != nil {
+			var in *jobs.InputError
+			if errors.As(err, &in) {
+				return &jobs.InputError{Field: in.Field, Reason: fmt.Sprintf("batch %d cannot be retried: %s", r.BatchID, in.Reason)}
+			}
+			return err
+		}
+		return nil
 	}
 	return act(c, e, func(ctx context.Context, enq *jobs.Enqueuer) (jobs.Result, error) { return enq.Retry(ctx, req) })
 }

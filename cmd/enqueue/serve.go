@@ -14,11 +14,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fleet/ingest/internal/cli"
-	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/uploads"
+	"github.com/fleet/ingest/migrations"
 )
 
 type serveCmd struct {
@@ -35,16 +35,17 @@ type serveCmd struct {
 	TenantTokensFile  string        `name:"tenant-tokens-file" env:"ENQUEUE_TENANT_TOKENS_FILE" help:"File of tenant tokens, one per line: \"<tenant id> sha256:<hex>\", the SHA-256 of the token, never the token (enqueue token mint prints a token and its line). A tenant token imports only its tenant's folders (POST /v1/imports; another's is 403) and reads only its tenant's batches (GET /v1/batches/{id}; another's is 404). Reloaded every --tenant-tokens-reload: a token added works, a token removed stops working, without a restart."`
 	TenantTokensEvery time.Duration `name:"tenant-tokens-reload" env:"ENQUEUE_TENANT_TOKENS_RELOAD" default:"10s" help:"How often --tenant-tokens-file is read again."`
 	ImportsNoMarker   bool          `name:"imports-without-marker" env:"IMPORTS_WITHOUT_MARKER" help:"POST /v1/imports loads a folder without its completion marker when the body does not say (no \"no_marker\" field): for producers that write none. A body's \"no_marker\": false still requires it. Default: required, as on every door."`
-	PathPattern       string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company."`
-	Buckets           []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Accept notifications only for these buckets (repeatable; default: any bucket whose name is a valid S3 bucket name). Give the worker the same list."`
-	MaxBodyBytes      int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
-	MaxHTTPConns      int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open connections to the public listener (--listen), a cap of its own (the admin listener has 64). At the cap a new connection closes the one idle, or waiting for its request body, longest, once it has been so for a second; until then it waits in the kernel's accept queue."`
-	SNSTopicARNs      []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
-	SNSAutoConfirm    bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
-	DevLocal          bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
-	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
-	NoRiverUI         bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI (at /riverui/ on the admin listener)."`
-	MaxConns          int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within --timeout. Size it for the concurrent requests expected, within the server's max_connections."`
+	// --path-pattern and --bucket: the rule enqueue import and retry
+	// apply too.
+	mappingFlags
+	MaxBodyBytes   int64         `name:"max-body-bytes" default:"1048576" help:"Largest request body accepted."`
+	MaxHTTPConns   int           `name:"max-http-conns" env:"MAX_HTTP_CONNS" default:"256" help:"Most open connections to the public listener (--listen), a cap of its own (the admin listener has 64). At the cap a new connection closes the one idle, or waiting for its request body, longest, once it has been so for a second; until then it waits in the kernel's accept queue."`
+	SNSTopicARNs   []string      `name:"sns-topic-arn" env:"SNS_TOPIC_ARNS" help:"Accept /v1/events/s3 notifications signed by Amazon SNS for this topic (repeatable). Without it SNS signatures are not accepted."`
+	SNSAutoConfirm bool          `name:"sns-auto-confirm" env:"SNS_AUTO_CONFIRM" help:"Confirm SNS subscriptions to the --sns-topic-arn topics (GET SubscribeURL, only on an Amazon SNS host). Otherwise they are logged and counted for an operator."`
+	DevLocal       bool          `name:"dev-allow-local-folders" help:"Accept file:// and mem:// folders in POST /v1/imports, as the body's tenant. Development only: any holder of the token could load any directory this process can read."`
+	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
+	NoRiverUI      bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI (at /riverui/ on the admin listener)."`
+	MaxConns       int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within --timeout. Size it for the concurrent requests expected, within the server's max_connections."`
 	// The operator surfaces' own login.
 	OperatorDatabaseURL string `name:"operator-database-url" env:"OPERATOR_DATABASE_URL" help:"PostgreSQL connection string of the operator login (fleet_operator, deploy/postgres/roles.sql), used by the operator surfaces only, the cancel route and the River UI, in a pool of its own (at most 4 connections). Without it they use --database-url, which in production is the door's login (fleet_enqueue), which may not change a batch or a job. Needs --operator-token-file."`
 
@@ -97,12 +98,26 @@ func refuseConfigSetting(e *cli.Env, fields map[string]string, setting, reason, 
 }
 
 // connectEnqueuer opens the operational pool of a long-running command
-// (at most maxConns connections; the database must answer at start) and
-// the enqueuer on it. The caller closes the pool.
+// (serve, sqs, reconcile: at most maxConns connections; the database must
+// answer at start) and the enqueuer on it. The caller closes the pool.
+//
+// As the worker does, the command does not start on a database whose
+// schema is behind this build (migrations.RequireCurrent): it exits 1
+// with the reason and "run `worker migrate` first" (a log line and the
+// error outcome line), so a pod that started before its migrations
+// restarts until they ran rather than report ready and refuse every
+// import. Its /readyz asks again at every probe (schemaReady).
 func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int) (*pgxpool.Pool, *jobs.Enqueuer, error) {
 	pool, err := c.Globals.Connect(e.Ctx, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(maxConns) })
 	if err != nil {
 		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
+	err = migrations.RequireCurrent(ctx, pool)
+	cancel()
+	if err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("not starting: %w", err)
 	}
 	enq, err := newEnqueuer(c, e, pool, nil, 0)
 	if err != nil {
@@ -188,7 +203,7 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorToken: operator, HMACSecret: []byte(hmacSecret), SNS: sns,
 		TenantTokens:      tenants,
 		AllowLocalFolders: s.DevLocal, ImportsWithoutMarker: s.ImportsNoMarker, MaxBadRecords: s.MaxBadRecords,
-		Marker: s.Marker, Mapping: folder.Mapping{Pattern: s.PathPattern, Buckets: s.Buckets},
+		Marker: s.Marker, Mapping: s.mapping(),
 		MaxBodyBytes: s.MaxBodyBytes, RequestTimeout: c.Timeout, Logger: e.Logger,
 		SignedMaxBodyBytes: s.SignedMaxBodyBytes, RateLimit: s.RateLimit, RateBurst: s.RateBurst,
 		GroupLinger: s.GroupLinger, GroupMax: s.GroupMax,
@@ -225,6 +240,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		enq.Metrics.AddPool(metrics.PoolOperator, opPool)
 	}
 	cfg.Enqueuer, cfg.Operator, cfg.Pool, cfg.Metrics = enq, opEnq, pool, enq.Metrics
+	cfg.Schema = schemaReady(pool)
 	srv, err := uploads.New(cfg)
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}
@@ -286,7 +302,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
 	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", cfg.AuthToken != "", "operator", cfg.OperatorToken != "", "hmac", len(cfg.HMACSecret) > 0,
-		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "rate_limit", s.RateLimit, "rate_burst", s.RateBurst, "group_linger", s.GroupLinger, "group_max", s.GroupMax, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
+		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "rate_limit", s.RateLimit, "rate_burst", s.RateBurst, "group_linger_seconds", s.GroupLinger.Seconds(), "group_max", s.GroupMax, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
 
 	select {
 	case <-e.Ctx.Done():
@@ -296,7 +312,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	srv.SetReady(false)
-	e.Logger.Info("shutting down: finishing in-flight requests", "grace", s.ShutdownGrace)
+	e.Logger.Info("shutting down: finishing in-flight requests", "grace_seconds", s.ShutdownGrace.Seconds())
 	ctx, cancel := context.WithTimeout(context.Background(), s.ShutdownGrace)
 	defer cancel()
 	if err := httpSrv.Shutdown(ctx); err != nil {
@@ -307,6 +323,13 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	e.Logger.Info("stopped")
 	return nil
+}
+
+// schemaReady is the schema check of a long-running command's /readyz:
+// the database's schema is current for this build (migrations.RequireCurrent),
+// or the reason it is not.
+func schemaReady(pool *pgxpool.Pool) func(context.Context) error {
+	return func(ctx context.Context) error { return migrations.RequireCurrent(ctx, pool) }
 }
 
 // operatorMaxConns bounds the operator surfaces' pool: a person's cancels

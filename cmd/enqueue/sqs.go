@@ -140,8 +140,8 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	ready.Store(true)
 	e.Logger.Info("consuming upload notifications", "addr", admin.Addr().String(), "queue_url", s.QueueURL, "buckets", s.Buckets,
-		"wait_time", s.WaitTime, "max_messages", s.MaxMessages, "receivers", s.Receivers, "max_burst", s.MaxBurst, "linger", s.Linger,
-		"visibility_timeout", s.VisibilityTimeout)
+		"wait_time_seconds", s.WaitTime.Seconds(), "max_messages", s.MaxMessages, "receivers", s.Receivers, "max_burst", s.MaxBurst, "linger_seconds", s.Linger.Seconds(),
+		"visibility_timeout_seconds", s.VisibilityTimeout.Seconds())
 
 	consumed := make(chan error, 1)
 	go func() { consumed <- consumer.Run(e.Ctx) }()
@@ -160,8 +160,9 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	return err
 }
 
-// startProbes serves /healthz, /readyz (ready, and the database answers)
-// and /metrics on addr, a listener that refuses request bodies.
+// startProbes serves /healthz, /readyz (ready, the database answers and
+// its schema is current for this build: otherwise 503 with the reason) and
+// /metrics on addr, a listener that refuses request bodies.
 func startProbes(addr string, m *metrics.Metrics, pool *pgxpool.Pool, ready *atomic.Bool, e *cli.Env) (*httpserver.Server, <-chan error, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -170,6 +171,10 @@ func startProbes(addr string, m *metrics.Metrics, pool *pgxpool.Pool, ready *ato
 		defer cancel()
 		if !ready.Load() || pool.Ping(ctx) != nil {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		if err := schemaReady(pool)(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")

@@ -32,7 +32,7 @@ func TestStatusAndListLinkJobsAndRetries(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &m), out)
 		return m
 	}
-	out, code := runCLI(t, dbURL, "import", "--tenant-id", "tenant-l", "--tenant-database", "db", "--company-id", "c", "--folder", "s3://fleet-bucket/l/1")
+	out, code := runCLI(t, dbURL, "import", "--tenant-id", "tenant-l", "--tenant-database", "db", "--company-id", "c", "--folder", "s3://fleet-bucket/tenants/tenant-l/db/c/l-1")
 	require.Equal(t, cli.ExitOK, code, out)
 	first := result(out)
 	firstID, firstJob := int64(first["batch_id"].(float64)), int64(first["job_id"].(float64))

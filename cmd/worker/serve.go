@@ -342,8 +342,8 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 		go reg.Watch(bg, r.NotificationsReload)
 	}
 	ready.Store(true)
-	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl", r.LeaseTTL, "lease_renew_every", r.LeaseRenewEvery,
-		"lease_safety_margin", cmp.Or(r.LeaseSafetyMargin, lease.DefaultSafetyMargin(r.LeaseTTL, r.LeaseRenewEvery)),
+	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl_seconds", r.LeaseTTL.Seconds(), "lease_renew_every_seconds", r.LeaseRenewEvery.Seconds(),
+		"lease_safety_margin_seconds", cmp.Or(r.LeaseSafetyMargin, lease.DefaultSafetyMargin(r.LeaseTTL, r.LeaseRenewEvery)).Seconds(),
 		"max_conns", conns.Total(), "warehouse_load_conns", conns.Loads, "database_pooler", string(g.DatabasePooler),
 		"database", cli.Redact(g.DatabaseURL), "warehouse", whName)
 
@@ -351,7 +351,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	ready.Store(false)
 	limit := max(r.DrainMax, r.ShutdownGrace)
 	log.Info("shutting down: no new jobs; running batches may finish", "running", deliveries.Running(),
-		"grace", r.ShutdownGrace, "drain_max", limit)
+		"grace_seconds", r.ShutdownGrace.Seconds(), "drain_max_seconds", limit.Seconds())
 	// River's Stop waits for every running delivery; the drain gives up,
 	// meanwhile, those whose loads will not finish by the limit.
 	stopCtx, cancelStop := context.WithTimeout(context.Background(), limit)
@@ -359,7 +359,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	err = client.Stop(stopCtx)
 	cancelStop()
 	if err != nil {
-		log.Warn("drain limit reached: cancelling running batches; they stay resumable", "drain_max", limit)
+		log.Warn("drain limit reached: cancelling running batches; they stay resumable", "drain_max_seconds", limit.Seconds())
 		cancelCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if err := client.StopAndCancel(cancelCtx); err != nil {
 			log.Error("stopping River", "error", err)

@@ -242,8 +242,9 @@ GRANT UPDATE (status, details, completed_at, updated_at,
     ON ingestion_batches TO fleet_worker;
 CREATE POLICY fleet_worker_update ON ingestion_batches FOR UPDATE TO fleet_worker
     USING (status = 'Running') WITH CHECK (true);
--- Workers check at start that the schema is current for their build.
-GRANT SELECT ON ingest_schema_migrations TO fleet_worker;
+-- Workers, and the doors (enqueue serve, sqs, reconcile: at start and in
+-- /readyz), check that the schema is current for their build.
+GRANT SELECT ON ingest_schema_migrations TO fleet_worker, fleet_enqueue;
 -- The lease sweeper records when it last ran, so the fleet sweeps once per
 -- period rather than once per pod (migration 00060).
 GRANT SELECT, INSERT, UPDATE ON ingest_sweeps TO fleet_worker;

@@ -191,9 +191,9 @@ func (t *Tracker) decide(p Policy, graceEnd, deadline time.Time) {
 		l.mu.Unlock()
 		attrs := []any{"batch_id", l.batchID, "objects_done", done, "objects_total", total}
 		if known {
-			attrs = append(attrs, "estimated_left", left.Round(time.Second).String())
+			attrs = append(attrs, "estimated_left_seconds", left.Round(time.Second).Seconds())
 		}
-		attrs = append(attrs, "drain_deadline_in", deadline.Sub(now).Round(time.Second).String())
+		attrs = append(attrs, "drain_deadline_in_seconds", deadline.Sub(now).Round(time.Second).Seconds())
 		switch verdict {
 		case "finishing":
 			p.Logger.Info("draining: the load will finish before the drain limit; waiting for it", attrs...)

@@ -3,8 +3,10 @@ package drain
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -111,6 +113,16 @@ func TestDrainFinishesLoadsThatWillFinishAndGivesUpTheRest(t *testing.T) {
 	require.Contains(t, out, `"msg":"draining: giving the load up; the batch stays resumable","batch_id":3`)
 	require.Contains(t, out, "it has shown no progress to go by")
 	require.Contains(t, out, "its progress says it would not finish before the drain limit")
+	// Durations are numbers of seconds, under keys that say so.
+	var finishing map[string]any
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, `"msg":"draining: the load will finish before the drain limit`) {
+			require.NoError(t, json.Unmarshal([]byte(l), &finishing))
+		}
+	}
+	require.IsType(t, float64(0), finishing["estimated_left_seconds"], "%v", finishing)
+	require.IsType(t, float64(0), finishing["drain_deadline_in_seconds"], "%v", finishing)
+	require.NotContains(t, finishing, "drain_deadline_in")
 }
 
 // TestDrainGivesUpALoadThatSlowsDown: a load that would have finished in

@@ -109,6 +109,6 @@ func (g *bodyGuard) cut() error {
 	g.conn.tightenRead(aLongTimeAgo)
 	g.s.slowBodies.Add(1)
 	g.s.logger.Debug("request body too slow: connection cut", "remote_addr", g.remote,
-		"bytes_read", g.read, "waited", g.waited.Round(time.Millisecond), "min_body_rate", g.s.rate)
+		"bytes_read", g.read, "waited_seconds", g.waited.Round(time.Millisecond).Seconds(), "min_body_rate", g.s.rate)
 	return ErrSlowBody
 }

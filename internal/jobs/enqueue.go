@@ -452,6 +452,12 @@ type RetryRequest struct {
 	// (OperatorLog). By defaults to "unnamed".
 	By     string `json:"-"`
 	Reason string `json:"reason,omitempty"`
+	// Admit, if set, is the door's rule for the import a retry would
+	// start (the batch's tenant, database, company and folder): an error
+	// (an *InputError) refuses the retry before anything is written. The
+	// command line checks the folder's path against its tenant with it,
+	// as enqueue serve does an import.
+	Admit func(ImportRequest) error `json:"-"`
 }
 
 // Reasons a retry is refused (besides the resume reasons it shares).
@@ -472,14 +478,19 @@ const (
 // superseded, details_invalid, details_unknown_version,
 // source_type_mismatch), and so does one with a newer batch of its folder
 // that can still be resumed (newer_batch_resumable, see newerBatchRefusal);
-// a missing batch or another tenant's answers not_found.
+// a missing batch or another tenant's answers not_found. A retry req.Admit
+// refuses returns its error (invalid input) and writes nothing.
 func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) {
 	if err := ValidateRetry(req); err != nil {
 		return Result{}, err
 	}
 	res, err := e.retry(ctx, req)
-	if err == nil {
+	var in *InputError
+	switch {
+	case err == nil:
 		e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
+	case errors.As(err, &in): // refused (req.Admit): logged with the refusal, as other refusals are
+		e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, Result{Outcome: OutcomeInvalidInput, Reason: in.Error()})
 	}
 	return res, err
 }
@@ -538,10 +549,16 @@ func (e *Enqueuer) retry(ctx context.Context, req RetryRequest) (Result, error) 
 	if d, err := batch.ParseDetails(b.Details); err == nil {
 		noMarker, maxBad = d.MarkerOptional, d.MaxBadRecords
 	}
-	res, err := e.Import(ctx, ImportRequest{
+	imp := ImportRequest{
 		TenantID: b.TenantID, TenantDatabase: b.TenantDatabase, CompanyID: b.CompanyID,
 		Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), retryOf: b.ID, NoMarker: noMarker, MaxBadRecords: maxBad,
-	})
+	}
+	if req.Admit != nil {
+		if err := req.Admit(imp); err != nil {
+			return Result{}, err
+		}
+	}
+	res, err := e.Import(ctx, imp)
 	if err != nil {
 		return Result{}, err
 	}

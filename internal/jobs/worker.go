@@ -206,7 +206,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		m.TenantCapDeferrals.Inc()
 		log.Info("tenant at its cap of running batches while another tenant waits: snoozing",
 			"tenant_id", over.tenant, "running", over.running, "cap", w.cfg.MaxRunningPerTenant,
-			"waiting_tenant_id", over.waiting, "jobs_moved_behind", over.moved, "snooze", minSnoozeDefault)
+			"waiting_tenant_id", over.waiting, "jobs_moved_behind", over.moved, "snooze_seconds", minSnoozeDefault.Seconds())
 		return river.JobSnooze(minSnoozeDefault)
 	}
 	switch a.Outcome {
@@ -225,17 +225,17 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		m.Deliveries.WithLabelValues("snoozed_contended").Inc()
 		wait := max(a.PreviousExpiresAt.Sub(a.Now)+time.Second, minSnoozeDefault)
 		log.Info("lease held by another delivery: snoozing until its expiry",
-			"holder", a.PreviousHolder, "holder_expires_at", a.PreviousExpiresAt, "snooze", wait)
+			"holder", a.PreviousHolder, "holder_expires_at", a.PreviousExpiresAt, "snooze_seconds", wait.Seconds())
 		return river.JobSnooze(wait)
 	}
 	if a.TakenOver {
 		m.LeaseAcquisitions.WithLabelValues("taken_over").Inc()
 		m.TakeoverDelay.Observe(a.TakeoverDelay().Seconds())
-		log.Warn("took over an expired lease", "previous_holder", a.PreviousHolder, "takeover_delay", a.TakeoverDelay())
+		log.Warn("took over an expired lease", "previous_holder", a.PreviousHolder, "takeover_delay_seconds", a.TakeoverDelay().Seconds())
 	} else {
 		m.LeaseAcquisitions.WithLabelValues("acquired").Inc()
 	}
-	log = log.With("lease_id", holder, "lease_generation", a.Lease.Generation)
+	log = log.With("tenant_id", a.TenantID, "lease_id", holder, "lease_generation", a.Lease.Generation)
 	m.LeasesHeld.Inc()
 	defer m.LeasesHeld.Dec()
 
@@ -262,7 +262,7 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 		res.Outcome = pipeline.LeaseLost
 	}
 	if p := w.cfg.PauseBeforeCompletion; p > 0 && (res.Outcome == pipeline.Succeeded || res.Outcome == pipeline.Failed) {
-		log.Warn("tests only: pausing between the batch's terminal write and the job's completion", "pause", p)
+		log.Warn("tests only: pausing between the batch's terminal write and the job's completion", "pause_seconds", p.Seconds())
 		time.Sleep(p)
 	}
 	return w.finish(ctx, job, res, log)
@@ -334,8 +334,7 @@ func countResume(m *metrics.Metrics, b batch.Batch, outcome string) {
 // finish maps a pipeline result onto River: completed, snoozed, cancelled
 // or retried.
 func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], res pipeline.Result, log *slog.Logger) error {
-	m := w.cfg.Metrics
-	log = log.With("tenant_id", res.Batch.TenantID)
+	m := w.cfg.Metrics // log names the tenant already (the acquisition's)
 	age := time.Since(res.Batch.StartedAt).Seconds()
 	switch res.Outcome {
 	case pipeline.Succeeded:
@@ -365,10 +364,8 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 		if errors.Is(res.Err, batch.ErrStaleLease) {
 			m.StaleWritesRejected.Inc()
 		}
-		if b, err := w.cfg.Store.Get(context.WithoutCancel(ctx), job.Args.BatchID); err == nil && b.CancelledAt != nil {
-			m.Deliveries.WithLabelValues("cancelled").Inc()
-			log.Warn("batch cancelled by an operator: stopped without further writes", "cancelled_by", deref(b.CancelledBy), "reason", deref(b.CancelReason))
-			return river.JobCancel(fmt.Errorf("batch %d cancelled by %s", job.Args.BatchID, deref(b.CancelledBy)))
+		if b, ok := w.cancelledByOperator(ctx, job.Args.BatchID); ok {
+			return w.stoppedByOperator(job, b, log)
 		}
 		m.Deliveries.WithLabelValues("lease_lost").Inc()
 		log.Warn("lease lost mid-way: stopped without further writes", "error", res.Err)
@@ -378,6 +375,9 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 	}
 	// Transient failure or cancellation: the batch keeps its progress.
 	if errors.Is(context.Cause(ctx), river.ErrJobCancelledRemotely) {
+		if b, ok := w.cancelledByOperator(ctx, job.Args.BatchID); ok {
+			return w.stoppedByOperator(job, b, log)
+		}
 		m.Deliveries.WithLabelValues("cancelled").Inc()
 		log.Warn("job cancelled remotely, lease lost (an operator cancelled the batch, or the sweeper re-delivered it after the lease expired): stopped without further writes", "error", res.Err)
 		return river.JobCancel(fmt.Errorf("cancelled remotely: %w", res.Err))
@@ -389,12 +389,12 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 	// attempts meant for failures.
 	if errors.Is(context.Cause(ctx), drain.ErrWillNotFinish) {
 		m.Deliveries.WithLabelValues("interrupted").Inc()
-		log.Info("delivery given up by the draining worker: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze", minSnoozeDefault)
+		log.Info("delivery given up by the draining worker: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze_seconds", minSnoozeDefault.Seconds())
 		return river.JobSnooze(minSnoozeDefault)
 	}
 	if ctx.Err() != nil {
 		m.Deliveries.WithLabelValues("interrupted").Inc()
-		log.Info("delivery interrupted by shutdown: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze", minSnoozeDefault)
+		log.Info("delivery interrupted by shutdown: batch left resumable, job snoozed (the attempt is given back)", "error", res.Err, "snooze_seconds", minSnoozeDefault.Seconds())
 		return river.JobSnooze(minSnoozeDefault)
 	}
 	if job.Attempt >= job.MaxAttempts {
@@ -403,6 +403,22 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 	m.Deliveries.WithLabelValues("retry").Inc()
 	log.Warn("transient failure: will retry", "error", res.Err)
 	return res.Err
+}
+
+// cancelledByOperator returns the batch if an operator cancelled it.
+func (w *IngestWorker) cancelledByOperator(ctx context.Context, batchID int64) (batch.Batch, bool) {
+	b, err := w.cfg.Store.Get(context.WithoutCancel(ctx), batchID)
+	return b, err == nil && b.CancelledAt != nil
+}
+
+// stoppedByOperator ends a delivery whose batch an operator cancelled: one
+// line naming who (cancelled_by) and why (reason), and when, and the job
+// cancelled.
+func (w *IngestWorker) stoppedByOperator(job *river.Job[IngestArgs], b batch.Batch, log *slog.Logger) error {
+	w.cfg.Metrics.Deliveries.WithLabelValues("cancelled").Inc()
+	log.Warn("batch cancelled by an operator: stopped without further writes",
+		"cancelled_by", deref(b.CancelledBy), "reason", deref(b.CancelReason), "cancelled_at", b.CancelledAt)
+	return river.JobCancel(fmt.Errorf("batch %d cancelled by %s: %s", job.Args.BatchID, deref(b.CancelledBy), deref(b.CancelReason)))
 }
 
 // giveUp records a batch whose transient failures outlasted every attempt as

@@ -107,6 +107,9 @@ type Acquisition struct {
 	Now time.Time
 	// Status is the batch's status when Outcome is Terminal.
 	Status batch.Status
+	// TenantID is the batch's tenant when Outcome is Acquired (for the
+	// delivery's log lines).
+	TenantID string
 }
 
 // TakeoverDelay is how long after the previous term's expiry it was taken
@@ -159,7 +162,7 @@ var acquireSQL = `
 	WHERE b.id = $1
 	  AND b.status = 'Running'
 	  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= clock_timestamp())
-	RETURNING b.execution_lease_generation, b.execution_lease_expires_at, b.execution_lease_terms->-2, b.execution_lease_renewed_at`
+	RETURNING b.execution_lease_generation, b.execution_lease_expires_at, b.execution_lease_terms->-2, b.execution_lease_renewed_at, b.tenant_id`
 
 // maxAcquireAttempts bounds retries when the lease is released between the
 // acquisition attempt and the look-up that explains its failure.
@@ -184,7 +187,7 @@ func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl
 			prevExp    *time.Time
 		)
 		err := s.db.QueryRow(ctx, acquireSQL, batchID, holderID, ttl.Microseconds()).
-			Scan(&a.Lease.Generation, &a.Lease.ExpiresAt, &prev, &a.Now)
+			Scan(&a.Lease.Generation, &a.Lease.ExpiresAt, &prev, &a.Now, &a.TenantID)
 		if err == nil {
 			a.Lease.RenewedAt = a.Now
 			if prev != nil && prev.Closed && prev.ReleasedAt == nil {

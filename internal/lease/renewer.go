@@ -297,7 +297,7 @@ func (h *Holding) Verify(ctx context.Context) error {
 		h.r.observe(RenewalLost, 1)
 		cfg.Logger.Error("lease inside its safety margin at a lease check: stopping work on the batch",
 			"batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation,
-			"remaining", checked.Remaining(), "safety_margin", cfg.SafetyMargin)
+			"remaining_seconds", checked.Remaining().Seconds(), "safety_margin_seconds", cfg.SafetyMargin.Seconds())
 		h.fence(fmt.Errorf("%w: term %d of batch %d has %s left, within its safety margin of %s", ErrLost, l.Generation, l.BatchID, checked.Remaining(), cfg.SafetyMargin))
 		return batch.ErrStaleLease
 	case !ok:
@@ -409,7 +409,7 @@ func (h *Holding) expire() {
 	h.r.observe(RenewalLost, 1)
 	h.r.cfg.Logger.Error("lease lost: its term reached its safety margin without a renewal; stopping work on the batch",
 		"batch_id", l.BatchID, "lease_id", l.HolderID, "lease_generation", l.Generation,
-		"expires_at", l.ExpiresAt, "safety_margin", h.r.cfg.SafetyMargin)
+		"expires_at", l.ExpiresAt, "safety_margin_seconds", h.r.cfg.SafetyMargin.Seconds())
 	h.fence(fmt.Errorf("%w: term %d of batch %d reached its safety margin without a renewal", ErrLost, l.Generation, l.BatchID))
 }
 
@@ -465,7 +465,7 @@ func (r *Renewer) loop() {
 		next := time.Until(nextFull)
 		switch {
 		case err != nil:
-			r.cfg.Logger.Warn("renewing leases failed: retrying; terms are fenced at their deadlines", "error", err, "retry_in", retryAfter(r.cfg.Every))
+			r.cfg.Logger.Warn("renewing leases failed: retrying; terms are fenced at their deadlines", "error", err, "retry_in_seconds", retryAfter(r.cfg.Every).Seconds())
 			next, nextFull, retry = retryAfter(r.cfg.Every), time.Now(), nil
 		case len(busy) > 0:
 			next = min(next, retryAfter(r.cfg.Every))
@@ -638,7 +638,7 @@ func (r *Renewer) renewLocked(ctx context.Context, holdings []*Holding, res []Re
 			h.mu.Unlock()
 			if first {
 				r.cfg.Logger.Warn("lease not renewed: another transaction holds the batch row's lock; retrying, the term is fenced at its deadline if the lock outlasts it",
-					"batch_id", o.l.BatchID, "lease_id", o.l.HolderID, "lease_generation", o.l.Generation, "deadline_in", deadline.Sub(r.cfg.Clock()))
+					"batch_id", o.l.BatchID, "lease_id", o.l.HolderID, "lease_generation", o.l.Generation, "deadline_in_seconds", deadline.Sub(r.cfg.Clock()).Seconds())
 			}
 		}
 	}

@@ -289,7 +289,7 @@ func (c *Consumer) receiveLoop(ctx context.Context, out chan<- delivery) {
 			c.m.SQSReceiveErrors.Inc()
 			failures++
 			pause := c.backoff(failures)
-			c.log.Warn("sqs round failed: backing off", "stage", "receive", "error", err.Error(), "failures", failures, "backoff", pause)
+			c.log.Warn("sqs round failed: backing off", "stage", "receive", "error", err.Error(), "failures", failures, "backoff_seconds", pause.Seconds())
 			if !sleep(ctx, pause) {
 				return
 			}
@@ -332,7 +332,7 @@ func (c *Consumer) commitLoop(ctx context.Context, received <-chan delivery) {
 		}
 		failures++
 		pause := c.backoff(failures)
-		c.log.Warn("sqs round failed: backing off", "stage", "import", "error", err.Error(), "failures", failures, "backoff", pause)
+		c.log.Warn("sqs round failed: backing off", "stage", "import", "error", err.Error(), "failures", failures, "backoff_seconds", pause.Seconds())
 		c.pause(pause)
 		sleep(ctx, pause)
 	}
@@ -505,7 +505,7 @@ func (c *Consumer) Round(ctx context.Context) (RoundResult, error) {
 // if the burst committed), counts every message and logs those left.
 func (c *Consumer) settle(ctx context.Context, r *round, importErr error) RoundResult {
 	if importErr == nil && len(r.burst) > 0 && c.cfg.DelayAfterCommit > 0 {
-		c.log.Warn("test delay between commit and delete", "delay", c.cfg.DelayAfterCommit, "folders", len(r.burst))
+		c.log.Warn("test delay between commit and delete", "delay_seconds", c.cfg.DelayAfterCommit.Seconds(), "folders", len(r.burst))
 		time.Sleep(c.cfg.DelayAfterCommit)
 	}
 	c.delete(ctx, r.msgs)

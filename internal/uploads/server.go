@@ -93,6 +93,11 @@ type Config struct {
 	// Pool is pinged by /readyz and holds the replay records of signed
 	// requests. Required when HMACSecret or SNS is set.
 	Pool *pgxpool.Pool
+	// Schema, if set, is asked by /readyz whether the database's schema is
+	// current for this build (migrations.RequireCurrent): an error answers
+	// 503 "not ready: " and the error, so a door never reports ready where
+	// its imports would fail.
+	Schema func(context.Context) error
 	// AuthToken is the import token: the bearer token every /v1 import
 	// request must carry. Required unless InsecureNoAuth.
 	AuthToken      string
@@ -352,6 +357,14 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		if err := s.cfg.Pool.Ping(ctx); err != nil {
 			http.Error(w, "not ready: database unreachable", http.StatusServiceUnavailable)
+			return
+		}
+	}
+	if s.cfg.Schema != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := s.cfg.Schema(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 	}

@@ -242,7 +242,7 @@ func (w *dataAPI) run(ctx context.Context, sub submission) (string, error) {
 		if err == nil || !errors.As(err, &se) || !se.Transient || attempt >= w.cfg.ConflictRetries {
 			return id, err
 		}
-		w.cfg.Logger.Info("redshift transaction conflicted: retrying", "statement", sub.name, "statement_id", id, "attempt", attempt+1, "backoff", backoff, "error", se.Message)
+		w.cfg.Logger.Info("redshift transaction conflicted: retrying", "statement", sub.name, "statement_id", id, "attempt", attempt+1, "backoff_seconds", backoff.Seconds(), "error", se.Message)
 		select {
 		case <-ctx.Done():
 			return id, fmt.Errorf("%s: %w", sub.name, context.Cause(ctx))
@@ -264,7 +264,7 @@ func (w *dataAPI) submitIdempotent(ctx context.Context, name string, sqls []stri
 		if err == nil || token == "" || ctx.Err() != nil || !retryableAPIError(err) || !time.Now().Add(backoff).Before(deadline) {
 			return id, err
 		}
-		w.cfg.Logger.Info("submitting again with the same client token", "statement", name, "backoff", backoff, "error", err)
+		w.cfg.Logger.Info("submitting again with the same client token", "statement", name, "backoff_seconds", backoff.Seconds(), "error", err)
 		select {
 		case <-ctx.Done():
 			return "", context.Cause(ctx)

@@ -1,0 +1,95 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/migrations"
+)
+
+// TestServeIsNotReadyOnAnUnmigratedDatabase: enqueue serve checks the
+// schema version as the worker does. Started on a fresh empty database,
+// or one behind this build, it does not start: no listener, exit 1, and a
+// log line (and the error outcome line) saying why and to run `worker
+// migrate` — where it used to report ready and answer every import 503.
+// The pod restarts until the migrations ran, as a worker's does.
+func TestServeIsNotReadyOnAnUnmigratedDatabase(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"empty": pgtest.EmptyDatabaseURL(t), "behind": pgtest.NewDatabaseURLAt(t, 1)} {
+		cmd := exec.Command(filepath.Join(binDir, "enqueue"), "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--insecure-no-auth")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+url, "LOG_FORMAT=json")
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		done := make(chan error, 1)
+		require.NoError(t, cmd.Start())
+		go func() { done <- cmd.Wait() }()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Fatalf("%s: serve did not stop on an unmigrated database: %s", name, stderr.String())
+		}
+		var exitErr *exec.ExitError
+		require.True(t, errors.As(err, &exitErr), "%s: %v", name, err)
+		require.Equal(t, 1, exitErr.ExitCode(), name)
+		logs := stderr.String()
+		require.NotContains(t, logs, "listening for upload notifications", name)
+		require.NotContains(t, logs, "admin listener started", name)
+		require.Contains(t, logs, `"level":"ERROR"`, name)
+		require.Contains(t, logs, "not starting: ", name)
+		require.Contains(t, logs, "run `worker migrate` first", name)
+		require.Contains(t, stdout.String(), `"outcome":"error"`, name)
+		want := map[string]string{"empty": "the database has no schema", "behind": "the database schema is at migration 1, this build needs"}[name]
+		require.Contains(t, logs, want, name)
+	}
+}
+
+// TestServeReadyzChecksTheSchema: /readyz asks at every probe: a database
+// whose schema falls behind this build (restored from an old backup, a
+// connection string pointed elsewhere) answers 503 with why, and ready
+// again once it is migrated.
+func TestServeReadyzChecksTheSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	serve, _ := startServe(t, dbURL, nil, "--insecure-no-auth")
+	readyz := "http://" + adminAddr(t, serve) + "/readyz"
+	get := func() (int, string) {
+		resp, err := http.Get(readyz)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	code, body := get()
+	require.Equal(t, http.StatusOK, code, body)
+
+	latest, err := migrations.Latest()
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = false WHERE version_id = $1`, latest)
+	require.NoError(t, err)
+	code, body = get()
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "not ready: the database schema is at migration")
+	require.Contains(t, body, "run `worker migrate` first")
+
+	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = true WHERE version_id = $1`, latest)
+	require.NoError(t, err)
+	code, body = get()
+	require.Equal(t, http.StatusOK, code, body)
+}
