@@ -314,7 +314,9 @@ func TestChartOperatorToken(t *testing.T) {
 // upload buckets (an empty allow-list used to mean any bucket, which let a
 // notification name a bucket such as "bkt/tenants/acme/…"), or with a name
 // S3 would not accept; with them, enqueue serve and the worker get the
-// same --bucket list and --path-pattern.
+// same bucket list and path pattern (the worker as flags, the enqueue
+// pods as PATH_PATTERN and ACCEPTED_BUCKETS, so enqueue import and retry
+// run in them with kubectl exec apply serve's rule).
 func TestChartRequiresUploadBuckets(t *testing.T) {
 	t.Parallel()
 	for _, buckets := range [][]any{nil, {}, {"Bad/Bucket"}, {"ok-bucket", "no"}} {
@@ -322,12 +324,16 @@ func TestChartRequiresUploadBuckets(t *testing.T) {
 		require.ErrorContains(t, err, "uploads.buckets", "%v", buckets)
 	}
 	docs := mustRender(t, map[string]any{"uploads": map[string]any{"buckets": []any{"fleet-a", "fleet-b"}, "pathPattern": "t/{tenant_id}/{tenant_database}/{company_id}/"}})
-	for _, key := range []string{"Deployment/prod-fleet-ingest-worker", "Deployment/prod-fleet-ingest-enqueue"} {
-		require.Contains(t, docs, key)
-		d := decode[appsv1.Deployment](t, docs[key])
-		args := d.Spec.Template.Spec.Containers[0].Args
-		require.Contains(t, args, "--bucket=fleet-a", key)
-		require.Contains(t, args, "--bucket=fleet-b", key)
-		require.Contains(t, args, "--path-pattern=t/{tenant_id}/{tenant_database}/{company_id}/", key)
+	worker := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"])
+	args := worker.Spec.Template.Spec.Containers[0].Args
+	require.Contains(t, args, "--bucket=fleet-a")
+	require.Contains(t, args, "--bucket=fleet-b")
+	require.Contains(t, args, "--path-pattern=t/{tenant_id}/{tenant_database}/{company_id}/")
+	enqueue := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"])
+	env := map[string]string{}
+	for _, e := range enqueue.Spec.Template.Spec.Containers[0].Env {
+		env[e.Name] = e.Value
 	}
+	require.Equal(t, "fleet-a,fleet-b", env["ACCEPTED_BUCKETS"])
+	require.Equal(t, "t/{tenant_id}/{tenant_database}/{company_id}/", env["PATH_PATTERN"])
 }
