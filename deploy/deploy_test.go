@@ -12,6 +12,7 @@ import (
 	"testing"
 	"unicode"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
@@ -28,6 +29,12 @@ func exported(t *testing.T) map[string]map[string]bool {
 	// Series per tenant exist only once a tenant has batches: give the
 	// gauge one so it is gathered with its labels.
 	m.SetTenantBatches([]metrics.TenantBatchCount{{Tenant: "tenant-a"}})
+	// Pool statistics are gathered from the pools a binary adds: add one
+	// (pgxpool connects lazily; this one never does).
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	m.AddPool("shared", pool)
 	worker, err := m.Registry.Gather()
 	require.NoError(t, err)
 	serve, err := metrics.NewServe().Registry.Gather()
