@@ -242,8 +242,8 @@ func TestStatusAndListSayTheQueueIsPaused(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &m), out)
 		return int64(m["batch_id"].(float64))
 	}
-	waiting := importOne("s3://fleet-bucket/p/1")
-	running := importOne("s3://fleet-bucket/p/2")
+	waiting := importOne("s3://fleet-bucket/tenants/tenant-p/db/c/p/1/")
+	running := importOne("s3://fleet-bucket/tenants/tenant-p/db/c/p/2/")
 	_, err := pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() WHERE args @> jsonb_build_object('batch_id', $1::bigint)`, running)
 	require.NoError(t, err)
 
