@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -16,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/migrations"
 )
 
 // TestServeIsNotReadyOnAnUnmigratedDatabase: enqueue serve checks the
@@ -63,7 +61,6 @@ func TestServeIsNotReadyOnAnUnmigratedDatabase(t *testing.T) {
 // again once it is migrated.
 func TestServeReadyzChecksTheSchema(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
 	serve, _ := startServe(t, dbURL, nil, "--insecure-no-auth")
@@ -79,17 +76,13 @@ func TestServeReadyzChecksTheSchema(t *testing.T) {
 	code, body := get()
 	require.Equal(t, http.StatusOK, code, body)
 
-	latest, err := migrations.Latest()
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = false WHERE version_id = $1`, latest)
-	require.NoError(t, err)
+	pgtest.MarkLatestMigration(t, pool, false)
 	code, body = get()
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Contains(t, body, "not ready: the database schema is at migration")
 	require.Contains(t, body, "run `worker migrate` first")
 
-	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = true WHERE version_id = $1`, latest)
-	require.NoError(t, err)
+	pgtest.MarkLatestMigration(t, pool, true)
 	code, body = get()
 	require.Equal(t, http.StatusOK, code, body)
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/migrations"
 )
 
 // TestSQSAndReconcileReadyzCheckTheSchema: the probes of enqueue sqs and
@@ -44,17 +43,13 @@ func TestSQSAndReconcileReadyzCheckTheSchema(t *testing.T) {
 	code, body := get()
 	require.Equal(t, http.StatusOK, code, body)
 
-	latest, err := migrations.Latest()
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = false WHERE version_id = $1`, latest)
-	require.NoError(t, err)
+	pgtest.MarkLatestMigration(t, pool, false)
 	code, body = get()
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Contains(t, body, "not ready: the database schema is at migration")
 	require.Contains(t, body, "run `worker migrate` first")
 
-	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = true WHERE version_id = $1`, latest)
-	require.NoError(t, err)
+	pgtest.MarkLatestMigration(t, pool, true)
 	code, body = get()
 	require.Equal(t, http.StatusOK, code, body)
 }
