@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -59,26 +57,11 @@ func TestTenantSeriesAreBoundedPerPod(t *testing.T) {
 	require.NoError(t, err)
 
 	port := freePorts(t, 1)
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var stdout, stderr testproc.SyncBuffer
-	exited := make(chan int, 1)
-	go func() {
-		exited <- run(runCtx, []string{"run", "--database-url", url, "--metrics-addr", "127.0.0.1:" + strconv.Itoa(port),
-			"--name", "tenant-series", "--orphan-after", "1h", "--stats-interval", "1s", "--log-level", "warn"}, &stdout, &stderr)
-	}()
-	scrape := func() (string, error) {
-		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		return string(body), err
-	}
+	stderr, stop := runWorker(t, "run", "--database-url", url, "--metrics-addr", "127.0.0.1:"+strconv.Itoa(port),
+		"--name", "tenant-series", "--orphan-after", "1h", "--stats-interval", "1s", "--log-level", "warn")
 	var body string
 	require.Eventually(t, func() bool {
-		body, err = scrape()
+		body, err = scrapeMetrics(port)
 		return err == nil && strings.Contains(body, "ingest_tenant_batches{")
 	}, 60*time.Second, 100*time.Millisecond, "the worker never exported its tenant gauge; logs: %s", stderr.String())
 
@@ -111,12 +94,6 @@ func TestTenantSeriesAreBoundedPerPod(t *testing.T) {
 	require.Equal(t, float64(tenants-metrics.MaxTenantsDefault), otherWaiting)
 
 	stop()
-	select {
-	case code := <-exited:
-		require.Equal(t, cli.ExitOK, code, stderr.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the worker did not stop; logs: %s", stderr.String())
-	}
 }
 
 func hasLabel(labels []*dto.LabelPair, name, value string) bool {
@@ -165,22 +142,15 @@ func TestWorkerMetricsOneTenantExporterNoDoorFamiliesPoolsPerPool(t *testing.T) 
 	require.NoError(t, err)
 
 	base := freePorts(t, 2)
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var stdout, stderr testproc.SyncBuffer
-	exited := make(chan int, 1)
-	go func() {
-		exited <- run(runCtx, []string{"run", "--database-url", url, "--metrics-addr", "127.0.0.1:" + strconv.Itoa(base),
-			"--name", "two", "--simulate-pods", "2", "--orphan-after", "1h", "--stats-interval", "200ms", "--log-level", "warn"}, &stdout, &stderr)
-	}()
+	stderr, stop := runWorker(t, "run", "--database-url", url, "--metrics-addr", "127.0.0.1:"+strconv.Itoa(base),
+		"--name", "two", "--simulate-pods", "2", "--orphan-after", "1h", "--stats-interval", "200ms", "--log-level", "warn")
 	scrape := func(i int) map[string]*dto.MetricFamily {
-		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", base+i))
+		body, err := scrapeMetrics(base + i)
 		if err != nil {
 			return nil
 		}
-		defer resp.Body.Close()
 		parser := expfmt.NewTextParser(model.UTF8Validation)
-		families, err := parser.TextToMetricFamilies(resp.Body)
+		families, err := parser.TextToMetricFamilies(strings.NewReader(body))
 		if err != nil {
 			return nil
 		}
@@ -255,10 +225,4 @@ func TestWorkerMetricsOneTenantExporterNoDoorFamiliesPoolsPerPool(t *testing.T) 
 	}
 
 	stop()
-	select {
-	case code := <-exited:
-		require.Equal(t, cli.ExitOK, code, stderr.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the workers did not stop; logs: %s", stderr.String())
-	}
 }
