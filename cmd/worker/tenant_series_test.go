@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -31,36 +33,19 @@ import (
 // and they still sum to every waiting batch.
 func TestTenantSeriesAreBoundedPerPod(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	url := pgtest.NewDatabaseURL(t)
-	pool := pgtest.Pool(t, url)
-	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	enq := &jobs.Enqueuer{Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler)}
 	const tenants = 5000
-	for start := 0; start < tenants; start += jobs.MaxBurst {
-		reqs := make([]jobs.ImportRequest, 0, jobs.MaxBurst)
-		for i := start; i < min(start+jobs.MaxBurst, tenants); i++ {
-			tenant := fmt.Sprintf("tenant-%04d", i)
-			reqs = append(reqs, jobs.ImportRequest{TenantID: tenant, TenantDatabase: "db", CompanyID: "c",
-				Folder: "s3://fleet-uploads/tenants/" + tenant + "/db/c/up-1"})
-		}
-		results, err := enq.ImportMany(ctx, reqs)
-		require.NoError(t, err)
-		for _, r := range results {
-			require.Equal(t, jobs.OutcomeEnqueued, r.Outcome, "%+v", r)
-		}
+	names := make([]string, tenants)
+	for i := range names {
+		names[i] = fmt.Sprintf("tenant-%04d", i)
 	}
-	// The worker is here for its gauges, not its jobs: without them every
-	// batch stays waiting (the sweeper re-delivers none within the hour).
-	_, err = pool.Exec(ctx, `DELETE FROM river_job`)
-	require.NoError(t, err)
+	url, _ := waitingBatches(t, names...)
 
 	port := freePorts(t, 1)
 	stderr, stop := runWorker(t, "run", "--database-url", url, "--metrics-addr", "127.0.0.1:"+strconv.Itoa(port),
 		"--name", "tenant-series", "--orphan-after", "1h", "--stats-interval", "1s", "--log-level", "warn")
 	var body string
 	require.Eventually(t, func() bool {
+		var err error
 		body, err = scrapeMetrics(port)
 		return err == nil && strings.Contains(body, "ingest_tenant_batches{")
 	}, 60*time.Second, 100*time.Millisecond, "the worker never exported its tenant gauge; logs: %s", stderr.String())
@@ -96,6 +81,37 @@ func TestTenantSeriesAreBoundedPerPod(t *testing.T) {
 	stop()
 }
 
+// waitingBatches imports a folder for each tenant into a fresh database
+// through the enqueue code path (ImportMany bursts, as serve, sqs and
+// reconcile do) and deletes their jobs: a worker is then there for its
+// gauges, not its jobs, and every batch stays Running, waiting (with
+// --orphan-after 1h the sweeper re-delivers none). It returns the
+// database's URL and a pool on it.
+func waitingBatches(t *testing.T, tenants ...string) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, url)
+	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	enq := &jobs.Enqueuer{Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler)}
+	for burst := range slices.Chunk(tenants, jobs.MaxBurst) {
+		reqs := make([]jobs.ImportRequest, 0, len(burst))
+		for _, tenant := range burst {
+			reqs = append(reqs, jobs.ImportRequest{TenantID: tenant, TenantDatabase: "db", CompanyID: "c",
+				Folder: "s3://fleet-uploads/tenants/" + tenant + "/db/c/up-1"})
+		}
+		results, err := enq.ImportMany(ctx, reqs)
+		require.NoError(t, err)
+		for _, r := range results {
+			require.Equal(t, jobs.OutcomeEnqueued, r.Outcome, "%+v", r)
+		}
+	}
+	_, err = pool.Exec(ctx, `DELETE FROM river_job`)
+	require.NoError(t, err)
+	return url, pool
+}
+
 func hasLabel(labels []*dto.LabelPair, name, value string) bool {
 	for _, l := range labels {
 		if l.GetName() == name && l.GetValue() == value {
@@ -128,18 +144,7 @@ func TestRunRefusesANonsenseTenantSeriesBound(t *testing.T) {
 func TestWorkerMetricsOneTenantExporterNoDoorFamiliesPoolsPerPool(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.NewDatabaseURL(t)
-	pool := pgtest.Pool(t, url)
-	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	enq := &jobs.Enqueuer{Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler)}
-	for _, tenant := range []string{"tenant-a", "tenant-b", "tenant-c"} {
-		_, err := enq.Import(ctx, jobs.ImportRequest{TenantID: tenant, TenantDatabase: "db", CompanyID: "c",
-			Folder: "s3://fleet-uploads/tenants/" + tenant + "/db/c/up-1"})
-		require.NoError(t, err)
-	}
-	_, err = pool.Exec(ctx, `DELETE FROM river_job`) // the batches stay Running, waiting
-	require.NoError(t, err)
+	url, pool := waitingBatches(t, "tenant-a", "tenant-b", "tenant-c")
 
 	base := freePorts(t, 2)
 	stderr, stop := runWorker(t, "run", "--database-url", url, "--metrics-addr", "127.0.0.1:"+strconv.Itoa(base),
