@@ -3,12 +3,9 @@ package e2e
 import (
 	"bytes"
 	"errors"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -64,25 +61,5 @@ func TestServeReadyzChecksTheSchema(t *testing.T) {
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
 	serve, _ := startServe(t, dbURL, nil, "--insecure-no-auth")
-	readyz := "http://" + adminAddr(t, serve) + "/readyz"
-	get := func() (int, string) {
-		resp, err := http.Get(readyz)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, strings.TrimSpace(string(b))
-	}
-	code, body := get()
-	require.Equal(t, http.StatusOK, code, body)
-
-	pgtest.MarkLatestMigration(t, pool, false)
-	code, body = get()
-	require.Equal(t, http.StatusServiceUnavailable, code)
-	require.Contains(t, body, "not ready: the database schema is at migration")
-	require.Contains(t, body, "run `worker migrate` first")
-
-	pgtest.MarkLatestMigration(t, pool, true)
-	code, body = get()
-	require.Equal(t, http.StatusOK, code, body)
+	pgtest.RequireReadyzFollowsSchema(t, pool, "http://"+adminAddr(t, serve)+"/readyz")
 }

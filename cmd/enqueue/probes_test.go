@@ -3,10 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"log/slog"
-	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -32,24 +29,5 @@ func TestSQSAndReconcileReadyzCheckTheSchema(t *testing.T) {
 	srv, _, err := startProbes("127.0.0.1:0", metrics.NewSQS(), pool, &ready, e)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
-	get := func() (int, string) {
-		resp, err := http.Get("http://" + srv.Addr().String() + "/readyz")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, strings.TrimSpace(string(b))
-	}
-	code, body := get()
-	require.Equal(t, http.StatusOK, code, body)
-
-	pgtest.MarkLatestMigration(t, pool, false)
-	code, body = get()
-	require.Equal(t, http.StatusServiceUnavailable, code)
-	require.Contains(t, body, "not ready: the database schema is at migration")
-	require.Contains(t, body, "run `worker migrate` first")
-
-	pgtest.MarkLatestMigration(t, pool, true)
-	code, body = get()
-	require.Equal(t, http.StatusOK, code, body)
+	pgtest.RequireReadyzFollowsSchema(t, pool, "http://"+srv.Addr().String()+"/readyz")
 }

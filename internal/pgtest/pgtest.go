@@ -208,18 +208,3 @@ func Pool(t testing.TB, databaseURL string) *pgxpool.Pool {
 	t.Cleanup(pool.Close)
 	return pool
 }
-
-// MarkLatestMigration marks this build's latest migration applied or not
-// in the database of pool: not applied, the database looks like one whose
-// schema falls behind the build (restored from an old backup, a
-// connection string pointed elsewhere) without losing anything.
-func MarkLatestMigration(t testing.TB, pool *pgxpool.Pool, applied bool) {
-	t.Helper()
-	latest, err := migrations.Latest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(context.Background(), `UPDATE `+migrations.TableName+` SET is_applied = $1 WHERE version_id = $2`, applied, latest); err != nil {
-		t.Fatalf("marking migration %d applied=%v: %v", latest, applied, err)
-	}
-}
