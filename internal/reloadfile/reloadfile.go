@@ -6,15 +6,20 @@ package reloadfile
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
 	"time"
 )
 
+// ErrNoFile is the error of Reload on a nil *File.
+var ErrNoFile = errors.New("no file")
+
 // File is a file at Path parsed into a T, read again by Reload (once) or
 // Watch (every interval). A file that no longer reads or parses keeps the
-// value last read. Current and Path are safe on a nil *File.
+// value last read. A nil *File has no file: Current is the zero T, Path
+// "", Reload ErrNoFile, and Watch returns at once.
 type File[T any] struct {
 	path   string
 	name   string
@@ -47,6 +52,9 @@ func (f *File[T]) Path() string {
 // value. It returns the error of a file that cannot be read or parsed,
 // keeping the value it had.
 func (f *File[T]) Reload() error {
+	if f == nil {
+		return ErrNoFile
+	}
 	raw, err := os.ReadFile(f.path)
 	if err != nil {
 		return fmt.Errorf("%s: %w", f.name, err)
@@ -75,6 +83,9 @@ func (f *File[T]) Reload() error {
 // new file, where a watch on the old inode would not), calling failed, if
 // not nil, with the error of a reload that could not read or parse it.
 func (f *File[T]) Watch(ctx context.Context, every time.Duration, failed func(error)) {
+	if f == nil {
+		return
+	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {

@@ -70,7 +70,8 @@ func TestFileReloadKeepsLastGood(t *testing.T) {
 	<-done
 
 	var nilFile *File[string]
-	if nilFile.Current() != "" || nilFile.Path() != "" {
-		t.Fatal("a nil File holds the zero value and no path")
+	if nilFile.Current() != "" || nilFile.Path() != "" || !errors.Is(nilFile.Reload(), ErrNoFile) {
+		t.Fatal("a nil File holds the zero value, no path, and no file to reload")
 	}
+	nilFile.Watch(context.Background(), time.Millisecond, func(error) { t.Error("a nil File has nothing to watch") }) // returns at once
 }
