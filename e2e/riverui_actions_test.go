@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
@@ -37,26 +36,16 @@ func TestRiverUIActionsGoThroughTheBatch(t *testing.T) {
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
 	const orphanAfter = 2 * time.Second
-	serve, public := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
-	base := "http://" + adminAddr(t, serve) // the operator surfaces are on the admin listener
+	serve, public, base := startRiverUIServe(t, dbURL) // the operator surfaces are on the admin listener
 	w := startWorker(t, dbURL, append([]string{"--orphan-after", orphanAfter.String()}, fastLease...)...)
 	release := blockLoads(t, pool)
 	defer release()
 
-	enqueue := func(tenant string) (jobID, batchID int64) {
-		status, out := postJSON(t, public+"/v1/imports", "ui-token",
-			map[string]any{"tenant_id": tenant, "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
-		require.Equal(t, http.StatusAccepted, status, "%v", out)
-		return int64(out["job_id"].(float64)), int64(out["batch_id"].(float64))
-	}
+	enqueue := func(tenant string) (jobID, batchID int64) { return importSample(t, public, tenant) }
 	jobID, batchID := enqueue("tenant-ui")
 	waitLoadBlocked(t, pool, batchID, w.name+"/")
 	otherJob, otherBatch := enqueue("tenant-other")
-	jobState := func(id int64) string {
-		var state string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, id).Scan(&state))
-		return state
-	}
+	jobState := func(id int64) string { return riverJobState(t, pool, id) }
 	require.Equal(t, "running", jobState(jobID))
 
 	// An operator name longer than cancelled_by holds is bad input: 400,
@@ -75,28 +64,8 @@ func TestRiverUIActionsGoThroughTheBatch(t *testing.T) {
 	require.Equal(t, batch.StatusRunning, b.Status, "a refused cancel changes nothing")
 	require.Equal(t, "running", jobState(jobID))
 
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromiumPath(t)),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	defer cancelAlloc()
-	bctx, cancel := chromedp.NewContext(allocCtx)
-	defer cancel()
-	bctx, cancelTimeout := context.WithTimeout(bctx, 120*time.Second)
-	defer cancelTimeout()
-	login := chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-		if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
-			return err
-		}
-		_, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{
-			"Authorization": "Basic " + basicAuth("ops", "ui-operator-token")}})
-		return err
-	})
+	bctx := newBrowser(t, 120*time.Second)
+	login := withAuthorization("Basic " + basicAuth("ops", "ui-operator-token"))
 
 	// Cancel, with the UI's own button, on the running job's page.
 	err = chromedp.Do(bctx, login,

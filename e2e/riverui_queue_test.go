@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
@@ -38,8 +37,7 @@ func TestRiverUIQueuePauseIsAnOperatorAction(t *testing.T) {
 	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
-	serve, public := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
-	base := "http://" + adminAddr(t, serve)
+	serve, public, base := startRiverUIServe(t, dbURL)
 	w := startWorker(t, dbURL, fastLease...)
 	pausedAt := func() bool {
 		var paused bool
@@ -53,28 +51,8 @@ func TestRiverUIQueuePauseIsAnOperatorAction(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "the worker's producer records its queue")
 	require.False(t, pausedAt())
 
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromiumPath(t)),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	defer cancelAlloc()
-	bctx, cancel := chromedp.NewContext(allocCtx)
-	defer cancel()
-	bctx, cancelTimeout := context.WithTimeout(bctx, 150*time.Second)
-	defer cancelTimeout()
-	login := chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-		if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
-			return err
-		}
-		_, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{
-			"Authorization": "Basic " + basicAuth("ops", "ui-operator-token")}})
-		return err
-	})
+	bctx := newBrowser(t, 150*time.Second)
+	login := withAuthorization("Basic " + basicAuth("ops", "ui-operator-token"))
 	// click presses the queue page's button titled title, once it shows.
 	click := func(title string) chromedp.Action[chromedp.Void] {
 		return chromedp.Func(func(ctx context.Context, tgt *chromedp.Target) error {
@@ -99,10 +77,7 @@ func TestRiverUIQueuePauseIsAnOperatorAction(t *testing.T) {
 	// The worker's producer learns of the pause within its queue poll
 	// (River: 2 s at most); a batch imported after that waits.
 	time.Sleep(3 * time.Second)
-	status, out := postJSON(t, public+"/v1/imports", "ui-token",
-		map[string]any{"tenant_id": "tenant-q", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
-	require.Equal(t, http.StatusAccepted, status, "%v", out)
-	batchID := int64(out["batch_id"].(float64))
+	_, batchID := importSample(t, public, "tenant-q")
 	require.Eventually(t, func() bool { return w.metric(`ingest_queue_paused{queue="fleet_ingest"}`) == 1 }, 20*time.Second, 100*time.Millisecond)
 	require.Equal(t, 0.0, w.metric(`ingest_queue_paused{queue="fleet_notify"}`))
 	time.Sleep(2 * time.Second)

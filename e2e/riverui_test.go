@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/pgtest"
@@ -50,25 +51,14 @@ func chromiumPath(t *testing.T) string {
 // import token, the UI is not served.
 func TestRiverUIShowsTheJobsOfABatch(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
-	serve, public := startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
-	base := "http://" + adminAddr(t, serve) // the River UI is on the admin listener
-	enqueue := func() (jobID, batchID int64) {
-		status, out := postJSON(t, public+"/v1/imports", "ui-token",
-			map[string]any{"tenant_id": "tenant-ui", "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
-		require.Equal(t, http.StatusAccepted, status, "%v", out)
-		return int64(out["job_id"].(float64)), int64(out["batch_id"].(float64))
-	}
+	_, public, base := startRiverUIServe(t, dbURL) // the River UI is on the admin listener
+	enqueue := func() (jobID, batchID int64) { return importSample(t, public, "tenant-ui") }
 	jobID, batchID := enqueue()
 	targetJob, _ := enqueue()    // what the other site's page tries to cancel
 	cancelledJob, _ := enqueue() // what the operator cancels in the UI
-	jobState := func(id int64) string {
-		var state string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, id).Scan(&state))
-		return state
-	}
+	jobState := func(id int64) string { return riverJobState(t, pool, id) }
 
 	for name, tc := range map[string]struct {
 		auth   string
@@ -104,35 +94,13 @@ func TestRiverUIShowsTheJobsOfABatch(t *testing.T) {
 	defer other.Close()
 	otherURL := strings.Replace(other.URL, "127.0.0.1", "localhost", 1)
 
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromiumPath(t)),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("metrics-recording-only", true),
-		chromedp.Flag("mute-audio", true),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	defer cancelAlloc()
-	bctx, cancel := chromedp.NewContext(allocCtx)
-	defer cancel()
-	bctx, cancelTimeout := context.WithTimeout(bctx, 90*time.Second)
-	defer cancelTimeout()
+	bctx := newBrowser(t, 90*time.Second)
 
 	var listed, detail, attack string
 	err := chromedp.Do(bctx,
 		// The operator's credentials go with every request of this
 		// browser, to any site, as cached HTTP Basic credentials would.
-		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
-			if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
-				return err
-			}
-			_, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders,
-				network.SetExtraHTTPHeadersParams{Headers: network.Headers{"Authorization": "Bearer ui-operator-token"}})
-			return err
-		}),
+		withAuthorization("Bearer ui-operator-token"),
 		chromedp.Navigate(otherURL),
 		void(chromedp.Poll[bool](fmt.Sprintf(`location.href === %q && document.readyState === "complete"`, formTarget),
 			chromedp.WithPollingTimeout(60*time.Second))),
@@ -201,4 +169,69 @@ func text(out *string) chromedp.Action[chromedp.Void] {
 		*out = v
 		return chromedp.Void{}, err
 	}
+}
+
+// startRiverUIServe starts enqueue serve with the import token ui-token
+// and the operator token ui-operator-token, local folders allowed. It
+// returns serve, its public URL and its admin listener's URL (where the
+// River UI and pprof are).
+func startRiverUIServe(t *testing.T, dbURL string) (serve *workerProc, public, admin string) {
+	t.Helper()
+	serve, public = startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
+	return serve, public, "http://" + adminAddr(t, serve)
+}
+
+// importSample imports the sample folder for tenant through serve's
+// public URL with the import token ui-token, returning the job and batch.
+func importSample(t *testing.T, public, tenant string) (jobID, batchID int64) {
+	t.Helper()
+	status, out := postJSON(t, public+"/v1/imports", "ui-token",
+		map[string]any{"tenant_id": tenant, "tenant_database": "db", "company_id": "c", "folder": writeFolder(t, sample)})
+	require.Equal(t, http.StatusAccepted, status, "%v", out)
+	return int64(out["job_id"].(float64)), int64(out["batch_id"].(float64))
+}
+
+// riverJobState is the state of River job id.
+func riverJobState(t *testing.T, pool *pgxpool.Pool, id int64) string {
+	t.Helper()
+	var state string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT state::text FROM river_job WHERE id = $1`, id).Scan(&state))
+	return state
+}
+
+// newBrowser starts a headless Chromium for the test, closed when it
+// ends, and returns a tab's context that times out after timeout.
+func newBrowser(t *testing.T, timeout time.Duration) context.Context {
+	t.Helper()
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("metrics-recording-only", true),
+		chromedp.Flag("mute-audio", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	t.Cleanup(cancelAlloc)
+	bctx, cancel := chromedp.NewContext(allocCtx)
+	t.Cleanup(cancel)
+	bctx, cancelTimeout := context.WithTimeout(bctx, timeout)
+	t.Cleanup(cancelTimeout)
+	return bctx
+}
+
+// withAuthorization sends the Authorization header authorization with
+// every request of the browser from then on, to any site, as cached HTTP
+// Basic credentials would be.
+func withAuthorization(authorization string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+		if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
+			return err
+		}
+		_, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders,
+			network.SetExtraHTTPHeadersParams{Headers: network.Headers{"Authorization": authorization}})
+		return err
+	})
 }

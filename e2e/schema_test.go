@@ -2,21 +2,16 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"errors"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/migrations"
 )
 
 // TestServeIsNotReadyOnAnUnmigratedDatabase: enqueue serve checks the
@@ -63,33 +58,8 @@ func TestServeIsNotReadyOnAnUnmigratedDatabase(t *testing.T) {
 // again once it is migrated.
 func TestServeReadyzChecksTheSchema(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
 	serve, _ := startServe(t, dbURL, nil, "--insecure-no-auth")
-	readyz := "http://" + adminAddr(t, serve) + "/readyz"
-	get := func() (int, string) {
-		resp, err := http.Get(readyz)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, strings.TrimSpace(string(b))
-	}
-	code, body := get()
-	require.Equal(t, http.StatusOK, code, body)
-
-	latest, err := migrations.Latest()
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = false WHERE version_id = $1`, latest)
-	require.NoError(t, err)
-	code, body = get()
-	require.Equal(t, http.StatusServiceUnavailable, code)
-	require.Contains(t, body, "not ready: the database schema is at migration")
-	require.Contains(t, body, "run `worker migrate` first")
-
-	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = true WHERE version_id = $1`, latest)
-	require.NoError(t, err)
-	code, body = get()
-	require.Equal(t, http.StatusOK, code, body)
+	pgtest.RequireReadyzFollowsSchema(t, pool, "http://"+adminAddr(t, serve)+"/readyz")
 }

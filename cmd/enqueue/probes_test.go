@@ -3,10 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"log/slog"
-	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -15,7 +12,6 @@ import (
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/migrations"
 )
 
 // TestSQSAndReconcileReadyzCheckTheSchema: the probes of enqueue sqs and
@@ -33,28 +29,5 @@ func TestSQSAndReconcileReadyzCheckTheSchema(t *testing.T) {
 	srv, _, err := startProbes("127.0.0.1:0", metrics.NewSQS(), pool, &ready, e)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
-	get := func() (int, string) {
-		resp, err := http.Get("http://" + srv.Addr().String() + "/readyz")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, strings.TrimSpace(string(b))
-	}
-	code, body := get()
-	require.Equal(t, http.StatusOK, code, body)
-
-	latest, err := migrations.Latest()
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = false WHERE version_id = $1`, latest)
-	require.NoError(t, err)
-	code, body = get()
-	require.Equal(t, http.StatusServiceUnavailable, code)
-	require.Contains(t, body, "not ready: the database schema is at migration")
-	require.Contains(t, body, "run `worker migrate` first")
-
-	_, err = pool.Exec(ctx, `UPDATE `+migrations.TableName+` SET is_applied = true WHERE version_id = $1`, latest)
-	require.NoError(t, err)
-	code, body = get()
-	require.Equal(t, http.StatusOK, code, body)
+	pgtest.RequireReadyzFollowsSchema(t, pool, "http://"+srv.Addr().String()+"/readyz")
 }

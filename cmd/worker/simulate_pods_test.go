@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -47,6 +48,41 @@ func freePorts(t *testing.T, n int) int {
 	return 0
 }
 
+// runWorker runs `worker` with args in this process until stop, which
+// ends it and requires it to exit OK within 60 s; the test's end cancels
+// it too. stderr is its log.
+func runWorker(t *testing.T, args ...string) (stderr *testproc.SyncBuffer, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var stdout testproc.SyncBuffer
+	stderr = &testproc.SyncBuffer{}
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, args, &stdout, stderr) }()
+	return stderr, func() {
+		t.Helper()
+		cancel()
+		select {
+		case code := <-exited:
+			require.Equal(t, cli.ExitOK, code, stderr.String())
+		case <-time.After(60 * time.Second):
+			t.Fatalf("worker %s did not stop; logs: %s", strings.Join(args, " "), stderr.String())
+		}
+	}
+}
+
+// scrapeMetrics returns the /metrics page of the worker listening on
+// port.
+func scrapeMetrics(port int) (string, error) {
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err
+}
+
 // TestSimulatePodsRunsIndependentWorkers: worker run --simulate-pods 3 runs
 // three workers in one process, each with its own name and its own metrics
 // listener (the port of --metrics-addr plus its number), and stops them all
@@ -55,14 +91,8 @@ func TestSimulatePodsRunsIndependentWorkers(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewDatabaseURL(t)
 	base := freePorts(t, 3)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr testproc.SyncBuffer
-	exited := make(chan int, 1)
-	go func() {
-		exited <- run(ctx, []string{"run", "--database-url", url, "--metrics-addr", "127.0.0.1:" + strconv.Itoa(base),
-			"--name", "sim", "--simulate-pods", "3", "--log-format", "json"}, &stdout, &stderr)
-	}()
+	stderr, stop := runWorker(t, "run", "--database-url", url, "--metrics-addr", "127.0.0.1:"+strconv.Itoa(base),
+		"--name", "sim", "--simulate-pods", "3", "--log-format", "json")
 	client := &http.Client{Timeout: 2 * time.Second}
 	for i := range 3 {
 		addr := fmt.Sprintf("http://127.0.0.1:%d", base+i)
@@ -81,13 +111,7 @@ func TestSimulatePodsRunsIndependentWorkers(t *testing.T) {
 		resp.Body.Close()
 		require.Contains(t, body.String(), "ingest_lease_acquisitions_total", "pod %d serves its own metrics", i)
 	}
-	cancel()
-	select {
-	case code := <-exited:
-		require.Equal(t, cli.ExitOK, code, stderr.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the simulated pods did not stop; logs: %s", stderr.String())
-	}
+	stop()
 	started, stopped := map[string]bool{}, map[string]bool{}
 	for _, line := range strings.Split(stderr.String(), "\n") {
 		var entry map[string]any

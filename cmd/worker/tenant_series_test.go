@@ -3,14 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -33,52 +33,20 @@ import (
 // and they still sum to every waiting batch.
 func TestTenantSeriesAreBoundedPerPod(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	url := pgtest.NewDatabaseURL(t)
-	pool := pgtest.Pool(t, url)
-	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	enq := &jobs.Enqueuer{Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler)}
 	const tenants = 5000
-	for start := 0; start < tenants; start += jobs.MaxBurst {
-		reqs := make([]jobs.ImportRequest, 0, jobs.MaxBurst)
-		for i := start; i < min(start+jobs.MaxBurst, tenants); i++ {
-			tenant := fmt.Sprintf("tenant-%04d", i)
-			reqs = append(reqs, jobs.ImportRequest{TenantID: tenant, TenantDatabase: "db", CompanyID: "c",
-				Folder: "s3://fleet-uploads/tenants/" + tenant + "/db/c/up-1"})
-		}
-		results, err := enq.ImportMany(ctx, reqs)
-		require.NoError(t, err)
-		for _, r := range results {
-			require.Equal(t, jobs.OutcomeEnqueued, r.Outcome, "%+v", r)
-		}
+	names := make([]string, tenants)
+	for i := range names {
+		names[i] = fmt.Sprintf("tenant-%04d", i)
 	}
-	// The worker is here for its gauges, not its jobs: without them every
-	// batch stays waiting (the sweeper re-delivers none within the hour).
-	_, err = pool.Exec(ctx, `DELETE FROM river_job`)
-	require.NoError(t, err)
+	url, _ := waitingBatches(t, names...)
 
 	port := freePorts(t, 1)
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var stdout, stderr testproc.SyncBuffer
-	exited := make(chan int, 1)
-	go func() {
-		exited <- run(runCtx, []string{"run", "--database-url", url, "--metrics-addr", "127.0.0.1:" + strconv.Itoa(port),
-			"--name", "tenant-series", "--orphan-after", "1h", "--stats-interval", "1s", "--log-level", "warn"}, &stdout, &stderr)
-	}()
-	scrape := func() (string, error) {
-		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		return string(body), err
-	}
+	stderr, stop := runWorker(t, "run", "--database-url", url, "--metrics-addr", "127.0.0.1:"+strconv.Itoa(port),
+		"--name", "tenant-series", "--orphan-after", "1h", "--stats-interval", "1s", "--log-level", "warn")
 	var body string
 	require.Eventually(t, func() bool {
-		body, err = scrape()
+		var err error
+		body, err = scrapeMetrics(port)
 		return err == nil && strings.Contains(body, "ingest_tenant_batches{")
 	}, 60*time.Second, 100*time.Millisecond, "the worker never exported its tenant gauge; logs: %s", stderr.String())
 
@@ -111,12 +79,37 @@ func TestTenantSeriesAreBoundedPerPod(t *testing.T) {
 	require.Equal(t, float64(tenants-metrics.MaxTenantsDefault), otherWaiting)
 
 	stop()
-	select {
-	case code := <-exited:
-		require.Equal(t, cli.ExitOK, code, stderr.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the worker did not stop; logs: %s", stderr.String())
+}
+
+// waitingBatches imports a folder for each tenant into a fresh database
+// through the enqueue code path (ImportMany bursts, as serve, sqs and
+// reconcile do) and deletes their jobs: a worker is then there for its
+// gauges, not its jobs, and every batch stays Running, waiting (with
+// --orphan-after 1h the sweeper re-delivers none). It returns the
+// database's URL and a pool on it.
+func waitingBatches(t *testing.T, tenants ...string) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, url)
+	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	enq := &jobs.Enqueuer{Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler)}
+	for burst := range slices.Chunk(tenants, jobs.MaxBurst) {
+		reqs := make([]jobs.ImportRequest, 0, len(burst))
+		for _, tenant := range burst {
+			reqs = append(reqs, jobs.ImportRequest{TenantID: tenant, TenantDatabase: "db", CompanyID: "c",
+				Folder: "s3://fleet-uploads/tenants/" + tenant + "/db/c/up-1"})
+		}
+		results, err := enq.ImportMany(ctx, reqs)
+		require.NoError(t, err)
+		for _, r := range results {
+			require.Equal(t, jobs.OutcomeEnqueued, r.Outcome, "%+v", r)
+		}
 	}
+	_, err = pool.Exec(ctx, `DELETE FROM river_job`)
+	require.NoError(t, err)
+	return url, pool
 }
 
 func hasLabel(labels []*dto.LabelPair, name, value string) bool {
@@ -151,36 +144,18 @@ func TestRunRefusesANonsenseTenantSeriesBound(t *testing.T) {
 func TestWorkerMetricsOneTenantExporterNoDoorFamiliesPoolsPerPool(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.NewDatabaseURL(t)
-	pool := pgtest.Pool(t, url)
-	client, err := jobs.NewInsertClient(pool, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	enq := &jobs.Enqueuer{Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler)}
-	for _, tenant := range []string{"tenant-a", "tenant-b", "tenant-c"} {
-		_, err := enq.Import(ctx, jobs.ImportRequest{TenantID: tenant, TenantDatabase: "db", CompanyID: "c",
-			Folder: "s3://fleet-uploads/tenants/" + tenant + "/db/c/up-1"})
-		require.NoError(t, err)
-	}
-	_, err = pool.Exec(ctx, `DELETE FROM river_job`) // the batches stay Running, waiting
-	require.NoError(t, err)
+	url, pool := waitingBatches(t, "tenant-a", "tenant-b", "tenant-c")
 
 	base := freePorts(t, 2)
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var stdout, stderr testproc.SyncBuffer
-	exited := make(chan int, 1)
-	go func() {
-		exited <- run(runCtx, []string{"run", "--database-url", url, "--metrics-addr", "127.0.0.1:" + strconv.Itoa(base),
-			"--name", "two", "--simulate-pods", "2", "--orphan-after", "1h", "--stats-interval", "200ms", "--log-level", "warn"}, &stdout, &stderr)
-	}()
+	stderr, stop := runWorker(t, "run", "--database-url", url, "--metrics-addr", "127.0.0.1:"+strconv.Itoa(base),
+		"--name", "two", "--simulate-pods", "2", "--orphan-after", "1h", "--stats-interval", "200ms", "--log-level", "warn")
 	scrape := func(i int) map[string]*dto.MetricFamily {
-		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", base+i))
+		body, err := scrapeMetrics(base + i)
 		if err != nil {
 			return nil
 		}
-		defer resp.Body.Close()
 		parser := expfmt.NewTextParser(model.UTF8Validation)
-		families, err := parser.TextToMetricFamilies(resp.Body)
+		families, err := parser.TextToMetricFamilies(strings.NewReader(body))
 		if err != nil {
 			return nil
 		}
@@ -255,10 +230,4 @@ func TestWorkerMetricsOneTenantExporterNoDoorFamiliesPoolsPerPool(t *testing.T) 
 	}
 
 	stop()
-	select {
-	case code := <-exited:
-		require.Equal(t, cli.ExitOK, code, stderr.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the workers did not stop; logs: %s", stderr.String())
-	}
 }

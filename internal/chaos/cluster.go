@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -18,6 +17,8 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/fleet/ingest/internal/testproc"
 )
 
 // Cluster is a PostgreSQL cluster of its own: initdb'd in a directory,
@@ -44,16 +45,6 @@ func FindPGBin() (string, error) {
 	return filepath.Dir(matches[len(matches)-1]), nil
 }
 
-// freePort asks the kernel for an unused loopback port.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
 // StartCluster creates and starts a cluster under dir (which must not
 // exist), with extra server settings ("name=value"). As root it runs the
 // server as the postgres user, which initdb requires.
@@ -62,7 +53,7 @@ func StartCluster(ctx context.Context, dir string, settings ...string) (*Cluster
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := testproc.FreePort()
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/metrics/metricstest"
 )
 
 // TestTenantStatsOnlyFromRiversLeader: two workers' River clients and
@@ -128,24 +129,5 @@ func TestRefreshTenantStatsEmptiesOnLostLeadership(t *testing.T) {
 
 // tenantSeries returns ingest_tenant_batches by tenant and state.
 func tenantSeries(t *testing.T, m *metrics.Metrics) map[string]map[string]float64 {
-	t.Helper()
-	families, err := m.Registry.Gather()
-	require.NoError(t, err)
-	out := map[string]map[string]float64{}
-	for _, fam := range families {
-		if fam.GetName() != "ingest_tenant_batches" {
-			continue
-		}
-		for _, s := range fam.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range s.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if out[labels["tenant"]] == nil {
-				out[labels["tenant"]] = map[string]float64{}
-			}
-			out[labels["tenant"]][labels["state"]] = s.GetGauge().GetValue()
-		}
-	}
-	return out
+	return metricstest.TenantBatches(t, m.Registry)
 }

@@ -9,31 +9,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fleet/ingest/internal/metrics/metricstest"
 )
 
-// tenantSeries returns, per tenant label value, the states and values of
-// ingest_tenant_batches that m's registry gathers.
+// tenantSeries returns ingest_tenant_batches by tenant and state.
 func tenantSeries(t *testing.T, m *Metrics) map[string]map[string]float64 {
-	t.Helper()
-	families, err := m.Registry.Gather()
-	require.NoError(t, err)
-	out := map[string]map[string]float64{}
-	for _, f := range families {
-		if f.GetName() != "ingest_tenant_batches" {
-			continue
-		}
-		for _, s := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range s.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if out[labels["tenant"]] == nil {
-				out[labels["tenant"]] = map[string]float64{}
-			}
-			out[labels["tenant"]][labels["state"]] = s.GetGauge().GetValue()
-		}
-	}
-	return out
+	return metricstest.TenantBatches(t, m.Registry)
 }
 
 // TestTenantBatchesKeepTheBusiestTenants: ingest_tenant_batches has series

@@ -1,15 +1,14 @@
 package notify
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleet/ingest/internal/reloadfile"
 )
 
 // ReloadDefault is how often a Registry checks its file for a change.
@@ -23,13 +22,9 @@ const ReloadDefault = 10 * time.Second
 // counted. A Registry without a file (path "") has no destination for
 // anyone; so has a nil *Registry.
 type Registry struct {
-	path     string
 	logger   *slog.Logger
 	failures prometheus.Counter
-
-	mu  sync.RWMutex
-	cfg *Config
-	raw []byte // the file as last read, to tell a change
+	file     *reloadfile.File[*Config]
 }
 
 // NewRegistry reads the destinations file at path ("" for none). An
@@ -38,7 +33,21 @@ type Registry struct {
 // reloads that fail afterwards (metrics.Metrics.NotificationConfigReloadFailures);
 // logger (may be nil) logs every load and failed reload, never a secret.
 func NewRegistry(path string, logger *slog.Logger, failures prometheus.Counter) (*Registry, error) {
-	r := &Registry{path: path, logger: logger, failures: failures, cfg: &Config{}}
+	parse := func(raw []byte) (*Config, error) {
+		cfg, err := Parse(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	loaded := func(cfg *Config) {
+		if logger != nil {
+			tenants, destinations := cfg.Counts()
+			logger.Info("notification destinations loaded", "path", path, "tenants", tenants, "destinations", destinations)
+		}
+	}
+	r := &Registry{logger: logger, failures: failures,
+		file: reloadfile.New(path, "notifications file", &Config{}, parse, loaded)}
 	if err := r.Reload(); err != nil {
 		return nil, err
 	}
@@ -50,38 +59,17 @@ func (r *Registry) Path() string {
 	if r == nil {
 		return ""
 	}
-	return r.path
+	return r.file.Path()
 }
 
 // Reload reads the file again and, if it changed and parses, replaces the
 // destinations. It returns the error of a file that cannot be read or
 // parsed, keeping the destinations it had.
 func (r *Registry) Reload() error {
-	if r.path == "" {
+	if r.Path() == "" {
 		return nil
 	}
-	raw, err := os.ReadFile(r.path)
-	if err != nil {
-		return fmt.Errorf("notifications file: %w", err)
-	}
-	r.mu.RLock()
-	same := r.raw != nil && bytes.Equal(raw, r.raw)
-	r.mu.RUnlock()
-	if same {
-		return nil
-	}
-	cfg, err := Parse(raw)
-	if err != nil {
-		return fmt.Errorf("%s: %w", r.path, err)
-	}
-	r.mu.Lock()
-	r.cfg, r.raw = cfg, raw
-	r.mu.Unlock()
-	if r.logger != nil {
-		tenants, destinations := cfg.Counts()
-		r.logger.Info("notification destinations loaded", "path", r.path, "tenants", tenants, "destinations", destinations)
-	}
-	return nil
+	return r.file.Reload()
 }
 
 // Watch reloads the file every interval until ctx ends (Kubernetes updates
@@ -90,26 +78,17 @@ func (r *Registry) Reload() error {
 // is logged and counted, and the destinations last read stay. Without a
 // file Watch returns at once.
 func (r *Registry) Watch(ctx context.Context, every time.Duration) {
-	if r == nil || r.path == "" {
+	if r.Path() == "" {
 		return
 	}
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
+	r.file.Watch(ctx, every, func(err error) {
+		if r.logger != nil {
+			r.logger.Error("reloading notification destinations failed: keeping the destinations last read", "error", err)
 		}
-		if err := r.Reload(); err != nil {
-			if r.logger != nil {
-				r.logger.Error("reloading notification destinations failed: keeping the destinations last read", "error", err)
-			}
-			if r.failures != nil {
-				r.failures.Inc()
-			}
+		if r.failures != nil {
+			r.failures.Inc()
 		}
-	}
+	})
 }
 
 // Config returns the destinations in force.
@@ -117,9 +96,7 @@ func (r *Registry) Config() *Config {
 	if r == nil {
 		return nil
 	}
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.cfg
+	return r.file.Current()
 }
 
 // Destinations returns tenant's destinations in force.

@@ -166,7 +166,7 @@ func (b *Bouncer) URLFor(databaseURL string) (string, error) {
 }
 
 func launch(bin string, server *pgconn.Config, opts Options) (*Bouncer, func(), error) {
-	port, err := freePort()
+	port, err := testproc.FreePort()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -287,15 +287,6 @@ func postgresUser() (*syscall.Credential, error) {
 		return nil, err
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (b *Bouncer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.Port)) }

@@ -11,12 +11,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fleet/ingest/internal/batch"
+	"github.com/fleet/ingest/internal/reloadfile"
 )
 
 // TenantTokenPrefix starts every tenant token MintTenantToken makes, so
@@ -116,19 +115,31 @@ func ParseTenantTokens(raw []byte) ([]tenantToken, error) {
 // that no longer parses keeps the tokens last read (logged, counted). The
 // zero value knows no token.
 type TenantTokens struct {
-	path   string
 	logger *slog.Logger
-
-	mu      sync.RWMutex
-	entries []tenantToken
-	raw     []byte // the file as last read, to tell a change
+	file   *reloadfile.File[[]tenantToken]
 }
 
 // LoadTenantTokens reads the tokens file at path. An unreadable or invalid
 // file is an error: a door does not start without the tokens it was told
 // to accept.
 func LoadTenantTokens(path string, logger *slog.Logger) (*TenantTokens, error) {
-	t := &TenantTokens{path: path, logger: logger}
+	parse := func(raw []byte) ([]tenantToken, error) {
+		entries, err := ParseTenantTokens(raw)
+		if err != nil {
+			return nil, fmt.Errorf("tenant tokens file %s: %w", path, err)
+		}
+		return entries, nil
+	}
+	loaded := func(entries []tenantToken) {
+		tenants := map[string]bool{}
+		for _, e := range entries {
+			tenants[e.tenant] = true
+		}
+		if logger != nil {
+			logger.Info("tenant tokens loaded", "path", path, "tokens", len(entries), "tenants", len(tenants))
+		}
+	}
+	t := &TenantTokens{logger: logger, file: reloadfile.New(path, "tenant tokens file", nil, parse, loaded)}
 	if err := t.Reload(); err != nil {
 		return nil, err
 	}
@@ -139,31 +150,7 @@ func LoadTenantTokens(path string, logger *slog.Logger) (*TenantTokens, error) {
 // tokens. It returns the error of a file that cannot be read or parsed,
 // keeping the tokens it had.
 func (t *TenantTokens) Reload() error {
-	raw, err := os.ReadFile(t.path)
-	if err != nil {
-		return fmt.Errorf("tenant tokens file: %w", err)
-	}
-	t.mu.RLock()
-	same := t.raw != nil && bytes.Equal(raw, t.raw)
-	t.mu.RUnlock()
-	if same {
-		return nil
-	}
-	entries, err := ParseTenantTokens(raw)
-	if err != nil {
-		return fmt.Errorf("tenant tokens file %s: %w", t.path, err)
-	}
-	t.mu.Lock()
-	t.entries, t.raw = entries, raw
-	t.mu.Unlock()
-	tenants := map[string]bool{}
-	for _, e := range entries {
-		tenants[e.tenant] = true
-	}
-	if t.logger != nil {
-		t.logger.Info("tenant tokens loaded", "path", t.path, "tokens", len(entries), "tenants", len(tenants))
-	}
-	return nil
+	return t.file.Reload()
 }
 
 // Watch reloads the file every interval until ctx ends (Kubernetes
@@ -171,23 +158,14 @@ func (t *TenantTokens) Reload() error {
 // sees it, where a watch on the old inode would not), calling failed, if
 // not nil, after a reload that could not read or parse it.
 func (t *TenantTokens) Watch(ctx context.Context, every time.Duration, failed func()) {
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
+	t.file.Watch(ctx, every, func(err error) {
+		if t.logger != nil {
+			t.logger.Error("reloading tenant tokens failed: keeping the tokens last read", "error", err)
 		}
-		if err := t.Reload(); err != nil {
-			if t.logger != nil {
-				t.logger.Error("reloading tenant tokens failed: keeping the tokens last read", "error", err)
-			}
-			if failed != nil {
-				failed()
-			}
+		if failed != nil {
+			failed()
 		}
-	}
+	})
 }
 
 // Tenant returns the tenant whose token token is, comparing its SHA-256
@@ -197,10 +175,8 @@ func (t *TenantTokens) Tenant(token string) (string, bool) {
 		return "", false
 	}
 	sum := sha256.Sum256([]byte(token))
-	t.mu.RLock()
-	defer t.mu.RUnlock()
 	found := ""
-	for _, e := range t.entries {
+	for _, e := range t.file.Current() {
 		if subtle.ConstantTimeCompare(sum[:], e.hash[:]) == 1 {
 			found = e.tenant
 		}

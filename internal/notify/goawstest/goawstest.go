@@ -173,7 +173,7 @@ func config(port int) string {
 }
 
 func start(bin string) (*Server, error) {
-	port, err := freePort()
+	port, err := testproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -234,15 +234,6 @@ func (s *Server) awaitHealthy(within time.Duration) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Close stops the server (SIGTERM, SIGKILL after five seconds).
