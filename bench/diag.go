@@ -287,8 +287,11 @@ type perOp struct {
 	// serverCPUPerSecond is the server's CPU seconds per second of the phase.
 	serverCPUPerSecond float64
 	// calls counts the phase's executions of each statement (normalised
-	// text, first 110 characters).
-	calls map[string]int64
+	// text, first 110 characters), millis their execution time; ops is
+	// the operations they divide into.
+	calls  map[string]int64
+	millis map[string]float64
+	ops    float64
 }
 
 // newPerOp divides the counters' change by ops; samplerQueries is how many
@@ -307,10 +310,13 @@ func newPerOp(before, after serverCounters, ops, samplerQueries int) perOp {
 		workerCPU:          (after.workerCPUSeconds - before.workerCPUSeconds) / n,
 		serverCPUPerSecond: (after.cpuSeconds - before.cpuSeconds) / after.at.Sub(before.at).Seconds(),
 		calls:              map[string]int64{},
+		millis:             map[string]float64{},
+		ops:                n,
 	}
 	for q, s := range after.topStatements {
 		if d := s.calls - before.topStatements[q].calls; d > 0 {
 			p.calls[q] = d
+			p.millis[q] = s.millis - before.topStatements[q].millis
 		}
 	}
 	return p
