@@ -129,6 +129,7 @@ func benchFloor(e *env) error {
 	}
 	return e.writeResultFile("floor-statements.md", "# Statements per trivial batch: ours beside the protocol floor\n\n"+
 		"Written by `go run ./bench -only floor` (and `make bench`) on "+time.Now().UTC().Format("2006-01-02 15:04 UTC")+
+		" (one-minute load average of the machine "+loadAverage()+")"+
 		": pg_stat_statements per batch (calls, and execution time in ms, which is not all of a statement's CPU), "+
 		"each statement by the first 110 characters of its normalised text, in the same run. Ours: the end-to-end run of trivial batches "+
 		"(the enqueue burst, the worker processes, the harness's polls); the floor: bench/floor.sql through pgbench.\n\n"+statements.String())
