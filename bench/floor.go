@@ -48,6 +48,7 @@ SELECT pg_advisory_xact_lock_shared(%d);
 // transactions from the WAL's commit records).
 func benchFloor(e *env) error {
 	const concurrency, batches = 32, 800
+	loadAtStart := loadAverage() // at the end it counts the floor's own clients
 	processes := []int{1, 4}
 	folderDir := filepath.Join(e.dir, "floor-trivial")
 	warmAt := func(workers int) int { return 2 * concurrency * workers }
@@ -129,7 +130,7 @@ func benchFloor(e *env) error {
 	}
 	return e.writeResultFile("floor-statements.md", "# Statements per trivial batch: ours beside the protocol floor\n\n"+
 		"Written by `go run ./bench -only floor` (and `make bench`) on "+time.Now().UTC().Format("2006-01-02 15:04 UTC")+
-		" (one-minute load average of the machine "+loadAverage()+")"+
+		" (one-minute load average of the machine at the start "+loadAtStart+")"+
 		": pg_stat_statements per batch (calls, and execution time in ms, which is not all of a statement's CPU), "+
 		"each statement by the first 110 characters of its normalised text, in the same run. Ours: the end-to-end run of trivial batches "+
 		"(the enqueue burst, the worker processes, the harness's polls); the floor: bench/floor.sql through pgbench.\n\n"+statements.String())
