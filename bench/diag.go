@@ -150,6 +150,8 @@ type serverCounters struct {
 	// transaction that writes takes one, so its change counts the write
 	// transactions (of every database of the bench's own cluster).
 	nextXid int64
+	// walLSN is the WAL flushed so far (pg_current_wal_flush_lsn).
+	walLSN string
 }
 
 type statementStat struct {
@@ -164,11 +166,11 @@ func (e *env) readCounters() (serverCounters, error) {
 	err := e.pool.QueryRow(e.ctx, `
 		SELECT d.xact_commit, d.xact_rollback, d.blks_hit, d.blks_read, d.tup_inserted, d.tup_updated,
 		       w.wal_records, w.wal_fpi, w.wal_bytes::float8, w.wal_write, w.wal_sync,
-		       pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+		       pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_flush_lsn()::text
 		FROM pg_stat_database d, pg_stat_wal w
 		WHERE d.datname = current_database()`).
 		Scan(&c.commits, &c.rollbacks, &c.blocksHit, &c.blocksRead, &c.tuplesInserted, &c.updated,
-			&c.walRecords, &c.walFPI, &c.walBytes, &c.walWrite, &c.walSync, &c.nextXid)
+			&c.walRecords, &c.walFPI, &c.walBytes, &c.walWrite, &c.walSync, &c.nextXid, &c.walLSN)
 	if err != nil {
 		return c, err
 	}
@@ -287,8 +289,13 @@ type perOp struct {
 	// serverCPUPerSecond is the server's CPU seconds per second of the phase.
 	serverCPUPerSecond float64
 	// calls counts the phase's executions of each statement (normalised
-	// text, first 110 characters).
-	calls map[string]int64
+	// text, first 110 characters), millis their execution time; ops is
+	// the operations they divide into.
+	calls  map[string]int64
+	millis map[string]float64
+	ops    float64
+	// fromLSN and toLSN bound the phase's WAL (see walRecords).
+	fromLSN, toLSN string
 }
 
 // newPerOp divides the counters' change by ops; samplerQueries is how many
@@ -307,10 +314,15 @@ func newPerOp(before, after serverCounters, ops, samplerQueries int) perOp {
 		workerCPU:          (after.workerCPUSeconds - before.workerCPUSeconds) / n,
 		serverCPUPerSecond: (after.cpuSeconds - before.cpuSeconds) / after.at.Sub(before.at).Seconds(),
 		calls:              map[string]int64{},
+		millis:             map[string]float64{},
+		ops:                n,
+		fromLSN:            before.walLSN,
+		toLSN:              after.walLSN,
 	}
 	for q, s := range after.topStatements {
 		if d := s.calls - before.topStatements[q].calls; d > 0 {
 			p.calls[q] = d
+			p.millis[q] = s.millis - before.topStatements[q].millis
 		}
 	}
 	return p

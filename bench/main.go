@@ -54,6 +54,7 @@ type env struct {
 	cluster    *chaos.Cluster
 	dbURL      string
 	pool       *pgxpool.Pool
+	out        string // the results directory
 	workerBin  string
 	enqueueBin string
 	dir        string
@@ -101,7 +102,7 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only,
 		return err
 	}
 	admin.Close()
-	e := &env{ctx: ctx, cluster: cluster, dbURL: cluster.URL("bench"), workerBin: filepath.Join(dir, "worker"), enqueueBin: filepath.Join(dir, "enqueue"), dir: dir, phase: phase, log: log, diagDir: diagDir}
+	e := &env{ctx: ctx, cluster: cluster, dbURL: cluster.URL("bench"), out: out, workerBin: filepath.Join(dir, "worker"), enqueueBin: filepath.Join(dir, "enqueue"), dir: dir, phase: phase, log: log, diagDir: diagDir}
 	if diagDir != "" {
 		if err := os.MkdirAll(diagDir, 0o755); err != nil {
 			return err
@@ -144,6 +145,7 @@ func run(ctx context.Context, out string, phase time.Duration, trials int, only,
 		{"staging", benchStaging},
 		{"worker idle cost", benchIdle},
 		{"end to end", benchEndToEnd},
+		{"protocol floor", benchFloor},
 		{"fairness", benchFairness},
 		{"worker pods", benchPods},
 		{"takeover latency", func(e *env) error { return benchTakeover(e, trials) }},

@@ -474,17 +474,8 @@ func benchEndToEnd(e *env) error {
 	batchesAt := func(concurrency int) int { return 200 * max(1, concurrency/8) }
 	folderDir := filepath.Join(e.dir, "trivial")
 	most := batchesAt(concurrencies[len(concurrencies)-1])
-	for i := range most * maxWorkers {
-		d := filepath.Join(folderDir, fmt.Sprint(i))
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(d, "a.csv"), []byte("k,v\n1,x\n"), 0o644); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(d, "_SUCCESS"), nil, 0o644); err != nil { // the completion marker the worker requires
-			return err
-		}
+	if err := writeTrivialFolders(folderDir, most*maxWorkers); err != nil {
+		return err
 	}
 	enq, err := e.enqueuer(e.pool)
 	if err != nil {
@@ -512,18 +503,28 @@ func benchEndToEnd(e *env) error {
 	return nil
 }
 
-// endToEnd runs batches trivial folders through workers worker processes
-// at --concurrency concurrency, then as many River no-op jobs through as
-// many River clients with MaxWorkers concurrency, and adds their rows: the
-// rate, and the write transactions per batch. It returns the rate's ratio
-// and the workers' peak resident memory.
-func (e *env) endToEnd(enq *jobs.Enqueuer, folderDir string, workers, concurrency, batches int) (float64, int64, error) {
+// trivialRun is what trivialBatches measured.
+type trivialRun struct {
+	rate    float64 // batches per second, first start to last completion
+	cost    perOp   // per batch
+	lat     []time.Duration
+	peakRSS int64 // the workers' peak resident memory
+}
+
+// trivialBatches enqueues batches trivial folders in one burst on an
+// emptied database and measures them through workers worker processes at
+// --concurrency concurrency until every one succeeded (label names the
+// measured phase). With warm > 0 a burst of warm folders of
+// folderDir+"-warm" goes through the workers first, unmeasured: their
+// connections are open and their statements prepared when the measured
+// burst comes.
+func (e *env) trivialBatches(enq *jobs.Enqueuer, folderDir string, workers, concurrency, batches, warm int, label string) (trivialRun, error) {
 	if err := e.reset(); err != nil {
-		return 0, 0, err
+		return trivialRun{}, err
 	}
 	procs, err := e.startWorkers(workers, "--concurrency", fmt.Sprint(concurrency))
 	if err != nil {
-		return 0, 0, err
+		return trivialRun{}, err
 	}
 	var peakRSS int64
 	stopSampling := make(chan struct{})
@@ -543,19 +544,45 @@ func (e *env) endToEnd(enq *jobs.Enqueuer, folderDir string, workers, concurrenc
 			}
 		}
 	}()
-	reqs := make([]jobs.ImportRequest, batches)
-	for i := range reqs {
-		reqs[i] = jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
-			Folder: "file://" + filepath.Join(folderDir, fmt.Sprint((workers-1)*batches+i))}
+	burst := func(dir string, n int) []jobs.ImportRequest {
+		reqs := make([]jobs.ImportRequest, n)
+		for i := range reqs {
+			reqs[i] = jobs.ImportRequest{TenantID: "tenant-bench", TenantDatabase: "tenant_db", CompanyID: "company-1",
+				Folder: "file://" + filepath.Join(dir, fmt.Sprint((workers-1)*n+i))}
+		}
+		return reqs
 	}
-	label := fmt.Sprintf("end to end, %d worker process(es), concurrency %d", workers, concurrency)
+	if warm > 0 {
+		res, err := enq.ImportMany(e.ctx, burst(folderDir+"-warm", warm))
+		if err != nil {
+			return trivialRun{}, err
+		}
+		from := res[0].BatchID
+		for _, r := range res {
+			from = min(from, r.BatchID)
+		}
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			var done int
+			if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM ingestion_batches WHERE id >= $1 AND status = 'Succeeded'`, from).Scan(&done); err != nil {
+				return trivialRun{}, err
+			}
+			if done == warm {
+				break
+			}
+			if time.Now().After(deadline) {
+				return trivialRun{}, fmt.Errorf("%d of %d warm-up batches succeeded in a minute", done, warm)
+			}
+		}
+	}
+	reqs := burst(folderDir, batches)
+	var first int64
 	_, cost, err := e.measure(label, "batches", func() (int, error) {
 		// One burst, as River's baseline inserts its jobs with one InsertMany.
 		res, err := enq.ImportMany(e.ctx, reqs)
 		if err != nil {
 			return 0, err
 		}
-		first := res[0].BatchID
+		first = res[0].BatchID
 		for _, r := range res {
 			first = min(first, r.BatchID)
 		}
@@ -582,27 +609,41 @@ func (e *env) endToEnd(enq *jobs.Enqueuer, folderDir string, workers, concurrenc
 		}
 	})
 	if err != nil {
-		return 0, 0, err
+		return trivialRun{}, err
 	}
 	var span float64
 	var lat []time.Duration
-	rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches WHERE `+current)
+	rows, err := e.pool.Query(e.ctx, `SELECT completed_at - started_at FROM ingestion_batches WHERE id >= $1 AND `+current, first)
 	if err != nil {
-		return 0, 0, err
+		return trivialRun{}, err
 	}
 	for rows.Next() {
 		var d time.Duration
 		if err := rows.Scan(&d); err != nil {
 			rows.Close()
-			return 0, 0, err
+			return trivialRun{}, err
 		}
 		lat = append(lat, d)
 	}
 	rows.Close()
-	if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(completed_at) - min(started_at)) FROM ingestion_batches WHERE `+current).Scan(&span); err != nil {
+	if err := e.pool.QueryRow(e.ctx, `SELECT EXTRACT(EPOCH FROM max(completed_at) - min(started_at)) FROM ingestion_batches WHERE id >= $1 AND `+current, first).Scan(&span); err != nil {
+		return trivialRun{}, err
+	}
+	return trivialRun{rate: float64(batches) / span, cost: cost, lat: lat, peakRSS: peakRSS}, nil
+}
+
+// endToEnd runs batches trivial folders through workers worker processes
+// at --concurrency concurrency, then as many River no-op jobs through as
+// many River clients with MaxWorkers concurrency, and adds their rows: the
+// rate, and the write transactions per batch. It returns the rate's ratio
+// and the workers' peak resident memory.
+func (e *env) endToEnd(enq *jobs.Enqueuer, folderDir string, workers, concurrency, batches int) (float64, int64, error) {
+	label := fmt.Sprintf("end to end, %d worker process(es), concurrency %d", workers, concurrency)
+	run, err := e.trivialBatches(enq, folderDir, workers, concurrency, batches, 0, label)
+	if err != nil {
 		return 0, 0, err
 	}
-	ours := float64(batches) / span
+	ours, cost, lat, peakRSS := run.rate, run.cost, run.lat, run.peakRSS
 	var noop float64
 	_, noopCost, err := e.measure(fmt.Sprintf("River no-op jobs, %d clients, MaxWorkers %d", workers, concurrency), "jobs", func() (int, error) {
 		var err error

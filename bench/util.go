@@ -112,12 +112,7 @@ func (e *env) pgbenchArgs(script string, clients int, d time.Duration, extra ...
 	if err := os.WriteFile(f, []byte(script), 0o644); err != nil {
 		return 0, err
 	}
-	bin := "pgbench"
-	if p, err := exec.LookPath("pgbench"); err == nil {
-		bin = p
-	} else if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench"); len(m) > 0 {
-		bin = m[len(m)-1]
-	}
+	bin := pgbenchBin()
 	args := append([]string{"-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
 		"-T", strconv.Itoa(int(d.Seconds())), "-f", f}, extra...)
 	cmd := exec.CommandContext(e.ctx, bin, append(args, e.dbURL)...)
@@ -130,6 +125,17 @@ func (e *env) pgbenchArgs(script string, clients int, d time.Duration, extra ...
 		return 0, fmt.Errorf("pgbench printed no tps: %s", out)
 	}
 	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+// pgbenchBin is the pgbench on PATH, else Debian's newest.
+func pgbenchBin() string {
+	if p, err := exec.LookPath("pgbench"); err == nil {
+		return p
+	}
+	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench"); len(m) > 0 {
+		return m[len(m)-1]
+	}
+	return "pgbench"
 }
 
 // pgbenchLatencies runs pgbench as pgbench does, with a log of every
@@ -192,7 +198,7 @@ const current = `source_scope NOT LIKE 'fleet\_s3:s3://history-bucket/%'`
 // finished batches of 200 tenants (the bench tenant among them) and
 // analyses the tables.
 func (e *env) reset() error {
-	if err := e.exec(`TRUNCATE ingestion_batches, river_job, curated.fleet_records, curated.fleet_slices, curated.fleet_publications`); err != nil {
+	if err := e.exec(`TRUNCATE ingestion_batches, river_job, curated.fleet_records, curated.fleet_slices, curated.fleet_publications, curated.fleet_load_objects, curated.fleet_load_errors`); err != nil {
 		return err
 	}
 	if err := e.exec(`
