@@ -179,7 +179,7 @@ func (s *Store) Cancel(ctx context.Context, req CancelRequest) (CancelResult, er
 func (s *Store) Park(ctx context.Context, f Fence, reason string) (Batch, error) {
 	// Parking a batch parked already (another delivery of the same build)
 	// is no new outcome: only the first park is announced.
-	b, err := s.announced(ctx, func(db DB) (Batch, bool, error) {
+	b, err := s.announced(ctx, true, func(db DB) (Batch, bool, error) {
 		var newly bool
 		b, err := scanBatch(db.QueryRow(ctx, `
 			WITH prev AS (SELECT parked_at FROM ingestion_batches WHERE id = $1)

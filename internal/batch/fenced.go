@@ -83,7 +83,7 @@ func (s *Store) fenced(ctx context.Context, f Fence, status Status, d Details) (
 	if err != nil {
 		return Batch{}, err
 	}
-	b, err := s.announced(ctx, func(db DB) (Batch, bool, error) {
+	b, err := s.announced(ctx, status != StatusRunning, func(db DB) (Batch, bool, error) {
 		b, err := scanBatch(db.QueryRow(ctx, fencedUpdate, f.BatchID, f.LeaseID, f.Generation, status, string(raw), max(f.Margin, 0).Microseconds()))
 		return b, status != StatusRunning, err
 	})

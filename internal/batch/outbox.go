@@ -29,10 +29,12 @@ func (s *Store) WithOutbox(o Outbox) *Store { return &Store{db: s.db, outbox: o}
 
 // announced runs write, a statement that may end a batch, and tells the
 // store's outbox of the outcome it wrote, in one transaction (a savepoint
-// inside the caller's). Without an outbox it is just write on the store's
-// connection. write returns whether the batch it wrote is an outcome.
-func (s *Store) announced(ctx context.Context, write func(db DB) (Batch, bool, error)) (Batch, error) {
-	if s.outbox == nil {
+// inside the caller's). Without an outbox, or when mayEnd says the write
+// cannot be an outcome (a fenced write keeping the batch Running), it is
+// just write on the store's connection, with no transaction of its own.
+// write returns whether the batch it wrote is an outcome.
+func (s *Store) announced(ctx context.Context, mayEnd bool, write func(db DB) (Batch, bool, error)) (Batch, error) {
+	if s.outbox == nil || !mayEnd {
 		b, _, err := write(s.db)
 		return b, err
 	}
