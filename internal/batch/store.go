@@ -46,6 +46,16 @@ const columns = `id, company_id, tenant_id, tenant_database, ingestion_mode, sou
 	execution_lease_generation, execution_lease_renewed_at, parked_at, parked_reason,
 	cancelled_at, cancelled_by, cancel_reason`
 
+// Columns is the select list of a whole batch row, for a statement of
+// another package that returns one (RETURNING Columns) and reads it with
+// Scan: the lease acquisition returns the row it updated, so the
+// delivery need not read it again.
+const Columns = columns
+
+// Scan reads a row selected with Columns followed by extra columns into a
+// Batch and extra; ErrNotFound when there is no row.
+func Scan(row pgx.Row, extra ...any) (Batch, error) { return scanBatch(row, extra...) }
+
 func scanBatch(row pgx.Row, extra ...any) (Batch, error) {
 	var b Batch
 	dest := append([]any{

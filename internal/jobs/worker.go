@@ -271,8 +271,9 @@ func (w *IngestWorker) Work(ctx context.Context, job *river.Job[IngestArgs]) err
 // acquireAndBegin acquires the batch's lease and makes the pipeline's first
 // checkpoint (pipeline.Begin: the loading phase of a batch not yet loading)
 // in one transaction on the operational pool: one commit where there were
-// two. started is the batch as that transaction left it when Begin wrote,
-// nil otherwise. A transaction that fails to commit acquired nothing: its
+// two, and no read of the batch (Begin works on the row the acquisition's
+// UPDATE returned). started is the batch as that transaction left it when
+// Begin wrote, nil otherwise. A transaction that fails to commit acquired nothing: its
 // Holding is closed and the error returned (the delivery is retried).
 func (w *IngestWorker) acquireAndBegin(ctx context.Context, batchID int64, holder string) (lease.Acquisition, *lease.Holding, *batch.Batch, error) {
 	tx, err := w.cfg.Store.Begin(ctx)
@@ -289,7 +290,7 @@ func (w *IngestWorker) acquireAndBegin(ctx context.Context, batchID int64, holde
 		started bool
 	)
 	if a.Outcome == lease.Acquired {
-		if b, started, err = pipeline.Begin(ctx, tx, w.cfg.Store, a.Lease, w.cfg.Pipelines); err != nil {
+		if b, started, err = pipeline.Begin(ctx, tx, w.cfg.Store, a.Lease, a.Batch, w.cfg.Pipelines); err != nil {
 			held.Close()
 			return lease.Acquisition{}, nil, nil, err
 		}

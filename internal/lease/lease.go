@@ -110,6 +110,11 @@ type Acquisition struct {
 	// TenantID is the batch's tenant when Outcome is Acquired (for the
 	// delivery's log lines).
 	TenantID string
+	// Batch is, when Outcome is Acquired, the whole batch row as the
+	// acquisition's UPDATE left it (its RETURNING): what a read of the
+	// batch later in the acquisition's transaction would return, so the
+	// holder need not read it again (pipeline.Begin).
+	Batch batch.Batch
 }
 
 // TakeoverDelay is how long after the previous term's expiry it was taken
@@ -141,9 +146,11 @@ var ErrInvalidTTL = errors.New("lease ttl must be positive")
 // The term trail (execution_lease_terms) gets the new term appended, after
 // closing the term it takes over with that term's final expiry; it is
 // bounded to batch.AuditLimit terms. The details document is never touched.
-// The statement returns the term before the new one: closed here without a
-// release time, it was taken over (and names the previous holder and its
-// expiry); released, the lease was free.
+// The statement returns the whole batch row as it left it (batch.Columns:
+// the new term's generation, expiry and clock reading among them), then
+// the term before the new one: closed here without a release time, it was
+// taken over (and names the previous holder and its expiry); released,
+// the lease was free.
 var acquireSQL = `
 	UPDATE ingestion_batches b
 	SET (execution_lease_id, execution_lease_expires_at, execution_lease_generation,
@@ -162,7 +169,7 @@ var acquireSQL = `
 	WHERE b.id = $1
 	  AND b.status = 'Running'
 	  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= clock_timestamp())
-	RETURNING b.execution_lease_generation, b.execution_lease_expires_at, b.execution_lease_terms->-2, b.execution_lease_renewed_at, b.tenant_id`
+	RETURNING ` + batch.Columns + `, b.execution_lease_terms->-2`
 
 // maxAcquireAttempts bounds retries when the lease is released between the
 // acquisition attempt and the look-up that explains its failure.
@@ -186,16 +193,20 @@ func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl
 			prevHolder *string
 			prevExp    *time.Time
 		)
-		err := s.db.QueryRow(ctx, acquireSQL, batchID, holderID, ttl.Microseconds()).
-			Scan(&a.Lease.Generation, &a.Lease.ExpiresAt, &prev, &a.Now, &a.TenantID)
+		b, err := batch.Scan(s.db.QueryRow(ctx, acquireSQL, batchID, holderID, ttl.Microseconds()), &prev)
 		if err == nil {
+			if b.LeaseExpiresAt == nil || b.LeaseRenewedAt == nil {
+				return Acquisition{}, fmt.Errorf("acquiring lease on batch %d: the acquisition returned no term", batchID)
+			}
+			a.Batch, a.TenantID = b, b.TenantID
+			a.Lease.Generation, a.Lease.ExpiresAt, a.Now = b.LeaseGeneration, *b.LeaseExpiresAt, *b.LeaseRenewedAt
 			a.Lease.RenewedAt = a.Now
 			if prev != nil && prev.Closed && prev.ReleasedAt == nil {
 				a.TakenOver, a.PreviousHolder, a.PreviousExpiresAt = true, prev.LeaseID, prev.ExpiresAt
 			}
 			return a, nil
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if !errors.Is(err, batch.ErrNotFound) {
 			return Acquisition{}, fmt.Errorf("acquiring lease on batch %d: %w", batchID, err)
 		}
 

@@ -64,6 +64,33 @@ func TestAcquire(t *testing.T) {
 		require.Equal(t, int64(1), got.LeaseGeneration)
 	})
 
+	t.Run("the acquisition returns the batch row it left", func(t *testing.T) {
+		// pipeline.Begin works on Acquisition.Batch instead of reading
+		// the batch again: it must be exactly what a read returns, for a
+		// fresh acquisition and for a takeover (a new term in the trail,
+		// the generation moved on).
+		b := reserve(t, pool, "tenant-a", "s3://bucket/returns-row")
+		for i, holder := range []string{"delivery-1", "delivery-2"} {
+			if i > 0 {
+				_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET execution_lease_expires_at = now() - interval '1 second' WHERE id = $1`, b.ID)
+				require.NoError(t, err)
+			}
+			a, err := leases.Acquire(ctx, b.ID, holder, 30*time.Second)
+			require.NoError(t, err)
+			require.Equal(t, lease.Acquired, a.Outcome)
+			require.Equal(t, i > 0, a.TakenOver)
+			got, err := batch.NewStore(pool).Get(ctx, b.ID)
+			require.NoError(t, err)
+			require.Equal(t, got, a.Batch)
+			require.Equal(t, holder, *a.Batch.LeaseID)
+			require.Equal(t, int64(i+1), a.Batch.LeaseGeneration)
+			require.Equal(t, a.Lease.Generation, a.Batch.LeaseGeneration)
+			require.True(t, a.Lease.ExpiresAt.Equal(*a.Batch.LeaseExpiresAt))
+			require.True(t, a.Now.Equal(*a.Batch.LeaseRenewedAt))
+			require.Equal(t, b.TenantID, a.TenantID)
+		}
+	})
+
 	t.Run("not found", func(t *testing.T) {
 		a, err := leases.Acquire(ctx, 987654321, "delivery-1", time.Second)
 		require.NoError(t, err)

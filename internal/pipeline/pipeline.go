@@ -254,8 +254,10 @@ type Starter interface {
 }
 
 // Begin runs inside tx, the transaction that has just acquired the lease l
-// (lease.Renewer.AcquireOn) and has not committed: it reads the batch and,
-// when Execute would go straight to the pipeline (the batch is Running and
+// (lease.Renewer.AcquireOn) and has not committed. b is the batch as that
+// acquisition left it (lease.Acquisition.Batch, the row its UPDATE
+// returned: what a read in tx would return, so Begin does not read it
+// again). When Execute would go straight to the pipeline (the batch is Running and
 // not parked, its details parse and name a phase with work to do, a
 // pipeline serves its source type and admits it) and that pipeline is a
 // Starter with something to record, writes it, fenced on l, in tx. The
@@ -263,11 +265,12 @@ type Starter interface {
 // transaction, not two. Anything else is left to Execute (started is false
 // and tx holds only the acquisition). Once tx committed, the caller passes
 // the returned batch to ExecuteFrom when started.
-func Begin(ctx context.Context, tx pgx.Tx, store *batch.Store, l lease.Lease, registry Registry) (b batch.Batch, started bool, err error) {
-	s := store.WithTx(tx)
-	if b, err = s.Get(ctx, l.BatchID); err != nil {
-		return b, false, fmt.Errorf("loading batch %d: %w", l.BatchID, err)
+func Begin(ctx context.Context, tx pgx.Tx, store *batch.Store, l lease.Lease, b batch.Batch, registry Registry) (_ batch.Batch, started bool, err error) {
+	if b.ID != l.BatchID || b.LeaseGeneration != l.Generation {
+		return b, false, fmt.Errorf("beginning batch %d: the batch given is not the one term %d acquired (batch %d, generation %d)",
+			l.BatchID, l.Generation, b.ID, b.LeaseGeneration)
 	}
+	s := store.WithTx(tx)
 	if b.Terminal() || b.ParkedAt != nil {
 		return b, false, nil
 	}
