@@ -514,6 +514,19 @@ func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration, b
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		// The slice's lock and the read of its stamp go in one round trip
 		// (the read runs once the lock is held).
+		//
+		// The lock is not redundant with the row lock publishSQL's UPDATE
+		// takes: that UPDATE locks the stamp only while published_at is
+		// NULL (a re-publication locks nothing), and only after the stamp
+		// was read and checked (its batch, its publication window). Without
+		// the lock a load of the slice (a successor's, which re-stamps it
+		// with published_at NULL) could commit between the read and the
+		// UPDATE, and the UPDATE would publish the new stamp on the checks
+		// of the old one, recording the old record count. With the fence
+		// (warehouse in the operational database) the successor's takeover
+		// would abort this transaction at fencePublish; without it (a
+		// warehouse on another database) nothing else would. A load takes
+		// the same key before the slice's row exists.
 		var expired, found bool
 		b := &pgx.Batch{}
 		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope)
