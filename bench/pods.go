@@ -233,18 +233,12 @@ func benchPodsRun(e *env, podCount int) error {
 	}()
 
 	folderDir := filepath.Join(dir, "folders")
+	if err := writeTrivialFolders(folderDir, podBatches); err != nil {
+		return err
+	}
 	reqs := make([]jobs.ImportRequest, podBatches)
 	for i := range reqs {
 		d := filepath.Join(folderDir, strconv.Itoa(i))
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(d, "a.csv"), []byte("k,v\n1,x\n"), 0o644); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(d, "_SUCCESS"), nil, 0o644); err != nil { // the completion marker the worker requires
-			return err
-		}
 		reqs[i] = jobs.ImportRequest{TenantID: fmt.Sprintf("tenant-%d", i%50), TenantDatabase: "tenant_db", CompanyID: "company-1", Folder: "file://" + d}
 	}
 	before := scrapePods(client, pods, func(p *pod) string { return p.addr })
