@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -31,17 +30,10 @@ func TestBatchAnswerRefusesBadInputAndOtherTenants(t *testing.T) {
 
 	get := func(path string, hdr map[string]string) (int, map[string]any) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, f.srv.URL+path, nil)
-		require.NoError(t, err)
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
+		status, raw := f.get(t, path, hdr)
 		var body map[string]any
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
-		return resp.StatusCode, body
+		require.NoError(t, json.Unmarshal(raw, &body), string(raw))
+		return status, body
 	}
 	status, body := get("/v1/batches/"+id+"?tenant_id=tenant-a", auth)
 	require.Equal(t, http.StatusOK, status, body)
@@ -94,19 +86,12 @@ func TestBatchPagesThroughTheDoor(t *testing.T) {
 
 	list := func(query, token string) (int, BatchPage, map[string]any) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/v1/batches?"+query, nil)
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
+		status, raw := f.get(t, "/v1/batches?"+query, map[string]string{"Authorization": "Bearer " + token})
 		var page BatchPage
 		var m map[string]any
 		require.NoError(t, json.Unmarshal(raw, &page))
 		require.NoError(t, json.Unmarshal(raw, &m))
-		return resp.StatusCode, page, m
+		return status, page, m
 	}
 	var got []int64
 	cursor := ""

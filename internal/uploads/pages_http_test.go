@@ -3,7 +3,6 @@ package uploads
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -106,17 +105,10 @@ func TestTenantTokenPagesAFolderWhileBatchesArrive(t *testing.T) {
 
 	list := func(tok string, q url.Values) (int, BatchPage) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/v1/batches?"+q.Encode(), nil)
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+tok)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
+		status, raw := f.get(t, "/v1/batches?"+q.Encode(), map[string]string{"Authorization": "Bearer " + tok})
 		var page BatchPage
 		require.NoError(t, json.Unmarshal(raw, &page), string(raw))
-		return resp.StatusCode, page
+		return status, page
 	}
 	const limit = 37
 	walk := func(cursor string) url.Values {
@@ -321,15 +313,8 @@ func TestTenantTokenPagesAFolderWhileBatchesArrive(t *testing.T) {
 	// A's batch by id answers B as a missing one.
 	byID := func(id int64) (int, string) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, f.srv.URL+"/v1/batches/"+strconv.FormatInt(id, 10), nil)
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+tokB)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(raw)
+		status, raw := f.get(t, "/v1/batches/"+strconv.FormatInt(id, 10), map[string]string{"Authorization": "Bearer " + tokB})
+		return status, string(raw)
 	}
 	statusOther, bodyOther := byID(newestSucceeded)
 	statusMissing, bodyMissing := byID(1 << 40)

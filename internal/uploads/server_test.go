@@ -59,6 +59,23 @@ func newServer(t *testing.T, pool *pgxpool.Pool, mod func(*Config)) *fixture {
 	return &fixture{pool: pool, srv: hs, m: m}
 }
 
+// get sends a GET of path to the door with headers and returns the status
+// and the raw body.
+func (f *fixture) get(t *testing.T, path string, headers map[string]string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, f.srv.URL+path, nil)
+	require.NoError(t, err)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, raw
+}
+
 func (f *fixture) post(t *testing.T, path, contentType string, body []byte, headers map[string]string) (int, map[string]any) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, f.srv.URL+path, bytes.NewReader(body))

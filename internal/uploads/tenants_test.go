@@ -69,16 +69,11 @@ func TestTenantTokensScopeImportsAndReads(t *testing.T) {
 	bearer := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
 	get := func(path, tok string) (int, string) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, f.srv.URL+path, nil)
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+tok)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
+		status, raw := f.get(t, path, bearer(tok))
 		var body map[string]any
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
-		raw, _ := json.Marshal(body)
-		return resp.StatusCode, string(raw)
+		require.NoError(t, json.Unmarshal(raw, &body), string(raw))
+		norm, _ := json.Marshal(body)
+		return status, string(norm)
 	}
 
 	status, out := f.post(t, "/v1/imports", "application/json", []byte(`{"folder":"`+tenantFolder("tenant-a", "up/1")+`"}`), bearer(tokA))
