@@ -36,7 +36,9 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) { return s.db.Begin(c
 
 // WithTx returns a store whose operations run inside tx, so they commit or
 // roll back with the caller's other work (for example a River job insert).
-// It keeps the store's Outbox.
+// It keeps the store's Outbox. An error from one of its writes means tx is
+// to be rolled back: an outcome and its announcement share tx with no
+// savepoint of their own (see announced).
 func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx, outbox: s.outbox} }
 
 // columns is the select list scanned by scanBatch.

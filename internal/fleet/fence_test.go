@@ -9,6 +9,7 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/fleet"
+	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/pipeline"
 	"github.com/fleet/ingest/internal/testproc"
@@ -133,4 +134,67 @@ func TestStaleHolderCannotPublishAfterItsSuccessorFailed(t *testing.T) {
 	rr, err := e.store.Resume(ctx, batch.ResumeRequest{BatchID: b.ID, TenantID: "tenant-a", SourceType: batch.SourceTypeFleetS3, SourceScope: b.Scope()}, warehouse.Verifier(e.wh))
 	require.NoError(t, err)
 	require.Equal(t, batch.Resumed, rr.Outcome, rr.Reason)
+}
+
+// TestFencedLoadReadsTheStampInItsTransaction: a warehouse whose loads
+// commit with their record (the local one with its fence, as the worker
+// runs it: warehouse.CommitRecorder) is not read back before a load; the
+// load reads the stamp in its own transaction instead, under the slice's
+// lock. A slice an earlier delivery of the batch stamped without recording
+// it (a build before the record) is replaced, one copy of each record,
+// under the new term; a slice a newer batch stamped is never overwritten,
+// and the batch is superseded.
+func TestFencedLoadReadsTheStampInItsTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	fenced := &fleet.Pipeline{AllowLocalFolders: true, Warehouse: warehouse.NewPostgres(e.pool).WithBatchFence()}
+	load := func(tenant string, b batch.Batch, url string, batchID, generation int64) {
+		t.Helper()
+		f, _ := folder.Canonicalize(url)
+		src, err := folder.Opener{}.Open(ctx, f)
+		require.NoError(t, err)
+		objs, err := src.Objects(ctx)
+		require.NoError(t, err)
+		_, err = e.wh.Load(ctx, warehouse.Slice{TenantID: tenant, SourceScope: b.Scope(), BatchID: batchID, Generation: generation}, src, objs, nil)
+		require.NoError(t, err)
+	}
+
+	t.Run("stamped by an earlier delivery of the batch", func(t *testing.T) {
+		url := e.folder(sampleFiles)
+		b := e.reserve("tenant-a", url)
+		crashed := e.diedInLoading(b.ID, "crashed")
+		load("tenant-a", b, url, b.ID, crashed.Generation)
+		e.write(url, "late.csv", "vehicle,km\nV9,90\n")
+		e.waitExpired(crashed)
+
+		res := e.deliver(b.ID, fenced)
+		require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
+		_, d := e.details(b.ID)
+		require.Equal(t, int64(6), d.RecordCount, "loaded again, with the object written since")
+		total, distinct, batches := e.sliceRecords("tenant-a", b.Scope())
+		require.Equal(t, 6, total)
+		require.Equal(t, 6, distinct, "one copy of each record")
+		require.Equal(t, []int64{b.ID}, batches)
+		st, found, err := e.wh.Stamp(ctx, "tenant-a", b.Scope())
+		require.NoError(t, err)
+		require.True(t, found)
+		require.Greater(t, st.Generation, crashed.Generation, "stamped under the new term")
+		n, _ := e.publications(b.Scope())
+		require.Equal(t, 1, n)
+	})
+
+	t.Run("stamped by a newer batch", func(t *testing.T) {
+		url := e.folder(sampleFiles)
+		b := e.reserve("tenant-b", url)
+		load("tenant-b", b, url, b.ID+1000, 1)
+
+		res := e.deliver(b.ID, fenced)
+		require.Equal(t, pipeline.Failed, res.Outcome, "%v", res.Err)
+		require.Equal(t, batch.PhaseSuperseded, res.Phase)
+		_, _, batches := e.sliceRecords("tenant-b", b.Scope())
+		require.Equal(t, []int64{b.ID + 1000}, batches, "the newer batch's slice is untouched")
+		n, _ := e.publications(b.Scope())
+		require.Zero(t, n)
+	})
 }

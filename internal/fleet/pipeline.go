@@ -22,7 +22,10 @@
 //   - Before loading, the warehouse stamp is read back. If the slice is
 //     already stamped with this batch, a previous delivery committed and died
 //     before recording it: the load is skipped and publication continues.
-//     If it is stamped with a newer batch, this one is superseded.
+//     If it is stamped with a newer batch, this one is superseded. A
+//     warehouse whose loads commit with their record (the local one,
+//     warehouse.CommitRecorder) cannot be in the first case, and its load
+//     reads the stamp in its own transaction for the second.
 //   - A load replaces the whole slice in one warehouse transaction, so a
 //     repeated load leaves exactly one copy of each record.
 //   - Publication happens once per batch and only while the slice is still
@@ -174,9 +177,18 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 
 	recorded := false // the load's own transaction recorded the commit and the publishing phase
 	if !d.RedshiftCommitted {
-		st, found, err := p.Warehouse.Stamp(ctx, slice.TenantID, slice.SourceScope)
-		if err != nil {
-			return classify(batch.PhaseFailedPreCommit, err)
+		// The stamp is read back first, unless the warehouse records its
+		// commits with them (warehouse.CommitRecorder): then no slice is
+		// stamped with this batch without its details saying so, and the
+		// load reads the stamp itself, in its transaction.
+		var (
+			st    warehouse.Stamp
+			found bool
+		)
+		if !recordsCommits(p.Warehouse) {
+			if st, found, err = p.Warehouse.Stamp(ctx, slice.TenantID, slice.SourceScope); err != nil {
+				return classify(batch.PhaseFailedPreCommit, err)
+			}
 		}
 		switch {
 		case found && st.BatchID == b.ID:
@@ -248,6 +260,13 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 	}
 	logger.Info("batch published", "record_count", st.RecordCount, "publish_seconds", time.Since(start).Seconds())
 	return nil
+}
+
+// recordsCommits reports whether w's loads commit with the caller's
+// record of them (warehouse.CommitRecorder).
+func recordsCommits(w warehouse.Warehouse) bool {
+	r, ok := w.(warehouse.CommitRecorder)
+	return ok && r.RecordsCommits()
 }
 
 // committedDetails is d recording the warehouse commit st.

@@ -36,6 +36,12 @@ func (p *Postgres) WithBatchFence() *Postgres {
 	return &c
 }
 
+var _ CommitRecorder = (*Postgres)(nil)
+
+// RecordsCommits implements CommitRecorder: with the batch fence on, a load
+// runs the caller's Record as its transaction's last statement.
+func (p *Postgres) RecordsCommits() bool { return p.fence }
+
 // loadFenceSQL locks the batch row and checks the term the slice was
 // loaded under. clock_timestamp, not now(): now() is the start of a
 // transaction that may have been loading for a long time.

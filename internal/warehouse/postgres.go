@@ -55,8 +55,15 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 	// The session's name is set with BEGIN, in its round trip (the tag
 	// holds only [a-z0-9:-], so it is a safe literal).
 	opts := pgx.TxOptions{BeginQuery: "BEGIN; SELECT set_config('application_name', '" + tag + "', true)"}
+	// The caller's lease check before the load starts, unless the load
+	// ends with the caller's Record (the fence on, see checkBeforeFence):
+	// that fenced write of the batch row is the check at the commit, so
+	// the load checks first only if it finds the slice locked, before it
+	// terminates another session (below). A lost lease meanwhile cancels
+	// ctx (the holder's heartbeat), and the load stops there.
+	recorded := p.recorded(ctx)
 	err := pgx.BeginTxFunc(ctx, p.pool, opts, func(tx pgx.Tx) error {
-		if beforeCommit != nil {
+		if beforeCommit != nil && !recorded {
 			if err := beforeCommit(ctx); err != nil {
 				return err
 			}
@@ -87,6 +94,11 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 			return err
 		}
 		if !free {
+			if beforeCommit != nil && recorded {
+				if err := beforeCommit(ctx); err != nil {
+					return err
+				}
+			}
 			if _, err := tx.Exec(ctx, `
 				SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 				WHERE application_name LIKE $1 || '%' AND application_name <> $2 AND pid <> pg_backend_pid()`, prefix, tag); err != nil {
@@ -175,11 +187,16 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 // the caller's Record takes the fence's place: Record is then the check,
 // in the transaction itself (see Record), and a round trip fewer.
 func (p *Postgres) checkBeforeFence(ctx context.Context, beforeCommit func(context.Context) error) error {
-	if beforeCommit == nil || (p.fence && RecordFrom(ctx) != nil) {
+	if beforeCommit == nil || p.recorded(ctx) {
 		return nil
 	}
 	return beforeCommit(ctx)
 }
+
+// recorded reports whether a transaction given ctx ends with the caller's
+// Record (the fence on and a Record in ctx): a fenced write of the batch
+// row, the lease check at the commit.
+func (p *Postgres) recorded(ctx context.Context) bool { return p.fence && RecordFrom(ctx) != nil }
 
 // stampSQL reads the batch and generation a slice was last loaded by.
 const stampSQL = `

@@ -266,6 +266,20 @@ type Warehouse interface {
 	Publish(ctx context.Context, s Slice, window time.Duration, beforeCommit func(context.Context) error) (Stamp, error)
 }
 
+// CommitRecorder is implemented by a warehouse that may run the caller's
+// Record (WithRecord) in its loads' own transactions. When RecordsCommits
+// is true, a load given a Record commits together with it: a slice stamped
+// with a batch whose record of the commit is missing cannot exist, so the
+// caller need not read the stamp back before a load (package fleet reads
+// it only from a warehouse that is not one). Such a load still reads the
+// stamp in its own transaction, under the slice's lock: a newer batch's
+// or generation's is ErrSliceSuperseded, and an earlier delivery's of the
+// same batch (loaded by a build that did not record its commit) is
+// replaced.
+type CommitRecorder interface {
+	RecordsCommits() bool
+}
+
 // Verifier adapts a warehouse's stamps to the batch store's resume proof.
 func Verifier(w StampReader) batch.SliceVerifier {
 	return batch.SliceVerifierFunc(func(ctx context.Context, tenantID, scope string) (int64, bool, error) {
