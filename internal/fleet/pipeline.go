@@ -330,7 +330,13 @@ func (p *Pipeline) Settle(ctx context.Context, b batch.Batch, d batch.Details) (
 	return d, nil
 }
 
-var _ pipeline.Starter = (*Pipeline)(nil)
+var _ pipeline.PhaseStarter = (*Pipeline)(nil)
+
+// StartPhases implements pipeline.PhaseStarter: a reserved batch starts
+// loading (Start), which the lease acquisition records itself.
+func (p *Pipeline) StartPhases() (from, to batch.Phase) {
+	return batch.PhaseReserved, batch.PhaseLoading
+}
 
 // Start implements pipeline.Starter: a batch whose details record no
 // warehouse commit and no loading phase yet is recorded loading in the

@@ -128,6 +128,7 @@ type IngestWorker struct {
 	river.WorkerDefaults[IngestArgs]
 	cfg     WorkerConfig
 	renewer *lease.Renewer
+	start   lease.Start // what an acquisition records (pipeline.StartOf)
 }
 
 // NewIngestWorker validates cfg and returns the worker.
@@ -142,7 +143,7 @@ func NewIngestWorker(cfg WorkerConfig) (*IngestWorker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &IngestWorker{cfg: cfg, renewer: renewer}, nil
+	return &IngestWorker{cfg: cfg, renewer: renewer, start: pipeline.StartOf(cfg.Pipelines)}, nil
 }
 
 // Timeout disables River's job timeout: a healthy batch may run for as long
@@ -281,7 +282,7 @@ func (w *IngestWorker) acquireAndBegin(ctx context.Context, batchID int64, holde
 		return lease.Acquisition{}, nil, nil, fmt.Errorf("acquiring lease on batch %d: %w", batchID, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	a, held, err := w.renewer.AcquireOn(ctx, tx, batchID, holder)
+	a, held, err := w.renewer.AcquireOnStarting(ctx, tx, batchID, holder, w.start)
 	if err != nil {
 		return a, nil, nil, err
 	}
@@ -290,7 +291,7 @@ func (w *IngestWorker) acquireAndBegin(ctx context.Context, batchID int64, holde
 		started bool
 	)
 	if a.Outcome == lease.Acquired {
-		if b, started, err = pipeline.Begin(ctx, tx, w.cfg.Store, a.Lease, a.Batch, w.cfg.Pipelines); err != nil {
+		if b, started, err = pipeline.Begin(ctx, tx, w.cfg.Store, a, w.cfg.Pipelines); err != nil {
 			held.Close()
 			return lease.Acquisition{}, nil, nil, err
 		}

@@ -115,6 +115,36 @@ type Acquisition struct {
 	// batch later in the acquisition's transaction would return, so the
 	// holder need not read it again (pipeline.Begin).
 	Batch batch.Batch
+	// Started is true when the acquisition's UPDATE also recorded the
+	// Start it was given (AcquireStarting): Batch's details are at phase
+	// Start.To, and the new term in the lease trail names that phase.
+	Started bool
+}
+
+// Start is a first checkpoint that an acquisition records in its own
+// UPDATE (AcquireStarting), so it costs no statement of its own: the phase
+// of a delivery about to begin work (package pipeline, PhaseStarter: the
+// Fleet pipeline's loading). It is recorded when the batch the lease is
+// taken of is of one of SourceTypes, not parked, and its details are a
+// document of version Version at phase From that records no warehouse
+// commit (redshiftCommitted not true); the details' phase then becomes To,
+// nothing else in them changes, and the new term in the lease trail says
+// so ("phase": To), which is the write's audit. The holder still checks
+// the batch with its own rules in the acquisition's transaction and takes
+// the phase back (Unstart) before it commits if they refuse it. The zero
+// Start records nothing.
+type Start struct {
+	SourceTypes []batch.SourceType
+	From, To    batch.Phase
+	Version     int
+}
+
+func (st Start) args() []any {
+	types := make([]string, len(st.SourceTypes))
+	for i, t := range st.SourceTypes {
+		types[i] = string(t)
+	}
+	return []any{types, string(st.From), string(st.To), st.Version}
 }
 
 // TakeoverDelay is how long after the previous term's expiry it was taken
@@ -145,16 +175,18 @@ var ErrInvalidTTL = errors.New("lease ttl must be positive")
 //
 // The term trail (execution_lease_terms) gets the new term appended, after
 // closing the term it takes over with that term's final expiry; it is
-// bounded to batch.AuditLimit terms. The details document is never touched.
-// The statement returns the whole batch row as it left it (batch.Columns:
-// the new term's generation, expiry and clock reading among them), then
-// the term before the new one: closed here without a release time, it was
-// taken over (and names the previous holder and its expiry); released,
-// the lease was free.
+// bounded to batch.AuditLimit terms. The details document is touched only
+// to record a Start ($4–$7, see Start): its phase, in the same row
+// version, named in the new term. The statement returns the whole batch
+// row as it left it (batch.Columns: the new term's generation, expiry and
+// clock reading among them), then the term before the new one: closed
+// here without a release time, it was taken over (and names the previous
+// holder and its expiry); released, the lease was free. Last comes the
+// phase the new term recorded, NULL when it recorded none.
 var acquireSQL = `
 	UPDATE ingestion_batches b
 	SET (execution_lease_id, execution_lease_expires_at, execution_lease_generation,
-	     execution_lease_renewed_at, execution_lease_terms, updated_at) = (
+	     execution_lease_renewed_at, execution_lease_terms, details, updated_at) = (
 	    SELECT $2::text, c.at + $3 * interval '1 microsecond', b.execution_lease_generation + 1,
 	           c.at,
 	           jsonb_path_query_array(
@@ -162,14 +194,22 @@ var acquireSQL = `
 	                    ELSE ` + batch.LeaseTermsClosed("b", "") + ` END
 	               || jsonb_build_array(jsonb_build_object(
 	                   'leaseId', $2::text, 'generation', b.execution_lease_generation + 1,
-	                   'at', c.at, 'expiresAt', c.at + $3 * interval '1 microsecond', 'closed', false)),
+	                   'at', c.at, 'expiresAt', c.at + $3 * interval '1 microsecond', 'closed', false)
+	                   || CASE WHEN s.start THEN jsonb_build_object('phase', $6::text) ELSE '{}'::jsonb END),
 	               '$[last - ` + strconv.Itoa(batch.AuditLimit-1) + ` to last]'),
+	           CASE WHEN s.start THEN jsonb_set(b.details, '{phase}', to_jsonb($6::text)) ELSE b.details END,
 	           c.at
-	    FROM (SELECT clock_timestamp() AS at) c)
+	    FROM (SELECT clock_timestamp() AS at) c,
+	         (SELECT COALESCE(b.source_type = ANY($4::text[])
+	                 AND b.parked_at IS NULL
+	                 AND jsonb_typeof(b.details) = 'object'
+	                 AND b.details->'version' = to_jsonb($7::int)
+	                 AND b.details->>'phase' = $5::text
+	                 AND b.details->'redshiftCommitted' IS DISTINCT FROM 'true'::jsonb, false) AS start) s)
 	WHERE b.id = $1
 	  AND b.status = 'Running'
 	  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at <= clock_timestamp())
-	RETURNING ` + batch.Columns + `, b.execution_lease_terms->-2`
+	RETURNING ` + batch.Columns + `, b.execution_lease_terms->-2, b.execution_lease_terms->-1->>'phase'`
 
 // maxAcquireAttempts bounds retries when the lease is released between the
 // acquisition attempt and the look-up that explains its failure.
@@ -180,6 +220,13 @@ const maxAcquireAttempts = 3
 // another delivery. Expected outcomes (Held, Terminal, NotFound) are
 // results; errors are infrastructure failures or invalid arguments.
 func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl time.Duration) (Acquisition, error) {
+	return s.AcquireStarting(ctx, batchID, holderID, ttl, Start{})
+}
+
+// AcquireStarting is Acquire recording start (see Start) in the
+// acquisition's own UPDATE when the batch is at its From phase:
+// Acquisition.Started says whether it did.
+func (s *Store) AcquireStarting(ctx context.Context, batchID int64, holderID string, ttl time.Duration, start Start) (Acquisition, error) {
 	if err := batch.ValidateLeaseID(holderID); err != nil {
 		return Acquisition{}, err
 	}
@@ -192,13 +239,14 @@ func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl
 			prev       *Term
 			prevHolder *string
 			prevExp    *time.Time
+			started    *string
 		)
-		b, err := batch.Scan(s.db.QueryRow(ctx, acquireSQL, batchID, holderID, ttl.Microseconds()), &prev)
+		b, err := batch.Scan(s.db.QueryRow(ctx, acquireSQL, append([]any{batchID, holderID, ttl.Microseconds()}, start.args()...)...), &prev, &started)
 		if err == nil {
 			if b.LeaseExpiresAt == nil || b.LeaseRenewedAt == nil {
 				return Acquisition{}, fmt.Errorf("acquiring lease on batch %d: the acquisition returned no term", batchID)
 			}
-			a.Batch, a.TenantID = b, b.TenantID
+			a.Batch, a.TenantID, a.Started = b, b.TenantID, started != nil
 			a.Lease.Generation, a.Lease.ExpiresAt, a.Now = b.LeaseGeneration, *b.LeaseExpiresAt, *b.LeaseRenewedAt
 			a.Lease.RenewedAt = a.Now
 			if prev != nil && prev.Closed && prev.ReleasedAt == nil {
@@ -230,6 +278,31 @@ func (s *Store) Acquire(ctx context.Context, batchID int64, holderID string, ttl
 		// Released or expired since the attempt: try again.
 	}
 	return Acquisition{}, fmt.Errorf("acquiring lease on batch %d: gave up after %d attempts", batchID, maxAcquireAttempts)
+}
+
+// unstartSQL takes back the Start an acquisition recorded, in the
+// acquisition's transaction: the details' phase as it was, and the term's
+// note of it removed.
+const unstartSQL = `
+	UPDATE ingestion_batches
+	SET details = jsonb_set(details, '{phase}', to_jsonb($4::text)),
+	    execution_lease_terms = jsonb_set(execution_lease_terms, '{-1}', (execution_lease_terms->-1) - 'phase')
+	WHERE id = $1 AND execution_lease_id = $2 AND execution_lease_generation = $3 AND status = 'Running'
+	  AND details->>'phase' = $5 AND execution_lease_terms->-1->>'phase' = $5
+	RETURNING ` + batch.Columns
+
+// Unstart takes back, in the transaction of the acquisition of l that
+// recorded it (Acquisition.Started), the Start start: the batch's details
+// are again at start.From, as before the acquisition, and the term no
+// longer names start.To. The holder calls it when its own checks refuse
+// the batch the acquisition started (pipeline.Begin), before its
+// transaction commits. It returns the batch as it left it.
+func (s *Store) Unstart(ctx context.Context, l Lease, start Start) (batch.Batch, error) {
+	b, err := batch.Scan(s.db.QueryRow(ctx, unstartSQL, l.BatchID, l.HolderID, l.Generation, string(start.From), string(start.To)))
+	if err != nil {
+		return batch.Batch{}, fmt.Errorf("taking back the start of batch %d: %w", l.BatchID, err)
+	}
+	return b, nil
 }
 
 // renewSQL extends one term. It touches only the lease columns (never the

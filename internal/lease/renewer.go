@@ -161,8 +161,14 @@ func (r *Renewer) Acquire(ctx context.Context, batchID int64, holderID string) (
 // whose transaction fails to commit must Close the Holding (the
 // acquisition never happened).
 func (r *Renewer) AcquireOn(ctx context.Context, db DB, batchID int64, holderID string) (Acquisition, *Holding, error) {
+	return r.AcquireOnStarting(ctx, db, batchID, holderID, Start{})
+}
+
+// AcquireOnStarting is AcquireOn recording start in the acquisition's own
+// UPDATE (Store.AcquireStarting).
+func (r *Renewer) AcquireOnStarting(ctx context.Context, db DB, batchID int64, holderID string, start Start) (Acquisition, *Holding, error) {
 	sent := r.cfg.Clock()
-	a, err := NewStore(db).Acquire(ctx, batchID, holderID, r.cfg.TTL)
+	a, err := NewStore(db).AcquireStarting(ctx, batchID, holderID, r.cfg.TTL, start)
 	if err != nil || a.Outcome != Acquired {
 		return a, nil, err
 	}

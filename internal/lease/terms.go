@@ -29,6 +29,9 @@ type Term struct {
 	// Closed is true once the term ended: released, ended by a terminal
 	// write, or taken over after it expired.
 	Closed bool `json:"closed"`
+	// Phase is the phase the acquisition that opened the term recorded in
+	// the batch's details (Start), if any.
+	Phase batch.Phase `json:"phase,omitempty"`
 }
 
 // End is when a closed term stopped holding the lease: its release, or its

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -61,7 +62,7 @@ func TestBeginWritesFromTheAcquisitionsRow(t *testing.T) {
 		a, err := lease.NewStore(tx).Acquire(ctx, b.ID, "delivery-1", time.Minute)
 		require.NoError(t, err)
 		require.Equal(t, lease.Acquired, a.Outcome)
-		started, ok, err := pipeline.Begin(ctx, tx, store, a.Lease, a.Batch, registry)
+		started, ok, err := pipeline.Begin(ctx, tx, store, a, registry)
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.NoError(t, tx.Commit(ctx))
@@ -79,10 +80,153 @@ func TestBeginWritesFromTheAcquisitionsRow(t *testing.T) {
 		a, err := lease.NewStore(tx).Acquire(ctx, b.ID, "delivery-1", time.Minute)
 		require.NoError(t, err)
 		require.Equal(t, lease.Acquired, a.Outcome)
-		_, ok, err := pipeline.Begin(ctx, tx, store, a.Lease, b, registry) // b: the row before the acquisition
+		a.Batch = b // the row before the acquisition
+		_, ok, err := pipeline.Begin(ctx, tx, store, a, registry)
 		require.Error(t, err)
 		require.False(t, ok)
 		require.NoError(t, tx.Commit(ctx))
 		require.Equal(t, batch.PhaseReserved, phase(b.ID), "nothing written")
+	})
+}
+
+// phaseStarter is a PhaseStarter (reserved to loading, as the Fleet
+// pipeline) whose Admit refuses the folders in refuse.
+type phaseStarter struct {
+	starter
+	refuse map[string]bool
+}
+
+func (phaseStarter) StartPhases() (from, to batch.Phase) {
+	return batch.PhaseReserved, batch.PhaseLoading
+}
+
+func (p phaseStarter) Start(b batch.Batch, d batch.Details) (batch.Details, bool) {
+	if d.RedshiftCommitted || d.Phase == batch.PhaseLoading {
+		return d, false
+	}
+	return p.starter.Start(b, d)
+}
+
+func (p phaseStarter) Admit(_ batch.Batch, d batch.Details) error {
+	if p.refuse[d.SourceFolder] {
+		return errors.New("refused")
+	}
+	return nil
+}
+
+// TestBeginChecksTheStartTheAcquisitionRecorded: an acquisition given
+// StartOf(registry) records a PhaseStarter's phase in its own UPDATE (the
+// new term names it), and Begin then writes nothing of its own; a batch
+// the pipeline would not start (Admit refuses it, its details do not
+// parse) gets its details back exactly as they were, and the term no
+// longer names the phase, before the transaction commits; a batch not at
+// the start's phase, or parked, is not started by the acquisition.
+func TestBeginChecksTheStartTheAcquisitionRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	store := batch.NewStore(pool)
+	registry := pipeline.Registry{batch.SourceTypeFleetS3: phaseStarter{refuse: map[string]bool{"s3://bucket/refused": true}}}
+	start := pipeline.StartOf(registry)
+	require.Equal(t, lease.Start{SourceTypes: []batch.SourceType{batch.SourceTypeFleetS3}, From: batch.PhaseReserved, To: batch.PhaseLoading, Version: batch.DetailsVersion}, start)
+	reserve := func(folder string) batch.Batch {
+		t.Helper()
+		res, err := store.Reserve(ctx, batch.Reservation{
+			CompanyID: "company-1", TenantID: "tenant-a", TenantDatabase: "tenant_db",
+			SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
+			PipelineStage: batch.PipelineStageFleet, SourceScope: "fleet_s3:" + folder,
+			Details: batch.NewDetails(folder),
+		})
+		require.NoError(t, err)
+		require.Equal(t, batch.Reserved, res.Outcome)
+		return res.Batch
+	}
+	// begin acquires b with the start and runs Begin in one committed
+	// transaction, as the worker does.
+	begin := func(b batch.Batch) (lease.Acquisition, batch.Batch, bool) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		a, err := lease.NewStore(tx).AcquireStarting(ctx, b.ID, "delivery-1", time.Minute, start)
+		require.NoError(t, err)
+		require.Equal(t, lease.Acquired, a.Outcome)
+		got, ok, err := pipeline.Begin(ctx, tx, store, a, registry)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		return a, got, ok
+	}
+	lastTerm := func(id int64) lease.Term {
+		t.Helper()
+		var raw []byte
+		require.NoError(t, pool.QueryRow(ctx, `SELECT execution_lease_terms FROM ingestion_batches WHERE id = $1`, id).Scan(&raw))
+		terms, err := lease.ParseTerms(raw)
+		require.NoError(t, err)
+		require.NotEmpty(t, terms)
+		return terms[len(terms)-1]
+	}
+
+	t.Run("recorded by the acquisition", func(t *testing.T) {
+		b := reserve("s3://bucket/started")
+		a, got, ok := begin(b)
+		require.True(t, a.Started)
+		require.True(t, ok)
+		d, err := batch.ParseDetails(got.Details)
+		require.NoError(t, err)
+		require.Equal(t, batch.PhaseLoading, d.Phase)
+		before, err := batch.ParseDetails(b.Details)
+		require.NoError(t, err)
+		before.Phase = batch.PhaseLoading
+		require.Equal(t, before, d, "only the phase changed: no write of Begin's own")
+		stored, err := store.Get(ctx, b.ID)
+		require.NoError(t, err)
+		require.Equal(t, stored, got, "the batch Begin returns is the committed row")
+		require.Equal(t, batch.PhaseLoading, lastTerm(b.ID).Phase, "the term names the phase it recorded")
+	})
+
+	for name, tc := range map[string]struct {
+		folder, details string // details: set before the acquisition
+	}{
+		"refused by the pipeline's Admit": {folder: "s3://bucket/refused"},
+		"details that do not parse":       {folder: "s3://bucket/unparsable", details: `{"version": 1, "phase": "reserved", "sourceFolder": "s3://bucket/unparsable", "redshiftCommitted": false, "mystery": 7}`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := reserve(tc.folder)
+			if tc.details != "" {
+				_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET details = $2 WHERE id = $1`, b.ID, tc.details)
+				require.NoError(t, err)
+				b, err = store.Get(ctx, b.ID)
+				require.NoError(t, err)
+			}
+			a, got, ok := begin(b)
+			require.True(t, a.Started, "the acquisition cannot tell: it records the phase")
+			require.False(t, ok)
+			require.Equal(t, string(b.Details), string(got.Details), "the details exactly as before the acquisition")
+			stored, err := store.Get(ctx, b.ID)
+			require.NoError(t, err)
+			require.Equal(t, string(b.Details), string(stored.Details))
+			require.Empty(t, lastTerm(b.ID).Phase, "the term no longer names the phase")
+			require.Equal(t, a.Lease.Generation, stored.LeaseGeneration, "the lease is still held")
+		})
+	}
+
+	t.Run("not at the start's phase, or parked", func(t *testing.T) {
+		loading := reserve("s3://bucket/loading-already")
+		_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET details = jsonb_set(details, '{phase}', '"loading"') WHERE id = $1`, loading.ID)
+		require.NoError(t, err)
+		a, _, ok := begin(loading)
+		require.False(t, a.Started)
+		require.False(t, ok, "the pipeline's Start has nothing to record either")
+		require.Empty(t, lastTerm(loading.ID).Phase)
+
+		parked := reserve("s3://bucket/parked")
+		_, err = pool.Exec(ctx, `UPDATE ingestion_batches SET parked_at = now(), parked_reason = 'test' WHERE id = $1`, parked.ID)
+		require.NoError(t, err)
+		a, got, ok := begin(parked)
+		require.False(t, a.Started)
+		require.False(t, ok)
+		d, err := batch.ParseDetails(got.Details)
+		require.NoError(t, err)
+		require.Equal(t, batch.PhaseReserved, d.Phase)
 	})
 }

@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"syscall"
 	"time"
 
@@ -253,50 +254,118 @@ type Starter interface {
 	Start(b batch.Batch, d batch.Details) (batch.Details, bool)
 }
 
-// Begin runs inside tx, the transaction that has just acquired the lease l
-// (lease.Renewer.AcquireOn) and has not committed. b is the batch as that
-// acquisition left it (lease.Acquisition.Batch, the row its UPDATE
-// returned: what a read in tx would return, so Begin does not read it
-// again). When Execute would go straight to the pipeline (the batch is Running and
-// not parked, its details parse and name a phase with work to do, a
-// pipeline serves its source type and admits it) and that pipeline is a
-// Starter with something to record, writes it, fenced on l, in tx. The
-// acquisition and the pipeline's first checkpoint then commit together: one
-// transaction, not two. Anything else is left to Execute (started is false
-// and tx holds only the acquisition). Once tx committed, the caller passes
-// the returned batch to ExecuteFrom when started.
-func Begin(ctx context.Context, tx pgx.Tx, store *batch.Store, l lease.Lease, b batch.Batch, registry Registry) (_ batch.Batch, started bool, err error) {
+// PhaseStarter is a Starter whose start of a batch at phase From, its
+// details recording no warehouse commit, is only a change of phase to To:
+// for such details d, Start(b, d) is d at phase To, and true. The lease
+// acquisition can then record it in its own UPDATE (lease.Start, StartOf),
+// with no statement of its own; Begin checks it against Start and the
+// pipeline's Admit.
+type PhaseStarter interface {
+	Starter
+	StartPhases() (from, to batch.Phase)
+}
+
+// StartOf is the lease.Start an acquisition records for registry: the
+// source types whose pipelines are PhaseStarters (of one same pair of
+// phases: the first source type's, in order, where they differ). The zero
+// Start when there are none.
+func StartOf(registry Registry) lease.Start {
+	var st lease.Start
+	types := make([]batch.SourceType, 0, len(registry))
+	for t := range registry {
+		types = append(types, t)
+	}
+	slices.Sort(types)
+	for _, t := range types {
+		ps, ok := registry[t].(PhaseStarter)
+		if !ok {
+			continue
+		}
+		from, to := ps.StartPhases()
+		if len(st.SourceTypes) == 0 {
+			st.From, st.To, st.Version = from, to, batch.DetailsVersion
+		}
+		if from == st.From && to == st.To {
+			st.SourceTypes = append(st.SourceTypes, t)
+		}
+	}
+	return st
+}
+
+// Begin runs inside tx, the transaction that has just acquired the lease of
+// a (lease.Renewer.AcquireOnStarting with StartOf(registry)) and has not
+// committed. a.Batch is the batch as that acquisition left it (the row its
+// UPDATE returned: what a read in tx would return, so Begin does not read
+// it again). When Execute would go straight to the pipeline (the batch is
+// Running and not parked, its details parse and name a phase with work to
+// do, a pipeline serves its source type and admits it) and that pipeline
+// is a Starter with something to record, the record is made in tx: by the
+// acquisition itself when a.Started (a PhaseStarter's phase, checked here
+// against the pipeline's own Start), otherwise by a write fenced on the
+// lease. The acquisition and the pipeline's first checkpoint then commit
+// together: one transaction, not two. Anything else is left to Execute
+// (started is false and tx holds only the acquisition); a start the
+// acquisition recorded on a batch that this pipeline would not start (its
+// Admit refuses it, its details do not parse) is taken back first
+// (lease.Store.Unstart), so the batch's details are as they were. Once tx
+// committed, the caller passes the returned batch to ExecuteFrom when
+// started.
+func Begin(ctx context.Context, tx pgx.Tx, store *batch.Store, a lease.Acquisition, registry Registry) (_ batch.Batch, started bool, err error) {
+	l, b := a.Lease, a.Batch
 	if b.ID != l.BatchID || b.LeaseGeneration != l.Generation {
 		return b, false, fmt.Errorf("beginning batch %d: the batch given is not the one term %d acquired (batch %d, generation %d)",
 			l.BatchID, l.Generation, b.ID, b.LeaseGeneration)
 	}
-	s := store.WithTx(tx)
-	if b.Terminal() || b.ParkedAt != nil {
+	if a.Started {
+		start := StartOf(registry)
+		if sd, ok := wouldStart(b, registry, start.From); ok && sd.Phase == start.To {
+			return b, true, nil
+		}
+		if b, err = lease.NewStore(tx).Unstart(ctx, l, start); err != nil {
+			return b, false, err
+		}
 		return b, false, nil
 	}
-	d, err := batch.ParseDetails(b.Details)
-	if err != nil || d.Phase.NoWork() {
-		return b, false, nil
-	}
-	p, ok := registry[b.SourceType]
+	sd, ok := wouldStart(b, registry, "")
 	if !ok {
 		return b, false, nil
 	}
-	if a, ok := p.(Admitter); ok && a.Admit(b, d) != nil {
-		return b, false, nil
-	}
-	st, ok := p.(Starter)
-	if !ok {
-		return b, false, nil
-	}
-	sd, ok := st.Start(b, d)
-	if !ok {
-		return b, false, nil
-	}
-	if b, err = s.WriteDetails(ctx, l.Fence(), sd); err != nil {
+	if b, err = store.WithTx(tx).WriteDetails(ctx, l.Fence(), sd); err != nil {
 		return b, false, err
 	}
 	return b, true, nil
+}
+
+// wouldStart returns the details a Starter would record at the start of a
+// delivery of b, and true, when Execute would go straight to its pipeline;
+// with from not empty, of b's details taken at phase from (the phase an
+// acquisition's start replaced).
+func wouldStart(b batch.Batch, registry Registry, from batch.Phase) (batch.Details, bool) {
+	if b.Terminal() || b.ParkedAt != nil {
+		return batch.Details{}, false
+	}
+	d, err := batch.ParseDetails(b.Details)
+	if err != nil {
+		return batch.Details{}, false
+	}
+	if from != "" {
+		d.Phase = from
+	}
+	if d.Phase.NoWork() {
+		return batch.Details{}, false
+	}
+	p, ok := registry[b.SourceType]
+	if !ok {
+		return batch.Details{}, false
+	}
+	if a, ok := p.(Admitter); ok && a.Admit(b, d) != nil {
+		return batch.Details{}, false
+	}
+	st, ok := p.(Starter)
+	if !ok {
+		return batch.Details{}, false
+	}
+	return st.Start(b, d)
 }
 
 // Execute runs the pipeline for the batch held by l and records the outcome
