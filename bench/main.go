@@ -3,8 +3,10 @@
 // bench/results/latest.{json,md} and latency charts. Run it with make bench.
 //
 // Every figure is a ratio against a baseline measured in the same run on the
-// same cluster: raw statements through pgbench, psql \copy, or River's own
-// no-op job throughput.
+// same cluster: raw statements through pgbench, psql \copy, River's own
+// no-op job throughput (information: see endToEndNote), or the protocol
+// floor (bench/floor.sql through pgbench: the primary's cost per batch,
+// see benchFloor).
 package main
 
 import (
