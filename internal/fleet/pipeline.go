@@ -341,7 +341,8 @@ func (p *Pipeline) StartPhases() (from, to batch.Phase) {
 // Start implements pipeline.Starter: a batch whose details record no
 // warehouse commit and no loading phase yet is recorded loading in the
 // acquisition's own transaction, so load need not write it (the phase is
-// durable, under this delivery's lease, before anything is read).
+// durable, under this delivery's lease, before anything is read). From
+// reserved, the acquisition's UPDATE records it itself (StartPhases).
 func (p *Pipeline) Start(_ batch.Batch, d batch.Details) (batch.Details, bool) {
 	if d.RedshiftCommitted || d.Phase == batch.PhaseLoading {
 		return d, false
