@@ -14,6 +14,20 @@ import (
 	"github.com/fleet/ingest/internal/pipeline"
 )
 
+// reserveFolder reserves a Fleet batch of tenant-a for folder.
+func reserveFolder(t *testing.T, store *batch.Store, folder string) batch.Batch {
+	t.Helper()
+	res, err := store.Reserve(context.Background(), batch.Reservation{
+		CompanyID: "company-1", TenantID: "tenant-a", TenantDatabase: "tenant_db",
+		SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
+		PipelineStage: batch.PipelineStageFleet, SourceScope: "fleet_s3:" + folder,
+		Details: batch.NewDetails(folder),
+	})
+	require.NoError(t, err)
+	require.Equal(t, batch.Reserved, res.Outcome)
+	return res.Batch
+}
+
 // starter is a Pipeline whose Start records the loading phase.
 type starter struct{}
 
@@ -35,17 +49,7 @@ func TestBeginWritesFromTheAcquisitionsRow(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	store := batch.NewStore(pool)
 	registry := pipeline.Registry{batch.SourceTypeFleetS3: starter{}}
-	reserve := func(folder string) batch.Batch {
-		res, err := store.Reserve(ctx, batch.Reservation{
-			CompanyID: "company-1", TenantID: "tenant-a", TenantDatabase: "tenant_db",
-			SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
-			PipelineStage: batch.PipelineStageFleet, SourceScope: "fleet_s3:" + folder,
-			Details: batch.NewDetails(folder),
-		})
-		require.NoError(t, err)
-		require.Equal(t, batch.Reserved, res.Outcome)
-		return res.Batch
-	}
+	reserve := func(folder string) batch.Batch { return reserveFolder(t, store, folder) }
 	phase := func(id int64) batch.Phase {
 		got, err := store.Get(ctx, id)
 		require.NoError(t, err)
@@ -129,18 +133,7 @@ func TestBeginChecksTheStartTheAcquisitionRecorded(t *testing.T) {
 	registry := pipeline.Registry{batch.SourceTypeFleetS3: phaseStarter{refuse: map[string]bool{"s3://bucket/refused": true}}}
 	start := pipeline.StartOf(registry)
 	require.Equal(t, lease.Start{SourceTypes: []batch.SourceType{batch.SourceTypeFleetS3}, From: batch.PhaseReserved, To: batch.PhaseLoading, Version: batch.DetailsVersion}, start)
-	reserve := func(folder string) batch.Batch {
-		t.Helper()
-		res, err := store.Reserve(ctx, batch.Reservation{
-			CompanyID: "company-1", TenantID: "tenant-a", TenantDatabase: "tenant_db",
-			SourceType: batch.SourceTypeFleetS3, IngestionMode: batch.IngestionModeFileUpload,
-			PipelineStage: batch.PipelineStageFleet, SourceScope: "fleet_s3:" + folder,
-			Details: batch.NewDetails(folder),
-		})
-		require.NoError(t, err)
-		require.Equal(t, batch.Reserved, res.Outcome)
-		return res.Batch
-	}
+	reserve := func(folder string) batch.Batch { return reserveFolder(t, store, folder) }
 	// begin acquires b with the start and runs Begin in one committed
 	// transaction, as the worker does.
 	begin := func(b batch.Batch) (lease.Acquisition, batch.Batch, bool) {
