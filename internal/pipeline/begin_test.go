@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
@@ -26,6 +28,21 @@ func reserveFolder(t *testing.T, store *batch.Store, folder string) batch.Batch 
 	require.NoError(t, err)
 	require.Equal(t, batch.Reserved, res.Outcome)
 	return res.Batch
+}
+
+// acquireInTx opens a transaction on pool (rolled back at the test's end
+// unless committed) and acquires batch id's lease in it with start, as the
+// worker does before pipeline.Begin.
+func acquireInTx(t *testing.T, pool *pgxpool.Pool, id int64, start lease.Start) (pgx.Tx, lease.Acquisition) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	a, err := lease.NewStore(tx).AcquireStarting(ctx, id, "delivery-1", time.Minute, start)
+	require.NoError(t, err)
+	require.Equal(t, lease.Acquired, a.Outcome)
+	return tx, a
 }
 
 // starter is a Pipeline whose Start records the loading phase.
@@ -60,12 +77,7 @@ func TestBeginWritesFromTheAcquisitionsRow(t *testing.T) {
 
 	t.Run("starts from the acquisition's row", func(t *testing.T) {
 		b := reserve("s3://bucket/begin-ok")
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck
-		a, err := lease.NewStore(tx).Acquire(ctx, b.ID, "delivery-1", time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, lease.Acquired, a.Outcome)
+		tx, a := acquireInTx(t, pool, b.ID, lease.Start{})
 		started, ok, err := pipeline.Begin(ctx, tx, store, a, registry)
 		require.NoError(t, err)
 		require.True(t, ok)
@@ -78,12 +90,7 @@ func TestBeginWritesFromTheAcquisitionsRow(t *testing.T) {
 
 	t.Run("refuses a row the term did not acquire", func(t *testing.T) {
 		b := reserve("s3://bucket/begin-mismatch")
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck
-		a, err := lease.NewStore(tx).Acquire(ctx, b.ID, "delivery-1", time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, lease.Acquired, a.Outcome)
+		tx, a := acquireInTx(t, pool, b.ID, lease.Start{})
 		a.Batch = b // the row before the acquisition
 		_, ok, err := pipeline.Begin(ctx, tx, store, a, registry)
 		require.Error(t, err)
@@ -138,12 +145,7 @@ func TestBeginChecksTheStartTheAcquisitionRecorded(t *testing.T) {
 	// transaction, as the worker does.
 	begin := func(b batch.Batch) (lease.Acquisition, batch.Batch, bool) {
 		t.Helper()
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck
-		a, err := lease.NewStore(tx).AcquireStarting(ctx, b.ID, "delivery-1", time.Minute, start)
-		require.NoError(t, err)
-		require.Equal(t, lease.Acquired, a.Outcome)
+		tx, a := acquireInTx(t, pool, b.ID, start)
 		got, ok, err := pipeline.Begin(ctx, tx, store, a, registry)
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit(ctx))
