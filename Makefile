@@ -41,12 +41,12 @@ GOAWS_BIN ?= $(HOME)/.cache/fleet-ingest/goaws/goaws
 export LOCAL_AWS_SQS_DIR GOAWS_BIN
 
 # After the tests (passed or not), the template databases they cloned are
-# dropped unless another test run still uses them (internal/pgtest,
+# dropped unless another test run still uses them (internal/testkit/pgtest,
 # DropTemplates); it fails if templates remain although none does.
 test:
 	@exports=$$(GO="$(GO)" bash scripts/test-deps.sh) || exit 1; eval "$$exports"; \
 		status=0; $(GO) test -race -count=1 -timeout 30m ./... || status=$$?; \
-		$(GO) run ./internal/pgtest/droptemplates || status=1; exit $$status
+		$(GO) run ./internal/testkit/pgtest/droptemplates || status=1; exit $$status
 
 test-deps:
 	@GO="$(GO)" bash scripts/test-deps.sh

@@ -23,7 +23,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fleet/ingest/internal/chaos"
+	"github.com/fleet/ingest/internal/testkit/chaos"
 	"github.com/fleet/ingest/migrations"
 )
 

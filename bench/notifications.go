@@ -22,8 +22,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/fleet/ingest/internal/s3test"
-	"github.com/fleet/ingest/internal/sqstest"
+	"github.com/fleet/ingest/internal/testkit/s3test"
+	"github.com/fleet/ingest/internal/testkit/sqstest"
 )
 
 // sqsMessages is how many notifications (one folder each) the SQS

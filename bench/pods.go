@@ -17,9 +17,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fleet/ingest/internal/chaos"
 	"github.com/fleet/ingest/internal/jobs"
-	"github.com/fleet/ingest/internal/pgbouncertest"
+	"github.com/fleet/ingest/internal/testkit/chaos"
+	"github.com/fleet/ingest/internal/testkit/pgbouncertest"
 	"github.com/fleet/ingest/migrations"
 )
 

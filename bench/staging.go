@@ -20,7 +20,7 @@ import (
 	"github.com/klauspost/compress/gzip"
 
 	"github.com/fleet/ingest/internal/folder"
-	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/testkit/s3test"
 	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/redshift"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"

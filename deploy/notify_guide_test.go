@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/notify"
-	"github.com/fleet/ingest/internal/testdeps"
+	"github.com/fleet/ingest/internal/testkit/testdeps"
 )
 
 // guideFence returns the body of the first fenced block (```lang) after

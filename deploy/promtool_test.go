@@ -14,7 +14,7 @@ import (
 	goyaml "go.yaml.in/yaml/v2"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fleet/ingest/internal/testdeps"
+	"github.com/fleet/ingest/internal/testkit/testdeps"
 )
 
 // PromtoolEnv names the promtool binary (make test exports it; Debian's

@@ -21,7 +21,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/notify"
 	"github.com/fleet/ingest/internal/notify/goawstest"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 // webhookReceiver is a tenant's webhook: it checks each request's

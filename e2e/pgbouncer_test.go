@@ -21,10 +21,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
-	"github.com/fleet/ingest/internal/pgbouncertest"
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/s3test"
-	"github.com/fleet/ingest/internal/sqstest"
+	"github.com/fleet/ingest/internal/testkit/pgbouncertest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/s3test"
+	"github.com/fleet/ingest/internal/testkit/sqstest"
 )
 
 // pooled is the environment of a binary reaching PostgreSQL through a

@@ -19,9 +19,9 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/jobs"
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/s3test"
-	"github.com/fleet/ingest/internal/sqstest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/s3test"
+	"github.com/fleet/ingest/internal/testkit/sqstest"
 )
 
 var reconcileTenants = []string{"acme", "globex", "initech", "umbrella"}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/folder"
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/sqstest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/sqstest"
 )
 
 // seedFailedPublication records, as the worker leaves one, a batch of

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 // TestRiverUIQueuePauseIsAnOperatorAction drives the River UI of a real

@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/testdeps"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/testdeps"
 )
 
 // chromiumPath finds the Debian chromium: CHROMIUM_BIN (make test sets it,

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/s3test"
 )
 
 // TestRolloutDoesNotRestartALongLoad runs a rollout through a 30 s load: a

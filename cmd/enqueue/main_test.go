@@ -15,8 +15,8 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/lease"
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
 func runCLI(t *testing.T, dbURL string, args ...string) (string, int) {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/metrics"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 // TestSQSAndReconcileReadyzCheckTheSchema: the probes of enqueue sqs and

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/cli"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 // TestPruneCommand: enqueue prune is a dry run unless --apply (counts by

@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/cli"
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
 // freePorts finds n consecutive free loopback ports and returns the first.

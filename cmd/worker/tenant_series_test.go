@@ -19,8 +19,8 @@ import (
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
 // TestTenantSeriesAreBoundedPerPod is the red team's case: imports naming

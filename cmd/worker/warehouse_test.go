@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/cli"
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/s3test"
 	"github.com/fleet/ingest/internal/warehouse/redshift/redshifttest"
 )
 
@@ -125,7 +125,7 @@ func TestTestDoublesAreNotInTheBinaries(t *testing.T) {
 	require.NoError(t, err, string(out))
 	deps := string(out)
 	require.Contains(t, deps, "github.com/fleet/ingest/internal/warehouse/redshift\n", "the worker links the Redshift warehouse")
-	for _, test := range []string{"redshifttest", "warehousetest", "internal/s3test", "gofakes3"} {
+	for _, test := range []string{"redshifttest", "warehousetest", "internal/testkit/s3test", "gofakes3"} {
 		require.NotContains(t, deps, test)
 	}
 }

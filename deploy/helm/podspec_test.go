@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fleet/ingest/internal/testdeps"
+	"github.com/fleet/ingest/internal/testkit/testdeps"
 )
 
 // podTemplate is one pod template of a rendered document, whatever holds

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/fleet/ingest/internal/batch"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 // BenchmarkReserve measures one scoped reservation (INSERT … ON CONFLICT on

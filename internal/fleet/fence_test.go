@@ -12,7 +12,7 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/pipeline"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 )
 

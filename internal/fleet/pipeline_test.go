@@ -15,9 +15,9 @@ import (
 	"github.com/fleet/ingest/internal/fleet"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/lease"
-	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/pipeline"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/pipeline"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 var limitsBucketSeq atomic.Int64

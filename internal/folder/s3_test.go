@@ -16,7 +16,7 @@ import (
 
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/pipeline"
-	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/testkit/s3test"
 )
 
 // s3srv is the S3-compatible server every s3:// folder of these tests lives

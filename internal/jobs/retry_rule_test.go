@@ -15,7 +15,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/fleet"
 	"github.com/fleet/ingest/internal/folder"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 	"github.com/fleet/ingest/internal/warehouse"
 )
 

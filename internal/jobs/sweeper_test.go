@@ -13,7 +13,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
 // TestSweeperLeavesALiveTakeoverAlone reproduces the race of a sweep that

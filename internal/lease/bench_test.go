@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/fleet/ingest/internal/lease"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 // BenchmarkAcquire measures taking the free lease of a freshly reserved

@@ -13,7 +13,7 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/lease"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 func reserve(t testing.TB, pool *pgxpool.Pool, tenant, folder string) batch.Batch {

@@ -12,8 +12,8 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/lease"
-	"github.com/fleet/ingest/internal/pgbouncertest"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgbouncertest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 // TestFencingHoldsAcrossServerConnectionsOfAPooler: behind PgBouncer in

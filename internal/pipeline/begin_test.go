@@ -12,8 +12,8 @@ import (
 
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/lease"
-	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 // reserveFolder reserves a Fleet batch of tenant-a for folder.

@@ -21,11 +21,11 @@ import (
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
-	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/pipeline"
 	"github.com/fleet/ingest/internal/reconcile"
-	"github.com/fleet/ingest/internal/s3test"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/s3test"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 	"github.com/fleet/ingest/internal/warehouse"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/batch"
-	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/retention"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 const (

@@ -23,9 +23,9 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
-	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/sqsconsumer"
-	"github.com/fleet/ingest/internal/sqstest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/sqstest"
 )
 
 const bucket = "fleet-uploads"

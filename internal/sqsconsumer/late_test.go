@@ -14,8 +14,8 @@ import (
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/sqsconsumer"
-	"github.com/fleet/ingest/internal/sqstest"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/sqstest"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
 // TestSQSConsumerCountsDataObjectsOfPublishedFolders: messages naming data

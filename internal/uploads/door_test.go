@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/jobs"
-	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/s3events"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 func newServerEnqueuer(t *testing.T, pool *pgxpool.Pool) *jobs.Enqueuer {

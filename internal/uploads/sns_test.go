@@ -31,9 +31,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleet/ingest/internal/pgtest"
 	"github.com/fleet/ingest/internal/s3events"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
 // fakeSNS stands in for the Amazon SNS hosts: a TLS server whose

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleet/ingest/internal/folder"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/warehousetest"
 )

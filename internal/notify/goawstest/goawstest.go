@@ -14,7 +14,7 @@
 // cmd) and exports GOAWS_BIN with its path. Start fails the test when the
 // binary cannot be found, naming the command that installs it, or does not
 // start; only a binary not found under go test -short skips the test
-// (internal/testdeps).
+// (internal/testkit/testdeps).
 //
 // Code under test finds the server the way production code finds SNS:
 // through the SDK's configuration (Env: AWS_ENDPOINT_URL_SNS, static
@@ -84,8 +84,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sns"
 
-	"github.com/fleet/ingest/internal/testdeps"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/testdeps"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
 // EnvBin names the goaws binary.

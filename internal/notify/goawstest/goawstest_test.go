@@ -22,7 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleet/ingest/internal/testdeps"
+	"github.com/fleet/ingest/internal/testkit/testdeps"
 )
 
 // envelope is what SNS posts to an http(s) subscription.

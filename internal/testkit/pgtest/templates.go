@@ -14,7 +14,7 @@ import (
 // lock on templatesLockKey for its whole life (a session of its own, closed
 // when the process exits); DropTemplates takes the lock exclusively, so it
 // drops the templates only when no test binary is using them. make test
-// runs it after the tests (./internal/pgtest/droptemplates), so a run
+// runs it after the tests (./internal/testkit/pgtest/droptemplates), so a run
 // leaves no template behind; the databases of failing tests
 // (testdb_tpl_<hash>_inst_<id>) are kept, as their tests say.
 const templatesLockKey int64 = 0x66_6c_65_65_74_74_70_6c // "fleettpl"

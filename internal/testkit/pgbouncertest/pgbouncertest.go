@@ -6,7 +6,7 @@
 // The binary is PGBOUNCER_BIN when set, else pgbouncer on PATH, else
 // /usr/sbin/pgbouncer (Debian installs it there, outside most users' PATH).
 // When none exists the test fails, naming the command that installs it
-// (make test installs Debian's pgbouncer as root, see internal/testdeps);
+// (make test installs Debian's pgbouncer as root, see internal/testkit/testdeps);
 // only under go test -short is it skipped.
 //
 // Each Start runs its own process on a free loopback port with its own
@@ -34,9 +34,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/fleet/ingest/internal/pgtest"
-	"github.com/fleet/ingest/internal/testdeps"
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/testkit/testdeps"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
 // EnvBin names the pgbouncer binary to run.

@@ -18,7 +18,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/fleet/ingest/internal/testproc"
+	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
 // Cluster is a PostgreSQL cluster of its own: initdb'd in a directory,

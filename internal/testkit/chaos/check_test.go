@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleet/ingest/internal/chaos"
-	"github.com/fleet/ingest/internal/pgtest"
+	"github.com/fleet/ingest/internal/testkit/chaos"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
 func insertBatch(t *testing.T, pool *pgxpool.Pool, tenant, scope, status, details, terms string) int64 {

@@ -10,7 +10,7 @@
 //
 // and exports LOCAL_AWS_SQS_DIR with that prefix. Start fails the test when
 // the package (or node) cannot be found, naming the command that installs
-// it; only under go test -short is the test skipped (internal/testdeps).
+// it; only under go test -short is the test skipped (internal/testkit/testdeps).
 //
 // Code under test finds the server the way production code finds SQS:
 // through the SDK's configuration (Env: AWS_ENDPOINT_URL_SQS, static
@@ -47,7 +47,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/fleet/ingest/internal/testdeps"
+	"github.com/fleet/ingest/internal/testkit/testdeps"
 )
 
 // DirEnv names the environment variable holding the npm prefix where

@@ -17,7 +17,7 @@ import (
 	"github.com/aws/smithy-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleet/ingest/internal/s3test"
+	"github.com/fleet/ingest/internal/testkit/s3test"
 )
 
 // TestMultipartUploadThroughTheTransferManager proves the server takes a
