@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/notify"
 	"github.com/fleet/ingest/internal/testkit/testdeps"
 )
@@ -75,7 +76,7 @@ func TestDeployGuideWebhookSignature(t *testing.T) {
 	again, err := n.Body()
 	require.NoError(t, err)
 	require.Equal(t, string(again), string(body), "the body as the worker encodes it")
-	require.Equal(t, notify.Key(42, notify.OutcomeFailed, 3), n.IdempotencyKey)
+	require.Equal(t, notify.Key(batch.Ref{ID: 42, UID: "0f8b5e1c-3a2d-4c6e-9b7a-5d4e3f2a1b0c"}, notify.OutcomeFailed, 3), n.IdempotencyKey)
 	require.Equal(t, n.IdempotencyKey, fields[notify.HeaderIdempotencyKey])
 	require.Equal(t, n.Outcome.Event(), fields[notify.HeaderEvent])
 

@@ -102,8 +102,8 @@ func TestNotificationsSurviveAWorkerKilledAfterTheOutcome(t *testing.T) {
 	require.Empty(t, got, "nothing sent before the kill")
 
 	startWorker(t, dbURL, append(fastLease, "--notifications-file", file, "--notify-retry-base", "200ms")...)
-	okKey := notify.Key(okID, notify.OutcomeSucceeded, ok.LeaseGeneration)
-	failedKey := notify.Key(failedID, notify.OutcomeFailed, failed.LeaseGeneration)
+	okKey := notify.Key(ok.Ref(), notify.OutcomeSucceeded, ok.LeaseGeneration)
+	failedKey := notify.Key(failed.Ref(), notify.OutcomeFailed, failed.LeaseGeneration)
 	require.Eventually(t, func() bool {
 		got, _ := rc.snapshot()
 		return len(got[okKey]) > 0 && len(got[failedKey]) > 0
@@ -177,7 +177,7 @@ func TestWorkerPublishesOutcomesToAnSNSTopic(t *testing.T) {
 	require.Equal(t, topic, e.TopicArn)
 	var n notify.Notification
 	require.NoError(t, json.Unmarshal([]byte(e.Message), &n))
-	key := notify.Key(id, notify.OutcomeSucceeded, b.LeaseGeneration)
+	key := notify.Key(b.Ref(), notify.OutcomeSucceeded, b.LeaseGeneration)
 	require.Equal(t, key, n.IdempotencyKey)
 	require.Equal(t, notify.OutcomeSucceeded, n.Outcome)
 	require.Equal(t, "tenant-s", n.TenantID)

@@ -9,7 +9,9 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/warehousecli"
 	"github.com/fleet/ingest/migrations"
 )
@@ -97,6 +99,7 @@ func (m *migrateCmd) apply(g *cli.Globals, e *cli.Env, cfg migrations.Config) er
 	for _, v := range report.River {
 		fmt.Fprintf(e.Stdout, "applied River migration %d %s (%s)\n", v.Version, v.Name, v.Duration.Round(time.Millisecond))
 	}
+	var bound warehouse.IDBound // the warehouse, to move the id sequence past its batch ids
 	switch {
 	case m.SkipWarehouse:
 	case m.IsRedshift():
@@ -104,6 +107,7 @@ func (m *migrateCmd) apply(g *cli.Globals, e *cli.Env, cfg migrations.Config) er
 		if err != nil {
 			return warehousecli.ExitError(err)
 		}
+		bound = migrator
 		applied, err := migrator.Migrate(ctx)
 		for _, a := range applied {
 			report.Warehouse = append(report.Warehouse, migrations.Applied{Version: a.Version, Source: "redshift/" + a.Name, Duration: a.Duration})
@@ -122,9 +126,25 @@ func (m *migrateCmd) apply(g *cli.Globals, e *cli.Env, cfg migrations.Config) er
 		if report.Warehouse, err = cfg.ApplyWarehouse(ctx, whPool); err != nil {
 			return fmt.Errorf("warehouse: %w", err)
 		}
+		bound = warehouse.NewPostgres(whPool)
 	}
 	for _, a := range report.Warehouse {
 		fmt.Fprintf(e.Stdout, "applied warehouse migration %d %s (%s)\n", a.Version, a.Source, a.Duration.Round(time.Millisecond))
+	}
+	if bound != nil {
+		// After a restore or a failover behind the warehouse the id
+		// sequence is behind the ids the warehouse names: move it past
+		// them, so no batch is handed one of them again.
+		named, err := bound.MaxBatchID(ctx, true)
+		if err != nil {
+			return fmt.Errorf("warehouse: %w", err)
+		}
+		last, err := batch.NewStore(pool).AdvanceIDs(ctx, named)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(e.Stdout, "batch ids: the warehouse names batches up to %d; the id sequence stands at %d\n", named, last)
+		e.Logger.Info("batch id sequence checked against the warehouse", "warehouse_max_batch_id", named, "sequence_last_value", last)
 	}
 	if len(report.Project)+len(report.River)+len(report.Warehouse) == 0 {
 		fmt.Fprintln(e.Stdout, "database schema is current: nothing to apply")

@@ -31,6 +31,7 @@ import (
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/notify"
 	"github.com/fleet/ingest/internal/pipeline"
+	"github.com/fleet/ingest/internal/warehouse"
 	"github.com/fleet/ingest/internal/warehouse/warehousecli"
 	"github.com/fleet/ingest/migrations"
 )
@@ -264,6 +265,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 		return warehousecli.ExitError(err)
 	}
 	defer closeWarehouse()
+	advanceBatchIDs(ctx, wh, batch.NewStore(pool), log)
 
 	m := metrics.NewWorker()
 	m.MaxTenants = r.MetricsMaxTenants
@@ -448,4 +450,34 @@ func (r *runCmd) notifications(ctx context.Context, m *metrics.Metrics, log *slo
 		RetryBase: r.NotifyRetryBase, RetryMax: r.NotifyRetryMax, Timeout: r.NotifyTimeout,
 		Metrics: m, Logger: log,
 	}, outbox, nil
+}
+
+// advanceBatchIDs moves the batches' id sequence past every batch id the
+// warehouse's stamps and publications name, so that after the operational
+// database went back in time (a restore, a failover to a standby that was
+// behind) no batch is handed an id the warehouse still names. It runs at
+// start only where it is cheap: a PostgreSQL warehouse reads two index
+// maxima. A Redshift warehouse is left to worker migrate (the runbook's
+// step after a restore), which reads every table, and to the loads, which
+// move the sequence past any forgotten batch's stamp they take over. A
+// failure is logged, not fatal: the takeover rule keeps every folder
+// loadable without it.
+func advanceBatchIDs(ctx context.Context, wh warehouse.Warehouse, store *batch.Store, log *slog.Logger) {
+	if _, ok := wh.(*warehouse.Postgres); !ok {
+		return
+	}
+	bound := wh.(warehouse.IDBound)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	named, err := bound.MaxBatchID(ctx, false)
+	if err != nil {
+		log.Warn("could not read the largest batch id the warehouse names; the id sequence is left as it is", "error", err)
+		return
+	}
+	last, err := store.AdvanceIDs(ctx, named)
+	if err != nil {
+		log.Warn("could not move the batch id sequence past the warehouse's largest batch id", "warehouse_max_batch_id", named, "error", err)
+		return
+	}
+	log.Info("batch id sequence checked against the warehouse", "warehouse_max_batch_id", named, "sequence_last_value", last)
 }

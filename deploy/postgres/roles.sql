@@ -287,6 +287,13 @@ GRANT EXECUTE ON FUNCTION ingest_claim_signature(bytea, interval),
                           ingest_prune_signatures()
     TO fleet_enqueue;
 
+-- The batches' id sequence moved past the ids the warehouse names (a
+-- restore or a failover behind the warehouse; migration 00100): a worker
+-- at start and a load that takes a forgotten batch's stamp over. The
+-- function only ever moves the sequence forward, by drawing values; no
+-- role holds UPDATE on the sequence (setval).
+GRANT EXECUTE ON FUNCTION ingest_advance_batch_ids(bigint) TO fleet_worker;
+
 -- Checkpoints of enqueue reconcile --every (migration 00040; a time after
 -- the database clock is refused by migration 00080's trigger).
 GRANT SELECT, INSERT, UPDATE ON ingest_reconcile_checkpoints TO fleet_enqueue;

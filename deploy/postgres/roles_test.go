@@ -96,7 +96,7 @@ func newEnqueuer(t *testing.T, pool *pgxpool.Pool) *jobs.Enqueuer {
 	require.NoError(t, err)
 	return &jobs.Enqueuer{
 		Pool: pool, River: client, Logger: slog.New(slog.DiscardHandler),
-		Verifier: batch.SliceVerifierFunc(func(context.Context, string, string) (int64, bool, error) { return 0, false, nil }),
+		Verifier: batch.SliceVerifierFunc(func(context.Context, string, string) (batch.Ref, bool, error) { return batch.Ref{}, false, nil }),
 	}
 }
 

@@ -2,6 +2,7 @@ package batch
 
 import (
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -87,6 +88,41 @@ type Batch struct {
 	CancelledAt  *time.Time
 	CancelledBy  *string
 	CancelReason *string
+	// UID is the batch's random identity (a UUID, migration 00100), which
+	// the warehouse stamps beside the id and tenants receive: unlike the id
+	// it cannot be handed out again after the operational database went
+	// back in time (see Ref). Empty for a batch written before the column
+	// existed (a legacy batch, named by its id alone).
+	UID string
+}
+
+// Ref is the batch's identity as the warehouse and tenants hold it.
+func (b Batch) Ref() Ref { return Ref{ID: b.ID, UID: b.UID} }
+
+// Ref names a batch beyond the operational database's memory: its id and
+// its uid. The id alone can repeat after a restore or a failover to a
+// standby that was behind (the sequence goes back with the database); the
+// uid cannot. An empty UID is a legacy name (a row or a stamp written
+// before uids existed, or by a release that does not know them), which
+// names the batch of that id.
+type Ref struct {
+	ID  int64
+	UID string
+}
+
+// Names reports whether r and o name the same batch: the same id and,
+// unless either is a legacy name, the same uid.
+func (r Ref) Names(o Ref) bool {
+	return r.ID == o.ID && (r.UID == "" || o.UID == "" || r.UID == o.UID)
+}
+
+// String is the ref as logs and errors show it: "7 (uid 6f1c…)", or the
+// id alone for a legacy name.
+func (r Ref) String() string {
+	if r.UID == "" {
+		return strconv.FormatInt(r.ID, 10)
+	}
+	return strconv.FormatInt(r.ID, 10) + " (uid " + r.UID + ")"
 }
 
 // Parked reports whether the batch is Running and parked: no delivery will

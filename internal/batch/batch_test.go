@@ -219,7 +219,7 @@ func committedFailedPublication(t *testing.T, pool *pgxpool.Pool, s *batch.Store
 }
 
 func ownedBy(id int64) batch.SliceVerifier {
-	return batch.SliceVerifierFunc(func(context.Context, string, string) (int64, bool, error) { return id, true, nil })
+	return batch.SliceVerifierFunc(func(context.Context, string, string) (batch.Ref, bool, error) { return batch.Ref{ID: id}, true, nil })
 }
 
 func resumeRequest(b batch.Batch) batch.ResumeRequest {
@@ -429,7 +429,7 @@ func TestResumeRefusals(t *testing.T) {
 		{
 			name: "warehouse slice missing",
 			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
-				return resumeRequest(b), batch.SliceVerifierFunc(func(context.Context, string, string) (int64, bool, error) { return 0, false, nil })
+				return resumeRequest(b), batch.SliceVerifierFunc(func(context.Context, string, string) (batch.Ref, bool, error) { return batch.Ref{}, false, nil })
 			},
 			outcome: batch.NotResumable, reason: batch.ReasonWarehouseSliceMissing,
 		},

@@ -111,6 +111,11 @@ type Details struct {
 	// (reconcile's late and changed files) without reading the warehouse,
 	// whose ledger lists them one by one.
 	Objects *ObjectsSummary `json:"objects,omitempty"`
+	// TookOver names the batch whose warehouse stamp this batch's load
+	// replaced although the slice named it as newer: a batch the
+	// operational database did not know (forgotten by a restore or a
+	// failover behind the warehouse). Recorded with the commit.
+	TookOver *TakenOver `json:"tookOver,omitempty"`
 	// UpdatedAt is stamped with the database clock by every store write.
 	UpdatedAt *time.Time `json:"updatedAt,omitempty"`
 	// Writes is the audit trail of accepted fenced writes, appended by the
@@ -238,6 +243,15 @@ type ObjectsSummary struct {
 	// BadRecords counts the bad records the load skipped, within the
 	// import's tolerance (Details.MaxBadRecords).
 	BadRecords int64 `json:"badRecords,omitempty"`
+}
+
+// TakenOver is a forgotten batch's stamp a load took over (Details.TookOver).
+type TakenOver struct {
+	BatchID  int64  `json:"batchId"`
+	BatchUID string `json:"batchUid,omitempty"`
+	// Generation is the lease generation the stamp named.
+	Generation int64     `json:"generation"`
+	At         time.Time `json:"at"`
 }
 
 // NewDetails returns the initial details of a scoped batch reservation.

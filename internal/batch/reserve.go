@@ -199,19 +199,21 @@ func isRunningScopeViolation(err error) bool {
 }
 
 // SliceVerifier proves who owns a warehouse slice. SliceOwner returns the
-// batch id the warehouse slice for (tenant, scope) is stamped with, and found
-// false when there is no slice. Resume calls it before reacquiring a scope:
-// an operational reservation alone is not proof that old publication may
-// resume.
+// identity (Ref) of the batch the warehouse slice for (tenant, scope) is
+// stamped with, and found false when there is no slice. Resume calls it
+// before reacquiring a scope: an operational reservation alone is not
+// proof that old publication may resume, and neither is a stamp that names
+// the batch's id with another batch's uid (a batch the operational
+// database forgot, which was handed the same id).
 type SliceVerifier interface {
-	SliceOwner(ctx context.Context, tenantID, sourceScope string) (batchID int64, found bool, err error)
+	SliceOwner(ctx context.Context, tenantID, sourceScope string) (owner Ref, found bool, err error)
 }
 
 // SliceVerifierFunc adapts a function to SliceVerifier.
-type SliceVerifierFunc func(ctx context.Context, tenantID, sourceScope string) (int64, bool, error)
+type SliceVerifierFunc func(ctx context.Context, tenantID, sourceScope string) (Ref, bool, error)
 
 // SliceOwner calls f.
-func (f SliceVerifierFunc) SliceOwner(ctx context.Context, tenantID, sourceScope string) (int64, bool, error) {
+func (f SliceVerifierFunc) SliceOwner(ctx context.Context, tenantID, sourceScope string) (Ref, bool, error) {
 	return f(ctx, tenantID, sourceScope)
 }
 
@@ -369,7 +371,7 @@ func (s *Store) Resume(ctx context.Context, req ResumeRequest, verifier SliceVer
 		if !found {
 			return refuse(ReasonWarehouseSliceMissing)
 		}
-		if owner != b.ID {
+		if !owner.Names(b.Ref()) {
 			b, err = markRefused(ctx, tx, b, d, PhaseSuperseded)
 			if err != nil {
 				return err

@@ -46,7 +46,7 @@ const columns = `id, company_id, tenant_id, tenant_database, ingestion_mode, sou
 	business_date, pipeline_stage, status, is_current, details, started_at, completed_at,
 	created_at, updated_at, source_scope, execution_lease_id, execution_lease_expires_at,
 	execution_lease_generation, execution_lease_renewed_at, parked_at, parked_reason,
-	cancelled_at, cancelled_by, cancel_reason`
+	cancelled_at, cancelled_by, cancel_reason, COALESCE(batch_uid::text, '')`
 
 // Columns is the select list of a whole batch row, for a statement of
 // another package that returns one (RETURNING Columns) and reads it with
@@ -65,7 +65,7 @@ func scanBatch(row pgx.Row, extra ...any) (Batch, error) {
 		&b.BusinessDate, &b.PipelineStage, &b.Status, &b.IsCurrent, &b.Details, &b.StartedAt, &b.CompletedAt,
 		&b.CreatedAt, &b.UpdatedAt, &b.SourceScope, &b.LeaseID, &b.LeaseExpiresAt,
 		&b.LeaseGeneration, &b.LeaseRenewedAt, &b.ParkedAt, &b.ParkedReason,
-		&b.CancelledAt, &b.CancelledBy, &b.CancelReason,
+		&b.CancelledAt, &b.CancelledBy, &b.CancelReason, &b.UID,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -173,7 +173,7 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 	if err != nil || f.Scope() != b.Scope() {
 		return pipeline.Fail(batch.PhaseFailedPreCommit, fmt.Errorf("details folder %q does not match the batch scope %q", d.SourceFolder, b.Scope()))
 	}
-	slice := warehouse.Slice{TenantID: b.TenantID, SourceScope: b.Scope(), BatchID: b.ID, Generation: run.Lease.Generation}
+	slice := warehouse.Slice{TenantID: b.TenantID, SourceScope: b.Scope(), BatchID: b.ID, BatchUID: b.UID, Generation: run.Lease.Generation}
 
 	recorded := false // the load's own transaction recorded the commit and the publishing phase
 	if !d.RedshiftCommitted {
@@ -190,13 +190,34 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 				return classify(batch.PhaseFailedPreCommit, err)
 			}
 		}
+		if found && !st.Ref().Names(b.Ref()) {
+			// Another batch's stamp: one the operational database does not
+			// know is taken over, whatever its id.
+			if err := p.takeOver(ctx, run, &slice, st.Ref(), st.Generation, logger); err != nil {
+				return classify(batch.PhaseFailedPreCommit, err)
+			}
+		}
 		switch {
-		case found && st.BatchID == b.ID:
+		case found && st.Ref().Names(b.Ref()):
 			logger.Info("warehouse commit found without a record of it: continuing from publication", "record_count", st.RecordCount)
-		case found && st.BatchID > b.ID:
-			return pipeline.Fail(batch.PhaseSuperseded, fmt.Errorf("warehouse slice is stamped with newer batch %d", st.BatchID))
+		case found && warehouse.Supersedes(st, slice):
+			return pipeline.Fail(batch.PhaseSuperseded, fmt.Errorf("warehouse slice is stamped with newer batch %s", st.Ref()))
 		default:
-			if st, recorded, err = p.load(ctx, run, f, slice, logger); err != nil {
+			st, recorded, err = p.load(ctx, run, f, slice, logger)
+			// A warehouse whose load reads the stamp itself (found is
+			// false here) refuses another batch's stamp of a higher id: a
+			// batch the operational database does not know is taken over
+			// and the load tried again, once.
+			var held *warehouse.SupersededError
+			if errors.As(err, &held) && slice.TakeOver == nil && !held.Holder.Names(b.Ref()) {
+				if terr := p.takeOver(ctx, run, &slice, held.Holder, held.Generation, logger); terr != nil {
+					return classify(batch.PhaseFailedPreCommit, terr)
+				}
+				if slice.TakeOver != nil {
+					st, recorded, err = p.load(ctx, run, f, slice, logger)
+				}
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -262,6 +283,37 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 	return nil
 }
 
+// takeOver decides what a load does with holder's stamp on the slice, a
+// batch other than this one: a batch the operational database knows keeps
+// its stamp (newer: superseded; older: replaced as always); one it does not
+// know was forgotten (a restore from a backup, a failover to a standby
+// that was behind) and its stamp is taken over (slice.TakeOver), whatever
+// its id: counted (ingest_forgotten_stamps_total), logged with both
+// batches' identities, recorded in the details committed with the load
+// (Details.TookOver, which enqueue status shows), and the batches' id
+// sequence moved past its id so no new batch is handed it again.
+func (p *Pipeline) takeOver(ctx context.Context, run *pipeline.Run, slice *warehouse.Slice, holder batch.Ref, generation int64, logger *slog.Logger) error {
+	known, err := run.Knows(ctx, holder)
+	if err != nil || known {
+		return err
+	}
+	slice.TakeOver = &holder
+	run.Details.TookOver = &batch.TakenOver{BatchID: holder.ID, BatchUID: holder.UID, Generation: generation, At: time.Now().UTC()}
+	if p.Metrics != nil {
+		p.Metrics.ForgottenStamps.Inc()
+	}
+	logger.Warn("the warehouse slice is stamped with a batch the operational database does not know (forgotten by a restore or a failover behind the warehouse): this batch takes it over",
+		"forgotten_batch_id", holder.ID, "forgotten_batch_uid", holder.UID, "forgotten_lease_generation", generation,
+		"batch_uid", run.Batch.UID, "folder", slice.SourceScope)
+	if last, err := run.AdvanceIDs(ctx, holder.ID); err != nil {
+		logger.Warn("could not move the batch id sequence past the forgotten batch's id (worker migrate does): new batches may be handed ids the warehouse names",
+			"forgotten_batch_id", holder.ID, "error", err)
+	} else {
+		logger.Info("batch id sequence past the forgotten batch's id", "forgotten_batch_id", holder.ID, "sequence_last_value", last)
+	}
+	return nil
+}
+
 // recordsCommits reports whether w's loads commit with the caller's
 // record of them (warehouse.CommitRecorder).
 func recordsCommits(w warehouse.Warehouse) bool {
@@ -323,7 +375,7 @@ func (p *Pipeline) Settle(ctx context.Context, b batch.Batch, d batch.Details) (
 	if err != nil {
 		return d, err
 	}
-	if found && st.BatchID == b.ID {
+	if found && st.Ref().Names(b.Ref()) {
 		committedAt := st.CommittedAt
 		d.Phase, d.RedshiftCommitted, d.RecordCount, d.CommittedAt = batch.PhaseCommitted, true, st.RecordCount, &committedAt
 	}

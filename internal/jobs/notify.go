@@ -109,10 +109,10 @@ func (o *Outbox) Outcome(ctx context.Context, tx pgx.Tx, b batch.Batch) error {
 
 // NotificationOf is the notification of b's outcome as b stands: ok is
 // false when b is Running and not parked (no outcome). Its idempotency
-// key is the batch, the outcome and the lease generation of the term that
-// wrote it (notify.Key): a resumed batch may fail twice.
+// key is the batch's uid, the outcome and the lease generation of the term
+// that wrote it (notify.Key): a resumed batch may fail twice.
 func NotificationOf(b batch.Batch) (n notify.Notification, ok bool) {
-	n = notify.Notification{BatchID: b.ID, TenantID: b.TenantID, Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), Status: string(b.Status)}
+	n = notify.Notification{BatchID: b.ID, BatchUID: b.UID, TenantID: b.TenantID, Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), Status: string(b.Status)}
 	switch {
 	case b.Status == batch.StatusSucceeded:
 		n.Outcome = notify.OutcomeSucceeded
@@ -134,7 +134,7 @@ func NotificationOf(b batch.Batch) (n notify.Notification, ok bool) {
 			n.Reason, n.Message = string(d.LastError.Reason), d.LastError.Message
 		}
 	}
-	n.IdempotencyKey = notify.Key(b.ID, n.Outcome, b.LeaseGeneration)
+	n.IdempotencyKey = notify.Key(b.Ref(), n.Outcome, b.LeaseGeneration)
 	return n, true
 }
 

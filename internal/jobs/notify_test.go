@@ -161,7 +161,7 @@ func TestNotificationRetriesUntilTheReceiverAnswers(t *testing.T) {
 	b, err := batch.NewStore(f.pool).Get(context.Background(), id)
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusSucceeded, b.Status)
-	key := notify.Key(id, notify.OutcomeSucceeded, b.LeaseGeneration)
+	key := notify.Key(b.Ref(), notify.OutcomeSucceeded, b.LeaseGeneration)
 
 	got := flaky.seen()
 	require.Len(t, got, 4)

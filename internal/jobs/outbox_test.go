@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,7 +92,11 @@ func TestOutboxAnnouncesOnlyCommittedOutcomes(t *testing.T) {
 	require.Equal(t, string(batch.ReasonFolderIncomplete), n.Reason)
 	require.Equal(t, "no marker", n.Message)
 	require.Equal(t, "tenant-a", n.TenantID)
-	require.Equal(t, notify.Key(id, notify.OutcomeFailed, l.Generation), n.IdempotencyKey)
+	require.NotEmpty(t, b.UID, "a batch reserved today has a uid")
+	require.Equal(t, b.UID, n.BatchUID)
+	require.Equal(t, "batch-"+b.UID+"-failed-"+strconv.FormatInt(l.Generation, 10), n.IdempotencyKey,
+		"the key names the batch by its uid, which no restore hands out again")
+	require.Equal(t, notify.Key(b.Ref(), notify.OutcomeFailed, l.Generation), n.IdempotencyKey)
 	require.True(t, strings.HasPrefix(n.Folder, "mem://"), n.Folder)
 	require.False(t, n.At.IsZero())
 

@@ -18,7 +18,7 @@ const ReasonNewerBatchResumable = "newer_batch_resumable"
 // newerBatches lists the batches of b's tenant and folder newer than b,
 // newest first, with the database clock.
 const newerBatchesSQL = `
-	SELECT id, status, details::text, cancelled_at IS NOT NULL, now()
+	SELECT id, COALESCE(batch_uid::text, ''), status, details::text, cancelled_at IS NOT NULL, now()
 	FROM ingestion_batches
 	WHERE tenant_id = $1 AND source_scope = $2 AND id > $3 AND status IN ('Succeeded', 'Failed')
 	ORDER BY id DESC`
@@ -49,6 +49,7 @@ func (e *Enqueuer) newerBatchRefusal(ctx context.Context, b batch.Batch) (res Re
 	}
 	type newer struct {
 		id        int64
+		uid       string
 		status    batch.Status
 		details   string
 		cancelled bool
@@ -57,7 +58,7 @@ func (e *Enqueuer) newerBatchRefusal(ctx context.Context, b batch.Batch) (res Re
 	var ns []newer
 	for rows.Next() {
 		var n newer
-		if err := rows.Scan(&n.id, &n.status, &n.details, &n.cancelled, &n.now); err != nil {
+		if err := rows.Scan(&n.id, &n.uid, &n.status, &n.details, &n.cancelled, &n.now); err != nil {
 			rows.Close()
 			return Result{}, false, err
 		}
@@ -81,7 +82,7 @@ func (e *Enqueuer) newerBatchRefusal(ctx context.Context, b batch.Batch) (res Re
 			if err != nil {
 				return Result{}, false, fmt.Errorf("verifying warehouse slice: %w", err)
 			}
-			if !found || owner != n.id {
+			if !found || !owner.Names(batch.Ref{ID: n.id, UID: n.uid}) {
 				continue
 			}
 		}

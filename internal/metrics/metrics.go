@@ -151,6 +151,10 @@ type Metrics struct {
 	// after their folder's completion marker.
 	BatchFailures *prometheus.CounterVec
 	LateObjects   prometheus.Counter
+	// ForgottenStamps counts warehouse stamps of batches the operational
+	// database does not know (forgotten by a restore or a failover behind
+	// the warehouse) that a load of this worker took over.
+	ForgottenStamps prometheus.Counter
 	// LateObjectEvents counts, by door, the folders already published
 	// that a request's (or message's) data-object events named: once per
 	// folder and request, not per object.
@@ -413,6 +417,11 @@ func build() (*Metrics, []prometheus.Collector) {
 		Help: "Objects loaded although last modified after their folder's completion marker (written after the producer said the folder was complete).",
 	})
 	f(m.LateObjects)
+	m.ForgottenStamps = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_forgotten_stamps_total",
+		Help: "Warehouse stamps of batches the operational database does not know (forgotten by a restore from a backup or a failover to a standby that was behind) that a new batch of the folder took over; each is logged with both batches' ids and uids and shown by enqueue status.",
+	})
+	f(m.ForgottenStamps)
 	m.LateObjectEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_late_object_events_total",
 		Help: "Published folders named by data-object events (an object created after its folder's newest batch Succeeded), by door (events_s3, sqs): once per folder and request or message; enqueue reconcile imports such folders again.",

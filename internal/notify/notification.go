@@ -46,7 +46,12 @@ type Notification struct {
 	IdempotencyKey string  `json:"idempotency_key"`
 	Outcome        Outcome `json:"outcome"`
 	BatchID        int64   `json:"batch_id"`
-	TenantID       string  `json:"tenant_id"`
+	// BatchUID is the batch's random identity (absent for a batch written
+	// before uids existed). Unlike the id it never repeats, even after the
+	// coordinator's database was restored from a backup or failed over to
+	// a standby that was behind.
+	BatchUID string `json:"batch_uid,omitempty"`
+	TenantID string `json:"tenant_id"`
 	Folder         string  `json:"folder,omitempty"`
 	// Status is the batch's status (Succeeded, Failed, Running for a
 	// parked batch).
@@ -61,13 +66,21 @@ type Notification struct {
 }
 
 // Key is the idempotency key of the notification of a batch's outcome:
-// "batch-<batch id>-<outcome>-<generation>", e.g. "batch-42-failed-3". The
-// generation is the execution lease's generation of the term that wrote
-// the outcome: a resumed batch may fail twice (or be parked twice), and
-// each is a notification of its own, while every attempt to send one of
-// them carries the same key.
-func Key(batchID int64, outcome Outcome, generation int64) string {
-	return fmt.Sprintf("batch-%d-%s-%d", batchID, outcome, generation)
+// "batch-<batch uid>-<outcome>-<generation>", e.g.
+// "batch-6f1c0e52-7f0a-4c1e-9a57-2d7b8c1e0f44-failed-3". The generation is
+// the execution lease's generation of the term that wrote the outcome: a
+// resumed batch may fail twice (or be parked twice), and each is a
+// notification of its own, while every attempt to send one of them carries
+// the same key. The uid, not the id, names the batch: ids are handed out
+// again after the coordinator's database went back in time (a restore, a
+// failover to a standby that was behind), uids never, so a receiver that
+// drops repeats by key never drops a new batch's outcome. A batch written
+// before uids existed keeps the key of its id, "batch-42-failed-3".
+func Key(b batch.Ref, outcome Outcome, generation int64) string {
+	if b.UID == "" {
+		return fmt.Sprintf("batch-%d-%s-%d", b.ID, outcome, generation)
+	}
+	return fmt.Sprintf("batch-%s-%s-%d", b.UID, outcome, generation)
 }
 
 // Validate checks what a receiver relies on: a key, a known outcome, a

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fleet/ingest/internal/batch"
 	"io"
 	"log"
 	"net"
@@ -26,7 +27,7 @@ var at = time.Date(2025, 3, 4, 5, 6, 7, 0, time.FixedZone("CET", 3600))
 
 func failedNotification() Notification {
 	return Notification{
-		IdempotencyKey: Key(42, OutcomeFailed, 3),
+		IdempotencyKey: Key(batch.Ref{ID: 42}, OutcomeFailed, 3),
 		Outcome:        OutcomeFailed,
 		BatchID:        42,
 		TenantID:       "acme",
@@ -40,8 +41,12 @@ func failedNotification() Notification {
 }
 
 func TestKeyAndBody(t *testing.T) {
-	require.Equal(t, "batch-42-failed-3", Key(42, OutcomeFailed, 3))
-	require.NotEqual(t, Key(42, OutcomeFailed, 3), Key(42, OutcomeFailed, 4), "a resumed batch failing again is another notification")
+	require.Equal(t, "batch-42-failed-3", Key(batch.Ref{ID: 42}, OutcomeFailed, 3), "a legacy batch (no uid) keeps the key of its id")
+	require.NotEqual(t, Key(batch.Ref{ID: 42}, OutcomeFailed, 3), Key(batch.Ref{ID: 42}, OutcomeFailed, 4), "a resumed batch failing again is another notification")
+	const uid = "0f8b5e1c-3a2d-4c6e-9b7a-5d4e3f2a1b0c"
+	require.Equal(t, "batch-"+uid+"-failed-3", Key(batch.Ref{ID: 42, UID: uid}, OutcomeFailed, 3))
+	require.NotEqual(t, Key(batch.Ref{ID: 42, UID: uid}, OutcomeFailed, 3), Key(batch.Ref{ID: 42, UID: "7c1d2e3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f"}, OutcomeFailed, 3),
+		"two batches handed the same id (the database went back in time in between) never share a key")
 	body, err := failedNotification().Body()
 	require.NoError(t, err)
 	require.JSONEq(t, `{"idempotency_key":"batch-42-failed-3","outcome":"failed","batch_id":42,"tenant_id":"acme",

@@ -151,6 +151,16 @@ func (r *Run) SucceedTx(ctx context.Context, tx pgx.Tx, d batch.Details) (batch.
 	return r.store.WithTx(tx).MarkSucceeded(ctx, f, d)
 }
 
+// Knows reports whether the operational database knows the batch ref
+// names (batch.Store.Knows): a warehouse stamp of a batch it does not know
+// was written by a batch a restore or a failover made it forget.
+func (r *Run) Knows(ctx context.Context, ref batch.Ref) (bool, error) { return r.store.Knows(ctx, ref) }
+
+// AdvanceIDs moves the batches' id sequence past id (batch.Store.AdvanceIDs).
+func (r *Run) AdvanceIDs(ctx context.Context, id int64) (int64, error) {
+	return r.store.AdvanceIDs(ctx, id)
+}
+
 // Adopt records that a CheckpointTx write of d, returning b, committed.
 func (r *Run) Adopt(b batch.Batch, d batch.Details) { r.Batch, r.Details = b, d }
 

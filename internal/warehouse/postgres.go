@@ -112,8 +112,8 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 				return err
 			}
 		}
-		if found && (cur.BatchID > s.BatchID || (cur.BatchID == s.BatchID && cur.Generation > s.Generation)) {
-			return fmt.Errorf("%w: batch %d generation %d holds it", ErrSliceSuperseded, cur.BatchID, cur.Generation)
+		if found && Supersedes(cur, s) {
+			return &SupersededError{Holder: cur.Ref(), Generation: cur.Generation}
 		}
 		// The slice's records are deleted before any record is read: a
 		// load blocked on the table shows no progress, so a draining
@@ -143,9 +143,9 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 						return interpretCopyError(err)
 					}
 			}
-			b.Queue(stampSliceSQL, s.TenantID, s.SourceScope, s.BatchID, s.Generation, int64(len(head.keys))).
+			b.Queue(stampSliceSQL, s.TenantID, s.SourceScope, s.BatchID, s.Generation, int64(len(head.keys)), s.BatchUID).
 				QueryRow(func(row pgx.Row) error {
-					return row.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt)
+					return row.Scan(&st.BatchID, &st.BatchUID, &st.Generation, &st.RecordCount, &st.CommittedAt)
 				})
 			queueLedger(b, s, ledger.Objects())
 			queueErrors(b, s, rr.Bad())
@@ -161,9 +161,9 @@ func (p *Postgres) Load(ctx context.Context, s Slice, src *folder.Source, object
 				return interpretCopyError(err)
 			}
 			b = &pgx.Batch{}
-			b.Queue(stampSliceSQL, s.TenantID, s.SourceScope, s.BatchID, s.Generation, n).
+			b.Queue(stampSliceSQL, s.TenantID, s.SourceScope, s.BatchID, s.Generation, n, s.BatchUID).
 				QueryRow(func(row pgx.Row) error {
-					return row.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt)
+					return row.Scan(&st.BatchID, &st.BatchUID, &st.Generation, &st.RecordCount, &st.CommittedAt)
 				})
 			queueLedger(b, s, ledger.Objects())
 			queueErrors(b, s, rr.Bad())
@@ -198,14 +198,15 @@ func (p *Postgres) checkBeforeFence(ctx context.Context, beforeCommit func(conte
 // row, the lease check at the commit.
 func (p *Postgres) recorded(ctx context.Context) bool { return p.fence && RecordFrom(ctx) != nil }
 
-// stampSQL reads the batch and generation a slice was last loaded by.
+// stampSQL reads the batch (id and uid) and generation a slice was last
+// loaded by.
 const stampSQL = `
-	SELECT batch_id, lease_generation FROM curated.fleet_slices
+	SELECT batch_id, COALESCE(batch_uid, ''), lease_generation FROM curated.fleet_slices
 	WHERE tenant_id = $1 AND source_scope = $2`
 
 // scanStamp reads stampSQL's row; found is false when the slice has none.
 func scanStamp(row pgx.Row) (st Stamp, found bool, err error) {
-	err = row.Scan(&st.BatchID, &st.Generation)
+	err = row.Scan(&st.BatchID, &st.BatchUID, &st.Generation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Stamp{}, false, nil
 	}
@@ -235,13 +236,13 @@ const (
 		ORDER BY r.i`
 	stampSliceSQL = `
 		INSERT INTO curated.fleet_slices
-			(tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
-		VALUES ($1, $2, $3, $4, $5, now(), NULL)
+			(tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at, batch_uid)
+		VALUES ($1, $2, $3, $4, $5, now(), NULL, NULLIF($6::varchar, ''))
 		ON CONFLICT (tenant_id, source_scope) DO UPDATE
-		SET batch_id = EXCLUDED.batch_id, lease_generation = EXCLUDED.lease_generation,
+		SET batch_id = EXCLUDED.batch_id, batch_uid = EXCLUDED.batch_uid, lease_generation = EXCLUDED.lease_generation,
 		    record_count = EXCLUDED.record_count, committed_at = EXCLUDED.committed_at,
 		    published_at = NULL
-		RETURNING batch_id, lease_generation, record_count, committed_at`
+		RETURNING batch_id, COALESCE(batch_uid, ''), lease_generation, record_count, committed_at`
 )
 
 // Statements of the load ledger: the slice's rows are replaced in the
@@ -250,8 +251,8 @@ const (
 	deleteLedgerSQL = `DELETE FROM curated.fleet_load_objects WHERE tenant_id = $1 AND source_scope = $2`
 	insertLedgerSQL = `
 		INSERT INTO curated.fleet_load_objects
-			(tenant_id, source_scope, batch_id, object_key, etag, size_bytes, record_count, last_modified, marker_modified)
-		SELECT $1::varchar, $2::varchar, $3::bigint, o.object_key, o.etag, o.size_bytes, o.record_count, o.last_modified, $4::timestamptz
+			(tenant_id, source_scope, batch_id, batch_uid, object_key, etag, size_bytes, record_count, last_modified, marker_modified)
+		SELECT $1::varchar, $2::varchar, $3::bigint, NULLIF($10::varchar, ''), o.object_key, o.etag, o.size_bytes, o.record_count, o.last_modified, $4::timestamptz
 		FROM unnest($5::text[], $6::text[], $7::bigint[], $8::bigint[], $9::timestamptz[])
 			AS o(object_key, etag, size_bytes, record_count, last_modified)`
 )
@@ -275,7 +276,7 @@ func queueLedger(b *pgx.Batch, s Slice, objects []LedgerObject) {
 		keys[i], etags[i], sizes[i], counts[i], mods[i] = o.ObjectKey, o.ETag, o.SizeBytes, o.RecordCount, o.LastModified
 		marker = o.MarkerModified
 	}
-	b.Queue(insertLedgerSQL, s.TenantID, s.SourceScope, s.BatchID, marker, keys, etags, sizes, counts, mods)
+	b.Queue(insertLedgerSQL, s.TenantID, s.SourceScope, s.BatchID, marker, keys, etags, sizes, counts, mods, s.BatchUID)
 }
 
 // Statements of a load's replacement of its load errors, queued in the
@@ -284,8 +285,8 @@ const (
 	deleteErrorsSQL = `DELETE FROM curated.fleet_load_errors WHERE tenant_id = $1 AND source_scope = $2`
 	insertErrorsSQL = `
 		INSERT INTO curated.fleet_load_errors
-			(tenant_id, source_scope, batch_id, ordinal, object_key, line_number, column_number, reason, raw_excerpt)
-		SELECT $1::varchar, $2::varchar, $3::bigint, e.i, e.object_key, e.line_number, e.column_number, e.reason, e.raw_excerpt
+			(tenant_id, source_scope, batch_id, batch_uid, ordinal, object_key, line_number, column_number, reason, raw_excerpt)
+		SELECT $1::varchar, $2::varchar, $3::bigint, NULLIF($9::varchar, ''), e.i, e.object_key, e.line_number, e.column_number, e.reason, e.raw_excerpt
 		FROM unnest($4::text[], $5::bigint[], $6::int[], $7::text[], $8::text[]) WITH ORDINALITY
 			AS e(object_key, line_number, column_number, reason, raw_excerpt, i)`
 )
@@ -308,7 +309,7 @@ func queueErrors(b *pgx.Batch, s Slice, bad []folder.BadRecord) {
 	for i, e := range LoadErrors(s, bad) {
 		keys[i], lines[i], columns[i], reasons[i], raws[i] = e.ObjectKey, e.Line, int32(e.Column), e.Reason, e.Excerpt
 	}
-	b.Queue(insertErrorsSQL, s.TenantID, s.SourceScope, s.BatchID, keys, lines, columns, reasons, raws)
+	b.Queue(insertErrorsSQL, s.TenantID, s.SourceScope, s.BatchID, keys, lines, columns, reasons, raws, s.BatchUID)
 }
 
 // A folder of at most smallLoadRecords records and smallLoadBytes bytes of
@@ -386,9 +387,9 @@ func (c *copySource) Err() error { return c.rr.Err() }
 func (p *Postgres) Stamp(ctx context.Context, tenantID, sourceScope string) (Stamp, bool, error) {
 	var st Stamp
 	err := p.pool.QueryRow(ctx, `
-		SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at, `+badRecordsSQL+`
+		SELECT s.batch_id, COALESCE(s.batch_uid, ''), s.lease_generation, s.record_count, s.committed_at, s.published_at, `+badRecordsSQL+`
 		FROM curated.fleet_slices s WHERE s.tenant_id = $1 AND s.source_scope = $2`, tenantID, sourceScope).
-		Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &st.BadRecords)
+		Scan(&st.BatchID, &st.BatchUID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &st.BadRecords)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Stamp{}, false, nil
 	}
@@ -401,7 +402,8 @@ func (p *Postgres) Stamp(ctx context.Context, tenantID, sourceScope string) (Sta
 var _ LedgerReader = (*Postgres)(nil)
 
 // badRecordsSQL counts the load errors of the batch the slice s is
-// stamped with: the stamp's BadRecords.
+// stamped with: the stamp's BadRecords. Errors are replaced with the
+// stamp, so the batch id alone tells them apart from no one's.
 const badRecordsSQL = `(SELECT count(*) FROM curated.fleet_load_errors e
 	  WHERE e.tenant_id = s.tenant_id AND e.source_scope = s.source_scope AND e.batch_id = s.batch_id)`
 
@@ -409,7 +411,7 @@ const badRecordsSQL = `(SELECT count(*) FROM curated.fleet_load_errors e
 // stamped with, in one statement (one snapshot): a stamp without rows is
 // the one row of NULL ledger columns.
 const ledgerSQL = `
-	SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at, ` + badRecordsSQL + `,
+	SELECT s.batch_id, COALESCE(s.batch_uid, ''), s.lease_generation, s.record_count, s.committed_at, s.published_at, ` + badRecordsSQL + `,
 	       o.object_key, o.etag, o.size_bytes, o.record_count, o.last_modified, o.marker_modified
 	FROM curated.fleet_slices s
 	LEFT JOIN curated.fleet_load_objects o
@@ -436,7 +438,7 @@ func (p *Postgres) Ledger(ctx context.Context, tenantID, sourceScope string) (St
 			modified      *time.Time
 			o             = LedgerObject{TenantID: tenantID, SourceScope: sourceScope}
 		)
-		if err := rows.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &st.BadRecords,
+		if err := rows.Scan(&st.BatchID, &st.BatchUID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &st.BadRecords,
 			&key, &etag, &size, &records, &modified, &o.MarkerModified); err != nil {
 			return Stamp{}, nil, false, fmt.Errorf("reading the load ledger: %w", err)
 		}
@@ -444,7 +446,7 @@ func (p *Postgres) Ledger(ctx context.Context, tenantID, sourceScope string) (St
 		if key == nil {
 			continue // a stamp without ledger rows
 		}
-		o.BatchID, o.ObjectKey, o.ETag, o.SizeBytes, o.RecordCount, o.LastModified = st.BatchID, *key, *etag, *size, *records, modified.UTC()
+		o.BatchID, o.BatchUID, o.ObjectKey, o.ETag, o.SizeBytes, o.RecordCount, o.LastModified = st.BatchID, st.BatchUID, *key, *etag, *size, *records, modified.UTC()
 		if o.MarkerModified != nil {
 			m := o.MarkerModified.UTC()
 			o.MarkerModified = &m
@@ -463,7 +465,7 @@ var _ ErrorsReader = (*Postgres)(nil)
 // is stamped with, in one statement (one snapshot): a stamp without errors
 // is the one row of NULL error columns.
 const loadErrorsSQL = `
-	SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at, ` + badRecordsSQL + `,
+	SELECT s.batch_id, COALESCE(s.batch_uid, ''), s.lease_generation, s.record_count, s.committed_at, s.published_at, ` + badRecordsSQL + `,
 	       e.ordinal, e.object_key, e.line_number, e.column_number, e.reason, e.raw_excerpt
 	FROM curated.fleet_slices s
 	LEFT JOIN curated.fleet_load_errors e
@@ -489,7 +491,7 @@ func (p *Postgres) LoadErrors(ctx context.Context, tenantID, sourceScope string)
 			column               *int32
 			key, reason, excerpt *string
 		)
-		if err := rows.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &st.BadRecords,
+		if err := rows.Scan(&st.BatchID, &st.BatchUID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &st.BadRecords,
 			&ordinal, &key, &line, &column, &reason, &excerpt); err != nil {
 			return Stamp{}, nil, false, fmt.Errorf("reading the load errors: %w", err)
 		}
@@ -497,7 +499,7 @@ func (p *Postgres) LoadErrors(ctx context.Context, tenantID, sourceScope string)
 		if ordinal == nil {
 			continue // a stamp without errors
 		}
-		errs = append(errs, LoadError{BatchID: st.BatchID, TenantID: tenantID, SourceScope: sourceScope, Ordinal: *ordinal,
+		errs = append(errs, LoadError{BatchID: st.BatchID, BatchUID: st.BatchUID, TenantID: tenantID, SourceScope: sourceScope, Ordinal: *ordinal,
 			ObjectKey: *key, Line: *line, Column: int(*column), Reason: *reason, Excerpt: *excerpt})
 	}
 	if err := rows.Err(); err != nil {
@@ -508,7 +510,10 @@ func (p *Postgres) LoadErrors(ctx context.Context, tenantID, sourceScope string)
 
 // publishSQL stamps a slice published, keeping the time of an earlier
 // publication ($5, when it has one), and records the batch's publication
-// in fleet_publications once; it returns the publication time.
+// in fleet_publications once per batch identity ($3 and the stamp's uid
+// $6: a publication of a forgotten batch that was handed the same id does
+// not stand for this one; a legacy row, without a uid, names the batch of
+// its id); it returns the publication time.
 const publishSQL = `
 	WITH pub AS (
 		UPDATE curated.fleet_slices SET published_at = now()
@@ -517,11 +522,12 @@ const publishSQL = `
 	), at AS (
 		SELECT COALESCE((SELECT published_at FROM pub), $5::timestamptz) AS published_at
 	), ins AS (
-		INSERT INTO curated.fleet_publications (tenant_id, source_scope, batch_id, record_count, published_at)
-		SELECT $1::varchar, $2::varchar, $3::bigint, $4::bigint, at.published_at FROM at
+		INSERT INTO curated.fleet_publications (tenant_id, source_scope, batch_id, batch_uid, record_count, published_at)
+		SELECT $1::varchar, $2::varchar, $3::bigint, NULLIF($6::varchar, ''), $4::bigint, at.published_at FROM at
 		WHERE NOT EXISTS (
 			SELECT 1 FROM curated.fleet_publications
-			WHERE tenant_id = $1 AND source_scope = $2 AND batch_id = $3)
+			WHERE tenant_id = $1 AND source_scope = $2 AND batch_id = $3
+			  AND (batch_uid IS NULL OR $6::varchar = '' OR batch_uid = $6::varchar))
 	)
 	SELECT published_at FROM at`
 
@@ -548,11 +554,11 @@ func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration, b
 		b := &pgx.Batch{}
 		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))`, s.TenantID, s.SourceScope)
 		b.Queue(`
-			SELECT batch_id, lease_generation, record_count, committed_at, published_at,
+			SELECT batch_id, COALESCE(batch_uid, ''), lease_generation, record_count, committed_at, published_at,
 			       published_at IS NULL AND now() - committed_at > $3 * interval '1 microsecond'
 			FROM curated.fleet_slices WHERE tenant_id = $1 AND source_scope = $2`,
 			s.TenantID, s.SourceScope, window.Microseconds()).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&st.BatchID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &expired)
+			err := row.Scan(&st.BatchID, &st.BatchUID, &st.Generation, &st.RecordCount, &st.CommittedAt, &st.PublishedAt, &expired)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
@@ -565,14 +571,14 @@ func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration, b
 		switch {
 		case !found:
 			return ErrSliceMissing
-		case st.BatchID != s.BatchID:
-			return fmt.Errorf("%w: batch %d holds it", ErrSliceSuperseded, st.BatchID)
+		case !st.Ref().Names(s.Ref()):
+			return &SupersededError{Holder: st.Ref(), Generation: st.Generation}
 		case expired:
 			return fmt.Errorf("%w: committed at %s", ErrPublicationExpired, st.CommittedAt.Format(time.RFC3339))
 		}
 		// One statement stamps the slice published (unless a previous
 		// delivery did) and records the publication once per batch.
-		if err := tx.QueryRow(ctx, publishSQL, s.TenantID, s.SourceScope, s.BatchID, st.RecordCount, st.PublishedAt).
+		if err := tx.QueryRow(ctx, publishSQL, s.TenantID, s.SourceScope, s.BatchID, st.RecordCount, st.PublishedAt, st.BatchUID).
 			Scan(&st.PublishedAt); err != nil {
 			return err
 		}
@@ -585,4 +591,23 @@ func (p *Postgres) Publish(ctx context.Context, s Slice, window time.Duration, b
 		return Stamp{}, err
 	}
 	return st, nil
+}
+
+var _ IDBound = (*Postgres)(nil)
+
+// MaxBatchID implements IDBound. The stamps' and publications' maxima are
+// index reads (warehouse migration 00004); the ledger and errors are read
+// whole, only with everyTable (worker migrate).
+func (p *Postgres) MaxBatchID(ctx context.Context, everyTable bool) (int64, error) {
+	var id int64
+	err := p.pool.QueryRow(ctx, `
+		SELECT GREATEST(
+			COALESCE((SELECT max(batch_id) FROM curated.fleet_slices), 0),
+			COALESCE((SELECT max(batch_id) FROM curated.fleet_publications), 0),
+			CASE WHEN $1::bool THEN COALESCE((SELECT max(batch_id) FROM curated.fleet_load_objects), 0) ELSE 0 END,
+			CASE WHEN $1::bool THEN COALESCE((SELECT max(batch_id) FROM curated.fleet_load_errors), 0) ELSE 0 END)`, everyTable).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("reading the largest batch id the warehouse names: %w", err)
+	}
+	return id, nil
 }

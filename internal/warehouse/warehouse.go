@@ -34,11 +34,23 @@
 // later lease generation of the same batch (ErrSliceSuperseded), and calls
 // the caller's beforeCommit hook (a lease check) just before committing. A
 // publication writes only while the slice is still stamped with its batch.
+//
+// Batch identity: every row that names a batch (the stamp, the
+// publication, the ledger and the load errors) names it by its id and its
+// uid (batch.Ref), because the operational database can go back in time
+// while the warehouse does not (a restore, a failover to a standby that
+// was behind): its sequence then hands out ids the warehouse still names,
+// the uid never repeats. A stamp names this batch only if both agree
+// (batch.Ref.Names); a stamp of another batch with a higher or equal id is
+// a newer batch's, unless the caller proved the operational database does
+// not know that batch (Slice.TakeOver: a forgotten batch, whose stamp the
+// load replaces).
 package warehouse
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 	"unicode/utf8"
 
@@ -54,12 +66,54 @@ type Slice struct {
 	TenantID    string
 	SourceScope string
 	BatchID     int64
-	Generation  int64
+	// BatchUID is the batch's uid (batch.Batch.UID), stamped beside its
+	// id; empty for a legacy batch.
+	BatchUID   string
+	Generation int64
+	// TakeOver, when set, names a batch whose stamp a load may replace
+	// although its id is not lower than BatchID: a batch the operational
+	// database does not know (batch.Store.Knows), forgotten by a restore
+	// or a failover behind the warehouse. Only a stamp naming exactly this
+	// id and uid is taken over.
+	TakeOver *batch.Ref
 	// MarkerModified is the last-modified time of the folder's completion
 	// marker, zero when it has none (an import that opted out), written
 	// into every ledger row of the load (LedgerObject).
 	MarkerModified time.Time
 }
+
+// Ref is the identity of the batch the slice is loaded for.
+func (s Slice) Ref() batch.Ref { return batch.Ref{ID: s.BatchID, UID: s.BatchUID} }
+
+// Supersedes reports whether cur, the slice's current stamp, holds the
+// slice against a load or publication of s: a later generation of the
+// same batch, or another batch of a higher or equal id (the same id with
+// another uid is a batch the operational database forgot, and is held to
+// the same proof) — unless s takes exactly that batch's stamp over.
+func Supersedes(cur Stamp, s Slice) bool {
+	if t := s.TakeOver; t != nil && cur.BatchID == t.ID && cur.BatchUID == t.UID {
+		return false
+	}
+	if cur.Ref().Names(s.Ref()) {
+		return cur.Generation > s.Generation
+	}
+	return cur.BatchID >= s.BatchID
+}
+
+// SupersededError is ErrSliceSuperseded naming the stamp that holds the
+// slice, so the caller can ask whether the operational database knows its
+// batch (and take a forgotten batch's stamp over, Slice.TakeOver).
+type SupersededError struct {
+	Holder     batch.Ref
+	Generation int64
+}
+
+func (e *SupersededError) Error() string {
+	return fmt.Sprintf("%v: batch %s generation %d holds it", ErrSliceSuperseded, e.Holder, e.Generation)
+}
+
+// Is makes errors.Is(err, ErrSliceSuperseded) true.
+func (e *SupersededError) Is(target error) bool { return target == ErrSliceSuperseded }
 
 // LedgerObject is one row of the load ledger, curated.fleet_load_objects:
 // a data object of the slice stamped with BatchID, as the load read it.
@@ -67,7 +121,9 @@ type Slice struct {
 // load's own transaction, or the Redshift swap), so it always lists
 // exactly the objects the slice's records came from.
 type LedgerObject struct {
-	BatchID     int64  `json:"batch_id"`
+	BatchID int64 `json:"batch_id"`
+	// BatchUID is the batch's uid, empty for a row of a legacy batch.
+	BatchUID    string `json:"batch_uid,omitempty"`
 	TenantID    string `json:"tenant_id"`
 	SourceScope string `json:"source_scope"`
 	// ObjectKey is the object's full key in its bucket, as the slice's
@@ -98,7 +154,9 @@ type LedgerReader interface {
 // tolerance, as the reader reported it (folder.BadRecord), like a row of
 // Redshift's STL_LOAD_ERRORS.
 type LoadError struct {
-	BatchID     int64  `json:"batch_id"`
+	BatchID int64 `json:"batch_id"`
+	// BatchUID is the batch's uid, empty for a row of a legacy batch.
+	BatchUID    string `json:"batch_uid,omitempty"`
 	TenantID    string `json:"tenant_id"`
 	SourceScope string `json:"source_scope"`
 	// Ordinal numbers the slice's bad records from 1, in the order the
@@ -119,7 +177,7 @@ type LoadError struct {
 func LoadErrors(s Slice, bad []folder.BadRecord) []LoadError {
 	out := make([]LoadError, len(bad))
 	for i, b := range bad {
-		out[i] = LoadError{BatchID: s.BatchID, TenantID: s.TenantID, SourceScope: s.SourceScope, Ordinal: int64(i + 1),
+		out[i] = LoadError{BatchID: s.BatchID, BatchUID: s.BatchUID, TenantID: s.TenantID, SourceScope: s.SourceScope, Ordinal: int64(i + 1),
 			ObjectKey: b.ObjectKey, Line: b.Line, Column: b.Column, Reason: truncateUTF8(b.Reason, maxReasonBytes), Excerpt: b.Excerpt}
 	}
 	return out
@@ -173,7 +231,7 @@ func NewLedgerCounter(s Slice, src *folder.Source, objects []folder.Object) *Led
 	for i, o := range objects {
 		key := src.FullKey(o)
 		c.objects[i] = LedgerObject{
-			BatchID: s.BatchID, TenantID: s.TenantID, SourceScope: s.SourceScope, ObjectKey: key,
+			BatchID: s.BatchID, BatchUID: s.BatchUID, TenantID: s.TenantID, SourceScope: s.SourceScope, ObjectKey: key,
 			ETag: o.ETag, SizeBytes: o.Size, LastModified: o.LastModified.UTC().Truncate(time.Microsecond), MarkerModified: marker,
 		}
 		c.index[key] = i
@@ -198,7 +256,10 @@ func (c *LedgerCounter) Objects() []LedgerObject { return c.objects }
 
 // Stamp is the warehouse's record of which batch a slice belongs to.
 type Stamp struct {
-	BatchID     int64
+	BatchID int64
+	// BatchUID is the uid the slice is stamped with beside the id; empty
+	// for a stamp of a legacy batch or of a release that knew no uids.
+	BatchUID    string
 	Generation  int64
 	RecordCount int64
 	// CommittedAt is the warehouse clock at the load's commit.
@@ -211,6 +272,9 @@ type Stamp struct {
 	// stamp read counts them.
 	BadRecords int64
 }
+
+// Ref is the identity of the batch the slice is stamped with.
+func (st Stamp) Ref() batch.Ref { return batch.Ref{ID: st.BatchID, UID: st.BatchUID} }
 
 // Errors of a Warehouse.
 var (
@@ -282,9 +346,9 @@ type CommitRecorder interface {
 
 // Verifier adapts a warehouse's stamps to the batch store's resume proof.
 func Verifier(w StampReader) batch.SliceVerifier {
-	return batch.SliceVerifierFunc(func(ctx context.Context, tenantID, scope string) (int64, bool, error) {
+	return batch.SliceVerifierFunc(func(ctx context.Context, tenantID, scope string) (batch.Ref, bool, error) {
 		st, found, err := w.Stamp(ctx, tenantID, scope)
-		return st.BatchID, found, err
+		return st.Ref(), found, err
 	})
 }
 
@@ -368,4 +432,17 @@ func WithRecord(ctx context.Context, rec Record) context.Context {
 func RecordFrom(ctx context.Context) Record {
 	r, _ := ctx.Value(recordKey{}).(Record)
 	return r
+}
+
+// IDBound is implemented by a warehouse that can say the largest batch id
+// it names, so the operational database's id sequence can be moved past
+// it (batch.Store.AdvanceIDs) after it went back in time: no id the
+// warehouse names is handed out again.
+type IDBound interface {
+	// MaxBatchID returns the largest batch id a stamp or a publication
+	// names and, with everyTable, a ledger or load errors row too (they
+	// are replaced with their slice's stamp, so they name no id the stamps
+	// and publications do not bound; everyTable reads them all the same);
+	// 0 when the warehouse names none.
+	MaxBatchID(ctx context.Context, everyTable bool) (int64, error)
 }

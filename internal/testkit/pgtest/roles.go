@@ -26,7 +26,7 @@ func ApplyRoles(t testing.TB, admin *pgxpool.Pool) {
 	t.Helper()
 	_, file, _, ok := runtime.Caller(0)
 	require.True(t, ok)
-	sql, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "deploy", "postgres", "roles.sql"))
+	sql, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "..", "deploy", "postgres", "roles.sql"))
 	require.NoError(t, err)
 	rolesMu.Lock()
 	defer rolesMu.Unlock()

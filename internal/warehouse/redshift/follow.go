@@ -63,7 +63,7 @@ func (w *Warehouse) follow(ctx context.Context, s warehouse.Slice, j warehouse.J
 		}
 		if ok {
 			log.Info("a previous delivery's submission was recorded without its id: submitting it again with its client token")
-			id, err := w.submitIdempotent(ctx, name, sqls, clientToken(p.Kind, s.BatchID, p.Generation, p.Attempt), timeout)
+			id, err := w.submitIdempotent(ctx, name, sqls, clientToken(p.Kind, s.Ref(), p.Generation, p.Attempt), timeout)
 			if err != nil {
 				return false, fmt.Errorf("%w: %w: repeating the submission of %s: %w", warehouse.ErrTransient, errOutcomeUnknown, name, err)
 			}

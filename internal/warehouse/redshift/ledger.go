@@ -19,8 +19,8 @@ var (
 )
 
 // stampRows runs tmpl, a statement reading the slice's stamp (its first
-// six columns: batch, generation, records, committed, published, bad
-// records) beside the rows of another table for the batch it is stamped
+// seven columns: batch, generation, records, committed, published, bad
+// records, batch uid) beside the rows of another table for the batch it is stamped
 // with (want columns in all), so both come from one snapshot. It returns
 // the stamp and whether there is a slice, calling row with each row's
 // stamp and its remaining columns; what names the reading in errors.
@@ -38,7 +38,7 @@ func (w *dataAPI) stampRows(ctx context.Context, name, tmpl, what, tenantID, sou
 		if len(r) != want {
 			return warehouse.Stamp{}, false, fmt.Errorf("reading %s: %d columns", what, len(r))
 		}
-		var errs [6]error
+		var errs [7]error
 		cur := warehouse.Stamp{}
 		cur.BatchID, errs[0] = fieldInt(r[0])
 		cur.Generation, errs[1] = fieldInt(r[1])
@@ -46,12 +46,13 @@ func (w *dataAPI) stampRows(ctx context.Context, name, tmpl, what, tenantID, sou
 		errs[3] = requiredTime(r[3], &cur.CommittedAt)
 		cur.PublishedAt, errs[4] = fieldTime(r[4])
 		cur.BadRecords, errs[5] = fieldInt(r[5])
+		cur.BatchUID, errs[6] = fieldString(r[6])
 		if i == 0 {
 			st = cur
 		}
 		err := errors.Join(errs[:]...)
 		if err == nil {
-			err = row(cur, r[6:])
+			err = row(cur, r[7:])
 		}
 		if err != nil {
 			return warehouse.Stamp{}, false, fmt.Errorf("reading %s: %w", what, err)
@@ -65,12 +66,12 @@ func (w *dataAPI) stampRows(ctx context.Context, name, tmpl, what, tenantID, sou
 // both come from one snapshot.
 func (w *dataAPI) Ledger(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, []warehouse.LedgerObject, bool, error) {
 	var objects []warehouse.LedgerObject
-	st, found, err := w.stampRows(ctx, "fleet-ledger", readLedger, "the load ledger", tenantID, sourceScope, 12, func(cur warehouse.Stamp, l []types.Field) error {
+	st, found, err := w.stampRows(ctx, "fleet-ledger", readLedger, "the load ledger", tenantID, sourceScope, 13, func(cur warehouse.Stamp, l []types.Field) error {
 		if isNull(l[0]) {
 			return nil // a stamp without ledger rows
 		}
 		var errs [6]error
-		o := warehouse.LedgerObject{BatchID: cur.BatchID, TenantID: tenantID, SourceScope: sourceScope}
+		o := warehouse.LedgerObject{BatchID: cur.BatchID, BatchUID: cur.BatchUID, TenantID: tenantID, SourceScope: sourceScope}
 		o.ObjectKey, errs[0] = fieldString(l[0])
 		o.ETag, errs[1] = fieldString(l[1])
 		o.SizeBytes, errs[2] = fieldInt(l[2])
@@ -94,7 +95,7 @@ func (w *dataAPI) Ledger(ctx context.Context, tenantID, sourceScope string) (war
 // both come from one snapshot.
 func (w *dataAPI) LoadErrors(ctx context.Context, tenantID, sourceScope string) (warehouse.Stamp, []warehouse.LoadError, bool, error) {
 	var list []warehouse.LoadError
-	st, found, err := w.stampRows(ctx, "fleet-load-errors", readLoadErrors, "the load errors", tenantID, sourceScope, 12, func(cur warehouse.Stamp, r []types.Field) error {
+	st, found, err := w.stampRows(ctx, "fleet-load-errors", readLoadErrors, "the load errors", tenantID, sourceScope, 13, func(cur warehouse.Stamp, r []types.Field) error {
 		if isNull(r[0]) {
 			return nil // a stamp without load errors
 		}
@@ -102,7 +103,7 @@ func (w *dataAPI) LoadErrors(ctx context.Context, tenantID, sourceScope string) 
 			errs   [6]error
 			column int64
 		)
-		e := warehouse.LoadError{BatchID: cur.BatchID, TenantID: tenantID, SourceScope: sourceScope}
+		e := warehouse.LoadError{BatchID: cur.BatchID, BatchUID: cur.BatchUID, TenantID: tenantID, SourceScope: sourceScope}
 		e.Ordinal, errs[0] = fieldInt(r[0])
 		e.ObjectKey, errs[1] = fieldString(r[1])
 		e.Line, errs[2] = fieldInt(r[2])

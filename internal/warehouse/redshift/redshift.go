@@ -73,10 +73,10 @@ func checkSlice(s warehouse.Slice) error {
 	return nil
 }
 
-// newer reports whether st was stamped by a newer batch, or by a later
-// generation of s's batch.
-func newer(st warehouse.Stamp, s warehouse.Slice) bool {
-	return st.BatchID > s.BatchID || (st.BatchID == s.BatchID && st.Generation > s.Generation)
+// superseded is the error of a load or publication of s that finds the
+// slice held by cur (warehouse.Supersedes).
+func superseded(cur warehouse.Stamp) error {
+	return &warehouse.SupersededError{Holder: cur.Ref(), Generation: cur.Generation}
 }
 
 // Load implements warehouse.Warehouse.
@@ -135,10 +135,10 @@ func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Sou
 	if err != nil {
 		return warehouse.Stamp{}, err
 	}
-	if found && newer(cur, s) {
-		return warehouse.Stamp{}, fmt.Errorf("%w: batch %d generation %d holds it", warehouse.ErrSliceSuperseded, cur.BatchID, cur.Generation)
+	if found && warehouse.Supersedes(cur, s) {
+		return warehouse.Stamp{}, superseded(cur)
 	}
-	if followed && found && cur.BatchID == s.BatchID {
+	if followed && found && cur.Ref().Names(s.Ref()) {
 		return w.settleLoad(ctx, s, nil) // the followed statement committed it
 	}
 
@@ -227,9 +227,9 @@ func (w *Warehouse) settleLoad(ctx context.Context, s warehouse.Slice, cause err
 		return warehouse.Stamp{}, fmt.Errorf("%w: %w (and the stamp could not be read: %v)", warehouse.ErrTransient, cause, err)
 	case err != nil:
 		return warehouse.Stamp{}, fmt.Errorf("%w: load finished but its stamp could not be read: %w", warehouse.ErrTransient, err)
-	case found && newer(cur, s):
-		return warehouse.Stamp{}, fmt.Errorf("%w: batch %d generation %d holds it", warehouse.ErrSliceSuperseded, cur.BatchID, cur.Generation)
-	case found && cur.BatchID == s.BatchID:
+	case found && warehouse.Supersedes(cur, s):
+		return warehouse.Stamp{}, superseded(cur)
+	case found && cur.Ref().Names(s.Ref()):
 		if cause != nil {
 			w.cfg.Logger.Warn("load committed although its client saw it fail or did not see it end",
 				"batch_id", s.BatchID, "lease_generation", s.Generation, "stamp_generation", cur.Generation, "cause", cause)
@@ -266,14 +266,14 @@ func (w *dataAPI) stamp(ctx context.Context, tenantID, sourceScope string) (ware
 		return warehouse.Stamp{}, 0, false, nil
 	case len(rows) > 1:
 		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: the slice has %d stamps", len(rows))
-	case len(rows[0]) != 7:
+	case len(rows[0]) != 8:
 		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %d columns", len(rows[0]))
 	}
 	r := rows[0]
 	var (
 		st   warehouse.Stamp
 		age  int64
-		errs [7]error
+		errs [8]error
 		at   *time.Time
 	)
 	st.BatchID, errs[0] = fieldInt(r[0])
@@ -283,6 +283,7 @@ func (w *dataAPI) stamp(ctx context.Context, tenantID, sourceScope string) (ware
 	st.PublishedAt, errs[4] = fieldTime(r[4])
 	age, errs[5] = fieldInt(r[5])
 	st.BadRecords, errs[6] = fieldInt(r[6])
+	st.BatchUID, errs[7] = fieldString(r[7])
 	if err := errors.Join(errs[:]...); err != nil {
 		return warehouse.Stamp{}, 0, false, fmt.Errorf("reading warehouse stamp: %w", err)
 	}
@@ -355,7 +356,7 @@ func (w *Warehouse) Publish(ctx context.Context, s warehouse.Slice, window time.
 		return warehouse.Stamp{}, fmt.Errorf("%w: %w (and the stamp could not be read: %v)", warehouse.ErrTransient, cause, err)
 	case err != nil:
 		return warehouse.Stamp{}, fmt.Errorf("%w: publication finished but its stamp could not be read: %w", warehouse.ErrTransient, err)
-	case found && cur.BatchID == s.BatchID && cur.PublishedAt != nil:
+	case found && cur.Ref().Names(s.Ref()) && cur.PublishedAt != nil:
 		w.deleteStaging(ctx, s.BatchID, s.Generation)
 		return cur, nil
 	}
@@ -373,10 +374,32 @@ func publishable(cur warehouse.Stamp, age int64, found bool, s warehouse.Slice, 
 	switch {
 	case !found:
 		return warehouse.ErrSliceMissing
-	case cur.BatchID != s.BatchID:
-		return fmt.Errorf("%w: batch %d holds it", warehouse.ErrSliceSuperseded, cur.BatchID)
+	case !cur.Ref().Names(s.Ref()):
+		return superseded(cur)
 	case cur.PublishedAt == nil && time.Duration(age)*time.Second > window:
 		return fmt.Errorf("%w: committed at %s", warehouse.ErrPublicationExpired, cur.CommittedAt.Format(time.RFC3339))
 	}
 	return nil
+}
+
+var _ warehouse.IDBound = (*dataAPI)(nil)
+
+// MaxBatchID implements warehouse.IDBound: one statement.
+func (w *dataAPI) MaxBatchID(ctx context.Context, everyTable bool) (int64, error) {
+	v := values{"every_table": "0"}
+	if everyTable {
+		v["every_table"] = "1"
+	}
+	rows, err := w.query(ctx, "fleet-max-batch-id", render(maxBatchID, v))
+	if err != nil {
+		return 0, fmt.Errorf("reading the largest batch id the warehouse names: %w", err)
+	}
+	if len(rows) != 1 || len(rows[0]) != 1 {
+		return 0, fmt.Errorf("reading the largest batch id the warehouse names: %d rows", len(rows))
+	}
+	id, err := fieldInt(rows[0][0])
+	if err != nil {
+		return 0, fmt.Errorf("reading the largest batch id the warehouse names: %w", err)
+	}
+	return id, nil
 }

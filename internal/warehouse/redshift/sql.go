@@ -61,7 +61,9 @@ func quoteLiteral(s string) (string, error) {
 // values are rendered SQL literals by placeholder name.
 type values map[string]string
 
-// sliceValues renders a slice's tenant, scope, batch and generation.
+// sliceValues renders a slice's tenant, scope, batch (id and uid, '' for
+// a legacy batch), generation and the forgotten batch it may take over
+// (takeover_id -1 and takeover_uid '' when none: no batch has id -1).
 func sliceValues(s warehouse.Slice) (values, error) {
 	tenant, err := quoteLiteral(s.TenantID)
 	if err != nil {
@@ -71,9 +73,21 @@ func sliceValues(s warehouse.Slice) (values, error) {
 	if err != nil {
 		return nil, fmt.Errorf("source scope: %w", err)
 	}
+	uid, err := quoteLiteral(s.BatchUID)
+	if err != nil {
+		return nil, fmt.Errorf("batch uid: %w", err)
+	}
+	takeoverID, takeoverUID := int64(-1), "''"
+	if t := s.TakeOver; t != nil {
+		if takeoverUID, err = quoteLiteral(t.UID); err != nil {
+			return nil, fmt.Errorf("taken-over batch uid: %w", err)
+		}
+		takeoverID = t.ID
+	}
 	return values{
 		"tenant_id": tenant, "source_scope": scope,
-		"batch_id": strconv.FormatInt(s.BatchID, 10), "generation": strconv.FormatInt(s.Generation, 10),
+		"batch_id": strconv.FormatInt(s.BatchID, 10), "batch_uid": uid, "generation": strconv.FormatInt(s.Generation, 10),
+		"takeover_id": strconv.FormatInt(takeoverID, 10), "takeover_uid": takeoverUID,
 	}, nil
 }
 
@@ -167,11 +181,11 @@ const copyColumns = `tenant_id, source_scope, batch_id, lease_generation, object
 
 // ledgerColumns are the columns of curated.fleet_load_objects, which the
 // staged ledger NDJSON carries.
-const ledgerColumns = `tenant_id, source_scope, batch_id, object_key, etag, size_bytes, record_count, last_modified, marker_modified`
+const ledgerColumns = `tenant_id, source_scope, batch_id, batch_uid, object_key, etag, size_bytes, record_count, last_modified, marker_modified`
 
 // errorsColumns are the columns of curated.fleet_load_errors, which the
 // staged errors NDJSON carries.
-const errorsColumns = `tenant_id, source_scope, batch_id, ordinal, object_key, line_number, column_number, reason, raw_excerpt`
+const errorsColumns = `tenant_id, source_scope, batch_id, batch_uid, ordinal, object_key, line_number, column_number, reason, raw_excerpt`
 
 // copyManifest loads exactly the parts a manifest names into the columns
 // of table.
@@ -209,12 +223,18 @@ func stageSQL(s warehouse.Slice, recordsURL, ledgerURL, errorsURL, iamRole strin
 		copyManifest(errs, errorsColumns, errorsURL, iamRole))
 }
 
-// guardNotSuperseded fails when the slice is stamped with a newer batch, or
-// with a later lease generation of this batch.
+// guardNotSuperseded fails when the slice is stamped with a newer batch
+// (another batch of a higher id, or of this id with another uid), or with a
+// later lease generation of this batch — unless the stamp is exactly the
+// forgotten batch the load takes over (warehouse.Supersedes, in SQL; a
+// NULL uid is a legacy stamp, named by its id).
 const guardNotSuperseded = `SELECT 1 / CASE WHEN (SELECT count(*) FROM curated.fleet_slices
   WHERE tenant_id = :tenant_id AND source_scope = :source_scope
+    AND NOT (batch_id = :takeover_id AND COALESCE(batch_uid, '') = :takeover_uid)
     AND (batch_id > :batch_id
-         OR (batch_id = :batch_id AND lease_generation > :generation))) = 0
+         OR (batch_id = :batch_id AND batch_uid IS NOT NULL AND :batch_uid <> '' AND batch_uid <> :batch_uid)
+         OR (batch_id = :batch_id AND (batch_uid IS NULL OR :batch_uid = '' OR batch_uid = :batch_uid)
+             AND lease_generation > :generation))) = 0
   THEN 1 ELSE 0 END`
 
 const deleteSlice = `DELETE FROM curated.fleet_records WHERE tenant_id = :tenant_id AND source_scope = :source_scope`
@@ -236,8 +256,8 @@ const deleteStamp = `DELETE FROM curated.fleet_slices WHERE tenant_id = :tenant_
 // the swap runs (GETDATE(): the statement's start, after the lock was
 // granted), not when the load began.
 const insertStamp = `INSERT INTO curated.fleet_slices
-  (tenant_id, source_scope, batch_id, lease_generation, record_count, committed_at, published_at)
-VALUES (:tenant_id, :source_scope, :batch_id, :generation, :record_count, GETDATE(), NULL)`
+  (tenant_id, source_scope, batch_id, batch_uid, lease_generation, record_count, committed_at, published_at)
+VALUES (:tenant_id, :source_scope, :batch_id, NULLIF(:batch_uid, ''), :generation, :record_count, GETDATE(), NULL)`
 
 const deleteLedger = `DELETE FROM curated.fleet_load_objects WHERE tenant_id = :tenant_id AND source_scope = :source_scope`
 
@@ -303,7 +323,7 @@ const badRecordsJoin = `LEFT JOIN (SELECT batch_id, count(*) AS bad_records FROM
 // stamped with, in one statement (one snapshot); a stamp without rows is
 // one row of NULL ledger columns.
 const readLedger = `SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at,
-       COALESCE(e.bad_records, 0),
+       COALESCE(e.bad_records, 0), COALESCE(s.batch_uid, ''),
        o.object_key, o.etag, o.size_bytes, o.record_count, o.last_modified, o.marker_modified
 FROM curated.fleet_slices s
 ` + badRecordsJoin + `
@@ -316,7 +336,7 @@ ORDER BY o.object_key`
 // it is stamped with, in one statement (one snapshot); a stamp without
 // errors is one row of NULL error columns.
 const readLoadErrors = `SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at,
-       COALESCE(n.bad_records, 0),
+       COALESCE(n.bad_records, 0), COALESCE(s.batch_uid, ''),
        e.ordinal, e.object_key, e.line_number, e.column_number, e.reason, e.raw_excerpt
 FROM curated.fleet_slices s
 LEFT JOIN (SELECT batch_id, count(*) AS bad_records FROM curated.fleet_load_errors
@@ -330,28 +350,46 @@ ORDER BY e.ordinal`
 // clock, and its number of load errors.
 const readStamp = `SELECT s.batch_id, s.lease_generation, s.record_count, s.committed_at, s.published_at,
        CAST(EXTRACT(EPOCH FROM GETDATE()) - EXTRACT(EPOCH FROM s.committed_at) AS BIGINT),
-       COALESCE(e.bad_records, 0)
+       COALESCE(e.bad_records, 0), COALESCE(s.batch_uid, '')
 FROM curated.fleet_slices s
 ` + badRecordsJoin + `
 WHERE s.tenant_id = :tenant_id AND s.source_scope = :source_scope`
 
+// stampedWithBatch is the condition, on a row of curated.fleet_slices or
+// fleet_publications, that it names the batch (:batch_id, :batch_uid):
+// batch.Ref.Names in SQL.
+const stampedWithBatch = `batch_id = :batch_id AND (batch_uid IS NULL OR :batch_uid = '' OR batch_uid = :batch_uid)`
+
 // guardPublishable fails unless the slice is stamped with the batch and is
 // published already or still within the window (seconds, warehouse clock).
 const guardPublishable = `SELECT 1 / CASE WHEN (SELECT count(*) FROM curated.fleet_slices
-  WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND batch_id = :batch_id
+  WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND ` + stampedWithBatch + `
     AND (published_at IS NOT NULL
          OR EXTRACT(EPOCH FROM GETDATE()) - EXTRACT(EPOCH FROM committed_at) <= :window_seconds)) = 1
   THEN 1 ELSE 0 END`
 
 const markPublished = `UPDATE curated.fleet_slices SET published_at = GETDATE()
-WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND batch_id = :batch_id AND published_at IS NULL`
+WHERE tenant_id = :tenant_id AND source_scope = :source_scope AND ` + stampedWithBatch + ` AND published_at IS NULL`
 
-// appendPublication adds the outbox row once per batch.
-const appendPublication = `INSERT INTO curated.fleet_publications (tenant_id, source_scope, batch_id, record_count, published_at)
-SELECT s.tenant_id, s.source_scope, s.batch_id, s.record_count, s.published_at FROM curated.fleet_slices s
+// appendPublication adds the outbox row once per batch identity: a
+// publication of a forgotten batch that was handed the same id (another
+// uid) does not stand for this batch's; a legacy row (no uid) names the
+// batch of its id.
+const appendPublication = `INSERT INTO curated.fleet_publications (tenant_id, source_scope, batch_id, batch_uid, record_count, published_at)
+SELECT s.tenant_id, s.source_scope, s.batch_id, s.batch_uid, s.record_count, s.published_at FROM curated.fleet_slices s
 WHERE s.tenant_id = :tenant_id AND s.source_scope = :source_scope AND s.batch_id = :batch_id
+  AND (s.batch_uid IS NULL OR :batch_uid = '' OR s.batch_uid = :batch_uid)
   AND NOT EXISTS (SELECT 1 FROM curated.fleet_publications p
-                  WHERE p.tenant_id = s.tenant_id AND p.source_scope = s.source_scope AND p.batch_id = s.batch_id)`
+                  WHERE p.tenant_id = s.tenant_id AND p.source_scope = s.source_scope AND p.batch_id = s.batch_id
+                    AND (p.batch_uid IS NULL OR s.batch_uid IS NULL OR p.batch_uid = s.batch_uid))`
+
+// maxBatchID is the largest batch id the stamps and publications name
+// and, with :every_table 1, the ledger and load errors too.
+const maxBatchID = `SELECT GREATEST(
+  COALESCE((SELECT MAX(batch_id) FROM curated.fleet_slices), 0),
+  COALESCE((SELECT MAX(batch_id) FROM curated.fleet_publications), 0),
+  CASE WHEN :every_table = 1 THEN COALESCE((SELECT MAX(batch_id) FROM curated.fleet_load_objects), 0) ELSE 0 END,
+  CASE WHEN :every_table = 1 THEN COALESCE((SELECT MAX(batch_id) FROM curated.fleet_load_errors), 0) ELSE 0 END)`
 
 // publishSQL is one publication's transaction.
 func publishSQL(v values, windowSeconds int64) []string {

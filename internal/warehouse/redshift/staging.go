@@ -253,6 +253,10 @@ func appendLedgerLine(buf []byte, o warehouse.LedgerObject) []byte {
 	buf = appendJSONString(buf, o.SourceScope)
 	buf = append(buf, `,"batch_id":`...)
 	buf = strconv.AppendInt(buf, o.BatchID, 10)
+	if o.BatchUID != "" {
+		buf = append(buf, `,"batch_uid":`...)
+		buf = appendJSONString(buf, o.BatchUID)
+	}
 	buf = append(buf, `,"object_key":`...)
 	buf = appendJSONString(buf, o.ObjectKey)
 	buf = append(buf, `,"etag":`...)
@@ -279,6 +283,10 @@ func appendErrorLine(buf []byte, e warehouse.LoadError) []byte {
 	buf = appendJSONString(buf, e.SourceScope)
 	buf = append(buf, `,"batch_id":`...)
 	buf = strconv.AppendInt(buf, e.BatchID, 10)
+	if e.BatchUID != "" {
+		buf = append(buf, `,"batch_uid":`...)
+		buf = appendJSONString(buf, e.BatchUID)
+	}
 	buf = append(buf, `,"ordinal":`...)
 	buf = strconv.AppendInt(buf, e.Ordinal, 10)
 	buf = append(buf, `,"object_key":`...)

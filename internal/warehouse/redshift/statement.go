@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/redshiftdata/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/warehouse"
 )
 
@@ -175,9 +176,16 @@ type submission struct {
 // batch, generation and attempt always give the same token, so a
 // submission repeated (by the SDK, by submitIdempotent, or by a later
 // delivery that found only the submission recorded) returns the statement
-// already running instead of starting another.
-func clientToken(kind string, batchID, generation int64, attempt int) string {
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s/%d/%d/%d", kind, batchID, generation, attempt)))
+// already running instead of starting another. The batch's uid is part of
+// it (a legacy batch, without one, keeps the token of builds before
+// uids): a batch handed the id of a batch the operational database forgot
+// is never answered with the forgotten batch's statement.
+func clientToken(kind string, batch batch.Ref, generation int64, attempt int) string {
+	name := fmt.Sprintf("%s/%d/%d/%d", kind, batch.ID, generation, attempt)
+	if batch.UID != "" {
+		name += "/" + batch.UID
+	}
+	h := sha256.Sum256([]byte(name))
 	return "fleet-" + hex.EncodeToString(h[:16])
 }
 
@@ -206,7 +214,7 @@ func (w *dataAPI) run(ctx context.Context, sub submission) (string, error) {
 		}
 		token := ""
 		if sub.kind != "" {
-			token = clientToken(sub.kind, sub.slice.BatchID, sub.slice.Generation, attempt)
+			token = clientToken(sub.kind, sub.slice.Ref(), sub.slice.Generation, attempt)
 		}
 		id, err := w.submitIdempotent(ctx, sub.name, sub.sqls, token, sub.timeout)
 		if err != nil {
