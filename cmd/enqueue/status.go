@@ -207,7 +207,24 @@ func (s *statusCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		fmt.Fprintln(e.Stdout, "\nThe batch is "+pausedNote(v)+": no worker takes its job until the queue is resumed.")
 	}
 	printObjectsSummary(e.Stdout, v)
+	printTookOver(e.Stdout, v)
 	return nil
+}
+
+// printTookOver prints, under status's table, the forgotten batch whose
+// warehouse stamp the batch's load took over, when it did.
+func printTookOver(w io.Writer, v batchView) {
+	t := v.TookOver
+	if t == nil {
+		return
+	}
+	uid := ""
+	if t.BatchUID != "" {
+		uid = " (uid " + inert(t.BatchUID) + ")"
+	}
+	fmt.Fprintf(w, "\ntook over: the warehouse slice was stamped with batch %d%s, generation %d, which this database does not know "+
+		"(forgotten by a restore or a failover behind the warehouse); this batch's load replaced it at %s\n",
+		t.BatchID, uid, t.Generation, t.At.UTC().Format(time.RFC3339))
 }
 
 // printObjectsSummary prints, under status's table, the summary of the
@@ -243,6 +260,7 @@ func printObjectsSummary(w io.Writer, v batchView) {
 type sliceView struct {
 	Outcome     string     `json:"outcome"`
 	BatchID     int64      `json:"batch_id"`
+	BatchUID    string     `json:"batch_uid,omitempty"`
 	TenantID    string     `json:"tenant_id"`
 	SourceScope string     `json:"source_scope"`
 	Generation  int64      `json:"lease_generation"`
@@ -338,7 +356,7 @@ func (s *statusCmd) ledger(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, v batc
 		printJSON(e.Stdout, map[string]any{"outcome": outcomeSliceMissing, "batch_id": v.BatchID, "tenant_id": v.TenantID, "source_scope": v.SourceScope,
 			"error": fmt.Sprintf("the warehouse holds no slice of batch %d's scope: it has no %s", v.BatchID, what)})
 		return cli.ExitError{Code: cli.ExitNoLedger}
-	case st.BatchID != v.BatchID:
+	case !st.Ref().Names(batch.Ref{ID: v.BatchID, UID: v.BatchUID}):
 		flag := "--objects"
 		if s.Errors {
 			flag = "--errors"
@@ -351,7 +369,7 @@ func (s *statusCmd) ledger(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool, v batc
 			"tenant_id": v.TenantID, "source_scope": v.SourceScope, "error": why})
 		return cli.ExitError{Code: cli.ExitNoLedger}
 	}
-	head := sliceView{BatchID: v.BatchID, TenantID: v.TenantID, SourceScope: v.SourceScope,
+	head := sliceView{BatchID: v.BatchID, BatchUID: st.BatchUID, TenantID: v.TenantID, SourceScope: v.SourceScope,
 		Generation: st.Generation, RecordCount: st.RecordCount, CommittedAt: st.CommittedAt, PublishedAt: st.PublishedAt,
 		BadRecords: st.BadRecords}
 	if s.Errors {

@@ -8,23 +8,26 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Knows reports whether the operational database knows the batch r names:
-// a row of that id whose uid is r's (or either is a legacy name, see
-// Ref.Names). A warehouse stamp of a batch it does not know was written
-// by a batch the database forgot (a restore from a backup, a failover to a
-// standby that was behind): such a stamp is no newer batch's claim on the
-// slice, and a new batch of the folder takes the slice over (package
-// fleet). One primary-key read.
-func (s *Store) Knows(ctx context.Context, r Ref) (bool, error) {
-	var uid string
-	err := s.db.QueryRow(ctx, `SELECT COALESCE(batch_uid::text, '') FROM ingestion_batches WHERE id = $1`, r.ID).Scan(&uid)
+// Knows reports whether the operational database knows the batch r names
+// as a batch of tenantID's sourceScope: a row of that id, tenant and scope
+// whose uid is r's (or either is a legacy name, see Ref.Names). A
+// warehouse stamp of a batch it does not know was written by a batch the
+// database forgot (a restore from a backup, a failover to a standby that
+// was behind): such a stamp is no newer batch's claim on the slice, and a
+// new batch of the folder takes the slice over (package fleet). One
+// primary-key read.
+func (s *Store) Knows(ctx context.Context, r Ref, tenantID, sourceScope string) (bool, error) {
+	var uid, tenant, scope string
+	err := s.db.QueryRow(ctx, `
+		SELECT COALESCE(batch_uid::text, ''), tenant_id, COALESCE(source_scope, '')
+		FROM ingestion_batches WHERE id = $1`, r.ID).Scan(&uid, &tenant, &scope)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("looking up batch %s: %w", r, err)
 	}
-	return r.Names(Ref{ID: r.ID, UID: uid}), nil
+	return r.Names(Ref{ID: r.ID, UID: uid}) && tenant == tenantID && scope == sourceScope, nil
 }
 
 // AdvanceIDs moves the batches' id sequence past id, so that no batch is

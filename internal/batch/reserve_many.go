@@ -16,6 +16,8 @@ type ReserveManyResult struct {
 	// succeeded (AlreadySucceeded) or is a resumable failed publication
 	// (Resumable).
 	BatchID int64
+	// BatchUID is that batch's uid (Batch.UID; empty for a legacy batch).
+	BatchUID string
 	// DuplicateOf is, for a reservation whose scope an earlier one of the
 	// same call named, the index of that earlier one, whose outcome this
 	// one's follows; -1 otherwise.
@@ -24,6 +26,7 @@ type ReserveManyResult struct {
 	// The scope's newest batch as this answer found it, for the requests
 	// of the same scope that follow it.
 	latestID        int64
+	latestUID       string
 	latestSucceeded bool
 }
 
@@ -68,10 +71,11 @@ var reserveManySQL = `
 		     WITH ORDINALITY AS i(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
 		                          pipeline_stage, details, source_scope, skip_if_succeeded, resumable_window_us, ord)
 	), known AS (
-		SELECT i.ord, l.id AS latest_id, l.status AS latest_status, l.resumable AS latest_resumable, r.id AS running_id
+		SELECT i.ord, l.id AS latest_id, l.batch_uid AS latest_uid, l.status AS latest_status, l.resumable AS latest_resumable,
+		       r.id AS running_id, r.batch_uid AS running_uid
 		FROM input i
 		LEFT JOIN LATERAL (
-			SELECT b.id, b.status,
+			SELECT b.id, b.batch_uid, b.status,
 			       i.resumable_window_us > 0
 			       AND ` + ResumablePublicationSQL("b", "i.resumable_window_us * interval '1 microsecond'") + ` AS resumable
 			FROM ingestion_batches b
@@ -88,7 +92,7 @@ var reserveManySQL = `
 			-- whose statistics are stale (a generic plan that guessed a
 			-- small table scanned every Running batch of the tenant, once
 			-- per scope).
-			SELECT b.id FROM ingestion_batches b
+			SELECT b.id, b.batch_uid FROM ingestion_batches b
 			WHERE b.tenant_id = i.tenant_id AND b.source_scope = i.source_scope
 			  AND b.status = 'Running' AND b.source_scope IS NOT NULL
 			ORDER BY b.tenant_id, b.source_scope, b.id DESC LIMIT 1
@@ -106,9 +110,10 @@ var reserveManySQL = `
 		ORDER BY i.tenant_id, i.source_scope
 		ON CONFLICT (tenant_id, source_scope) WHERE status = 'Running' AND source_scope IS NOT NULL
 		DO NOTHING
-		RETURNING id, tenant_id, source_scope
+		RETURNING id, batch_uid, tenant_id, source_scope
 	)
-	SELECT i.ord, ins.id, k.running_id, k.latest_id, k.latest_status, coalesce(k.latest_resumable, false)
+	SELECT i.ord, ins.id, k.running_id, k.latest_id, k.latest_status, coalesce(k.latest_resumable, false),
+	       COALESCE(COALESCE(ins.batch_uid, k.running_uid)::text, ''), COALESCE(k.latest_uid::text, '')
 	FROM input i
 	JOIN known k ON k.ord = i.ord
 	LEFT JOIN ins ON ins.tenant_id = i.tenant_id AND ins.source_scope = i.source_scope
@@ -205,9 +210,9 @@ func follow(earlier ReserveManyResult, later Reservation) (ReserveManyResult, bo
 	r := earlier
 	switch {
 	case earlier.Outcome == Reserved:
-		r.Outcome, r.latestID, r.latestSucceeded = Conflict, earlier.BatchID, false
+		r.Outcome, r.latestID, r.latestUID, r.latestSucceeded = Conflict, earlier.BatchID, earlier.BatchUID, false
 	case earlier.Outcome == Conflict && later.SkipIfSucceeded && earlier.latestSucceeded:
-		r.Outcome, r.BatchID = AlreadySucceeded, earlier.latestID
+		r.Outcome, r.BatchID, r.BatchUID = AlreadySucceeded, earlier.latestID, earlier.latestUID
 	case earlier.Outcome == Conflict:
 	case earlier.Outcome == AlreadySucceeded && later.SkipIfSucceeded:
 	case earlier.Outcome == Resumable && later.SkipIfResumable > 0:
@@ -265,29 +270,30 @@ func (s *Store) reserveRound(ctx context.Context, rs []Reservation, details []st
 			reserved, runningID, latestID *int64
 			latestStatus                  *Status
 			latestResumable               bool
+			uid, latestUID                string // the inserted or running batch's uid; the newest's
 		)
-		if err := rows.Scan(&ord, &reserved, &runningID, &latestID, &latestStatus, &latestResumable); err != nil {
+		if err := rows.Scan(&ord, &reserved, &runningID, &latestID, &latestStatus, &latestResumable, &uid, &latestUID); err != nil {
 			return nil, fmt.Errorf("reserving %d scopes: %w", n, err)
 		}
 		i := idx[ord-1]
 		switch {
 		case reserved != nil:
-			out[i] = ReserveManyResult{Outcome: Reserved, BatchID: *reserved, DuplicateOf: -1}
+			out[i] = ReserveManyResult{Outcome: Reserved, BatchID: *reserved, BatchUID: uid, DuplicateOf: -1}
 		case latestStatus != nil && *latestStatus == StatusSucceeded && rs[i].SkipIfSucceeded:
 			// As Reserve: a folder whose newest batch succeeded is not
 			// imported again without asking, whatever else holds it.
-			out[i] = ReserveManyResult{Outcome: AlreadySucceeded, BatchID: *latestID, DuplicateOf: -1}
+			out[i] = ReserveManyResult{Outcome: AlreadySucceeded, BatchID: *latestID, BatchUID: latestUID, DuplicateOf: -1}
 		case runningID != nil:
-			out[i] = ReserveManyResult{Outcome: Conflict, BatchID: *runningID, DuplicateOf: -1}
+			out[i] = ReserveManyResult{Outcome: Conflict, BatchID: *runningID, BatchUID: uid, DuplicateOf: -1}
 		case latestResumable:
 			// Its load is committed and only its publication failed: the
 			// folder is resumed, not loaded a second time.
-			out[i] = ReserveManyResult{Outcome: Resumable, BatchID: *latestID, DuplicateOf: -1}
+			out[i] = ReserveManyResult{Outcome: Resumable, BatchID: *latestID, BatchUID: latestUID, DuplicateOf: -1}
 		default:
 			undecided = append(undecided, i)
 		}
 		if latestID != nil {
-			out[i].latestID = *latestID
+			out[i].latestID, out[i].latestUID = *latestID, latestUID
 			out[i].latestSucceeded = latestStatus != nil && *latestStatus == StatusSucceeded
 		}
 	}

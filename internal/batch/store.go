@@ -46,7 +46,7 @@ const columns = `id, company_id, tenant_id, tenant_database, ingestion_mode, sou
 	business_date, pipeline_stage, status, is_current, details, started_at, completed_at,
 	created_at, updated_at, source_scope, execution_lease_id, execution_lease_expires_at,
 	execution_lease_generation, execution_lease_renewed_at, parked_at, parked_reason,
-	cancelled_at, cancelled_by, cancel_reason, COALESCE(batch_uid::text, '')`
+	cancelled_at, cancelled_by, cancel_reason, COALESCE(batch_uid::text, '') AS batch_uid`
 
 // Columns is the select list of a whole batch row, for a statement of
 // another package that returns one (RETURNING Columns) and reads it with

@@ -19,7 +19,11 @@ import (
 // routes, show of a batch: one schema for every reader. Durations are
 // numbers of seconds; times are RFC 3339.
 type View struct {
-	BatchID           int64  `json:"batch_id"`
+	BatchID int64 `json:"batch_id"`
+	// BatchUID is the batch's uid (absent for a batch written before uids
+	// existed): its name for good, which no restore of the coordinator's
+	// database hands out again, as it may the id.
+	BatchUID          string `json:"batch_uid,omitempty"`
 	TenantID          string `json:"tenant_id"`
 	SourceType        string `json:"source_type"`
 	SourceScope       string `json:"source_scope,omitempty"`
@@ -57,6 +61,11 @@ type View struct {
 	// when the worker recorded it.
 	Objects      *Objects `json:"objects,omitempty"`
 	DetailsError string   `json:"details_error,omitempty"`
+	// TookOver names the batch whose warehouse stamp this batch's load
+	// took over although the slice named it as newer: a batch the
+	// operational database did not know (forgotten by a restore or a
+	// failover behind the warehouse).
+	TookOver *TookOver `json:"took_over,omitempty"`
 	// RetryOf is the batch this one retries (enqueue retry); RetriedBy the
 	// batches that retry this one.
 	RetryOf   int64   `json:"retry_of,omitempty"`
@@ -91,6 +100,15 @@ type Objects struct {
 	BadRecords int64 `json:"bad_records,omitempty"`
 }
 
+// TookOver is what a View shows of a forgotten batch's stamp the load
+// took over (batch.TakenOver).
+type TookOver struct {
+	BatchID    int64     `json:"batch_id"`
+	BatchUID   string    `json:"batch_uid,omitempty"`
+	Generation int64     `json:"lease_generation"`
+	At         time.Time `json:"at"`
+}
+
 func seconds(d time.Duration) *float64 {
 	f := d.Round(time.Millisecond).Seconds()
 	return &f
@@ -99,7 +117,7 @@ func seconds(d time.Duration) *float64 {
 // Of is the View of b at now (the database clock, or the reader's).
 func Of(b batch.Batch, now time.Time) View {
 	v := View{
-		BatchID: b.ID, TenantID: b.TenantID, SourceType: string(b.SourceType), SourceScope: b.Scope(),
+		BatchID: b.ID, BatchUID: b.UID, TenantID: b.TenantID, SourceType: string(b.SourceType), SourceScope: b.Scope(),
 		Status: string(b.Status), LeaseExpiresAt: b.LeaseExpiresAt, LeaseGeneration: b.LeaseGeneration,
 		LeaseRenewedAt: b.LeaseRenewedAt, StartedAt: b.StartedAt, CompletedAt: b.CompletedAt,
 		Parked: b.Parked(), ParkedAt: b.ParkedAt, CancelledAt: b.CancelledAt,
@@ -140,6 +158,9 @@ func Of(b batch.Batch, now time.Time) View {
 			if o := d.Objects; o != nil {
 				v.Objects = &Objects{Count: o.Count, Bytes: o.Bytes, NewestModified: o.NewestModified, Digest: o.Digest,
 					Marker: o.Marker, MarkerModified: o.MarkerModified, Late: o.Late, BadRecords: o.BadRecords}
+			}
+			if t := d.TookOver; t != nil {
+				v.TookOver = &TookOver{BatchID: t.BatchID, BatchUID: t.BatchUID, Generation: t.Generation, At: t.At}
 			}
 			if p := d.Progress; p != nil {
 				v.ObjectsDone, v.ObjectsTotal, v.RecordsDone, v.ProgressAt = &p.ObjectsDone, &p.ObjectsTotal, &p.RecordsDone, &p.At

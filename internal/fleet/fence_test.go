@@ -149,14 +149,18 @@ func TestFencedLoadReadsTheStampInItsTransaction(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	fenced := &fleet.Pipeline{AllowLocalFolders: true, Warehouse: warehouse.NewPostgres(e.pool).WithBatchFence()}
-	load := func(tenant string, b batch.Batch, url string, batchID, generation int64) {
+	load := func(tenant string, b batch.Batch, url string, batchID, generation int64, uid ...string) {
 		t.Helper()
 		f, _ := folder.Canonicalize(url)
 		src, err := folder.Opener{}.Open(ctx, f)
 		require.NoError(t, err)
 		objs, err := src.Objects(ctx)
 		require.NoError(t, err)
-		_, err = e.wh.Load(ctx, warehouse.Slice{TenantID: tenant, SourceScope: b.Scope(), BatchID: batchID, Generation: generation}, src, objs, nil)
+		s := warehouse.Slice{TenantID: tenant, SourceScope: b.Scope(), BatchID: batchID, Generation: generation}
+		if len(uid) > 0 {
+			s.BatchUID = uid[0]
+		}
+		_, err = e.wh.Load(ctx, s, src, objs, nil)
 		require.NoError(t, err)
 	}
 
@@ -187,14 +191,43 @@ func TestFencedLoadReadsTheStampInItsTransaction(t *testing.T) {
 	t.Run("stamped by a newer batch", func(t *testing.T) {
 		url := e.folder(sampleFiles)
 		b := e.reserve("tenant-b", url)
-		load("tenant-b", b, url, b.ID+1000, 1)
+		newer := e.newerBatch(b)
+		load("tenant-b", b, url, newer.ID, 1, newer.UID)
 
 		res := e.deliver(b.ID, fenced)
 		require.Equal(t, pipeline.Failed, res.Outcome, "%v", res.Err)
 		require.Equal(t, batch.PhaseSuperseded, res.Phase)
 		_, _, batches := e.sliceRecords("tenant-b", b.Scope())
-		require.Equal(t, []int64{b.ID + 1000}, batches, "the newer batch's slice is untouched")
+		require.Equal(t, []int64{newer.ID}, batches, "the newer batch's slice is untouched")
 		n, _ := e.publications(b.Scope())
 		require.Zero(t, n)
+	})
+
+	// A stamp of a higher id that names no batch the operational database
+	// knows (a restore or a failover forgot it): taken over, not a reason
+	// to refuse the folder.
+	t.Run("stamped by a batch the database forgot", func(t *testing.T) {
+		url := e.folder(sampleFiles)
+		b := e.reserve("tenant-c", url)
+		const forgottenUID = "9d7e2c1a-0000-4000-8000-000000000001"
+		load("tenant-c", b, url, b.ID+1000, 3, forgottenUID)
+
+		res := e.deliver(b.ID, fenced)
+		require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
+		_, d := e.details(b.ID)
+		require.NotNil(t, d.TookOver, "the takeover is recorded with the commit")
+		require.Equal(t, batch.TakenOver{BatchID: b.ID + 1000, BatchUID: forgottenUID, Generation: 3, At: d.TookOver.At}, *d.TookOver)
+		st, found, err := e.wh.Stamp(ctx, "tenant-c", b.Scope())
+		require.NoError(t, err)
+		require.True(t, found)
+		require.Equal(t, b.Ref(), st.Ref(), "stamped with the new batch, id and uid")
+		n, ids := e.publications(b.Scope())
+		require.Equal(t, 1, n)
+		require.Equal(t, []int64{b.ID}, ids)
+		var last int64
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT pg_sequence_last_value(pg_get_serial_sequence('ingestion_batches', 'id')::regclass)`).Scan(&last))
+		require.GreaterOrEqual(t, last, b.ID+1000, "the id sequence moved past the forgotten batch's id")
+		next := e.reserve("tenant-c", e.folder(sampleFiles))
+		require.Greater(t, next.ID, b.ID+1000, "no new batch is handed the forgotten id")
 	})
 }

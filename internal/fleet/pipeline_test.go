@@ -95,6 +95,22 @@ func (e *env) reserveDetails(tenant, folderURL string, set func(*batch.Details))
 // then died: it writes under a lease long enough for any machine load, then
 // renews the term to expire at once (as if it had simply run out) and
 // returns that term.
+// newerBatch records a Succeeded batch of b's folder, newer than b: a
+// batch the operational database knows (written directly, as the
+// reservation's unique index holds only Running batches).
+func (e *env) newerBatch(b batch.Batch) batch.Batch {
+	e.t.Helper()
+	n, err := batch.Scan(e.pool.QueryRow(context.Background(), `
+		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			pipeline_stage, status, details, source_scope, completed_at)
+		SELECT company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			pipeline_stage, 'Succeeded', details, source_scope, now()
+		FROM ingestion_batches WHERE id = $1
+		RETURNING `+batch.Columns, b.ID))
+	require.NoError(e.t, err)
+	return n
+}
+
 func (e *env) diedInLoading(id int64, holder string) lease.Lease {
 	e.t.Helper()
 	ctx := context.Background()

@@ -95,13 +95,19 @@ type ImportRequest struct {
 // Result is the outcome of an import or a resume: one JSON line on the
 // command line, the body of an HTTP answer.
 type Result struct {
-	Outcome        string `json:"outcome"`
-	BatchID        int64  `json:"batch_id,omitempty"`
+	Outcome string `json:"outcome"`
+	BatchID int64  `json:"batch_id,omitempty"`
+	// BatchUID is the uid of the batch BatchID names where the answer
+	// knows it (an import's): the batch's name for good, which no restore
+	// of the coordinator's database hands out again, as the id may be.
+	BatchUID       string `json:"batch_uid,omitempty"`
 	JobID          int64  `json:"job_id,omitempty"`
 	RunningBatchID int64  `json:"running_batch_id,omitempty"`
-	SourceScope    string `json:"source_scope,omitempty"`
-	Reason         string `json:"reason,omitempty"`
-	Error          string `json:"error,omitempty"`
+	// RunningBatchUID is the uid of the batch RunningBatchID names.
+	RunningBatchUID string `json:"running_batch_uid,omitempty"`
+	SourceScope     string `json:"source_scope,omitempty"`
+	Reason          string `json:"reason,omitempty"`
+	Error           string `json:"error,omitempty"`
 	// RetryOf is the failed batch a retry started this batch for.
 	RetryOf int64 `json:"retry_of,omitempty"`
 	// Status and Phase describe a batch that was not cancellable or not
@@ -290,14 +296,14 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 			i, scope := idx[k], rs[k].SourceScope
 			switch rr.Outcome {
 			case batch.Conflict:
-				results[i] = Result{Outcome: OutcomeConflict, RunningBatchID: rr.BatchID, SourceScope: scope}
+				results[i] = Result{Outcome: OutcomeConflict, RunningBatchID: rr.BatchID, RunningBatchUID: rr.BatchUID, SourceScope: scope}
 			case batch.AlreadySucceeded:
-				results[i] = Result{Outcome: OutcomeAlreadySucceeded, BatchID: rr.BatchID, SourceScope: scope}
+				results[i] = Result{Outcome: OutcomeAlreadySucceeded, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope}
 			case batch.Resumable:
-				results[i] = Result{Outcome: OutcomeResumable, BatchID: rr.BatchID, SourceScope: scope,
+				results[i] = Result{Outcome: OutcomeResumable, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope,
 					Status: string(batch.StatusFailed), Phase: string(batch.PhaseFailedPublication), Reason: ReasonResumeInstead}
 			case batch.Reserved:
-				results[i] = Result{Outcome: OutcomeEnqueued, BatchID: rr.BatchID, SourceScope: scope}
+				results[i] = Result{Outcome: OutcomeEnqueued, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope}
 				reservedRs, reservedIdx = append(reservedRs, rs[k]), append(reservedIdx, i)
 				params = append(params, river.InsertManyParams{Args: IngestArgs{BatchID: rr.BatchID}, InsertOpts: insertOpts(rs[k].TenantID, rr.BatchID)})
 			}

@@ -52,7 +52,7 @@ type Notification struct {
 	// a standby that was behind.
 	BatchUID string `json:"batch_uid,omitempty"`
 	TenantID string `json:"tenant_id"`
-	Folder         string  `json:"folder,omitempty"`
+	Folder   string `json:"folder,omitempty"`
 	// Status is the batch's status (Succeeded, Failed, Running for a
 	// parked batch).
 	Status string `json:"status"`

@@ -152,9 +152,12 @@ func (r *Run) SucceedTx(ctx context.Context, tx pgx.Tx, d batch.Details) (batch.
 }
 
 // Knows reports whether the operational database knows the batch ref
-// names (batch.Store.Knows): a warehouse stamp of a batch it does not know
-// was written by a batch a restore or a failover made it forget.
-func (r *Run) Knows(ctx context.Context, ref batch.Ref) (bool, error) { return r.store.Knows(ctx, ref) }
+// names as a batch of this batch's folder (batch.Store.Knows): a
+// warehouse stamp of a batch it does not know was written by a batch a
+// restore or a failover made it forget.
+func (r *Run) Knows(ctx context.Context, ref batch.Ref) (bool, error) {
+	return r.store.Knows(ctx, ref, r.Batch.TenantID, r.Batch.Scope())
+}
 
 // AdvanceIDs moves the batches' id sequence past id (batch.Store.AdvanceIDs).
 func (r *Run) AdvanceIDs(ctx context.Context, id int64) (int64, error) {

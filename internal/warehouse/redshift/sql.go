@@ -61,9 +61,9 @@ func quoteLiteral(s string) (string, error) {
 // values are rendered SQL literals by placeholder name.
 type values map[string]string
 
-// sliceValues renders a slice's tenant, scope, batch (id and uid, '' for
+// sliceValues renders a slice's tenant, scope, batch (id and uid, ” for
 // a legacy batch), generation and the forgotten batch it may take over
-// (takeover_id -1 and takeover_uid '' when none: no batch has id -1).
+// (takeover_id -1 and takeover_uid ” when none: no batch has id -1).
 func sliceValues(s warehouse.Slice) (values, error) {
 	tenant, err := quoteLiteral(s.TenantID)
 	if err != nil {
