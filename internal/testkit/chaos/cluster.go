@@ -35,6 +35,12 @@ type Cluster struct {
 // FindPGBin returns the directory holding initdb and pg_ctl.
 func FindPGBin() (string, error) {
 	if p, err := exec.LookPath("pg_ctl"); err == nil {
+		// A pg_ctl on PATH may be a link into the installation (Debian's
+		// /usr/lib/postgresql/N/bin); the directory wanted is the one
+		// that holds its sibling tools too.
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
 		return filepath.Dir(p), nil
 	}
 	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_ctl")
