@@ -26,7 +26,7 @@ func TestMigrateCommand(t *testing.T) {
 	stdout.Reset()
 	code = run(context.Background(), []string{"migrate", "--database-url", url}, &stdout, &stderr)
 	require.Equal(t, cli.ExitOK, code, stderr.String())
-	require.Equal(t, "database schema is current: nothing to apply\n", stdout.String())
+	require.Equal(t, "database schema is current: nothing to apply\nbatch ids: the warehouse names batches up to 0; the id sequence stands at 0\n", stdout.String())
 }
 
 func TestMigrateCommandErrors(t *testing.T) {

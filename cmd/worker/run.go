@@ -131,6 +131,9 @@ func (m *migrateCmd) apply(g *cli.Globals, e *cli.Env, cfg migrations.Config) er
 	for _, a := range report.Warehouse {
 		fmt.Fprintf(e.Stdout, "applied warehouse migration %d %s (%s)\n", a.Version, a.Source, a.Duration.Round(time.Millisecond))
 	}
+	if len(report.Project)+len(report.River)+len(report.Warehouse) == 0 {
+		fmt.Fprintln(e.Stdout, "database schema is current: nothing to apply")
+	}
 	if bound != nil {
 		// After a restore or a failover behind the warehouse the id
 		// sequence is behind the ids the warehouse names: move it past
@@ -145,9 +148,6 @@ func (m *migrateCmd) apply(g *cli.Globals, e *cli.Env, cfg migrations.Config) er
 		}
 		fmt.Fprintf(e.Stdout, "batch ids: the warehouse names batches up to %d; the id sequence stands at %d\n", named, last)
 		e.Logger.Info("batch id sequence checked against the warehouse", "warehouse_max_batch_id", named, "sequence_last_value", last)
-	}
-	if len(report.Project)+len(report.River)+len(report.Warehouse) == 0 {
-		fmt.Fprintln(e.Stdout, "database schema is current: nothing to apply")
 	}
 	e.Logger.Info("migrations applied", "project", len(report.Project), "river", len(report.River), "warehouse", len(report.Warehouse))
 	return nil

@@ -347,6 +347,13 @@ func TestBurstOutcomesMatchAModel(t *testing.T) {
 			require.Len(t, results[b], len(reqs[b]))
 		}
 
+		// uidOf is the uid the database gave batch id: the receipt names
+		// the batch by it too.
+		uidOf := func(id int64) string {
+			var uid string
+			require.NoError(t, f.pool.QueryRow(ctx, `SELECT batch_uid::text FROM ingestion_batches WHERE id = $1`, id).Scan(&uid))
+			return uid
+		}
 		if !concurrent {
 			// One burst: every answer is exactly the model's.
 			for i, req := range reqs[0] {
@@ -354,9 +361,9 @@ func TestBurstOutcomesMatchAModel(t *testing.T) {
 				m, got := model[fc.Scope()], results[0][i]
 				switch {
 				case !req.Reimport && m.newestSucceeded:
-					require.Equal(t, Result{Outcome: OutcomeAlreadySucceeded, BatchID: m.newest, SourceScope: fc.Scope()}, got, "round %d request %d", round, i)
+					require.Equal(t, Result{Outcome: OutcomeAlreadySucceeded, BatchID: m.newest, BatchUID: uidOf(m.newest), SourceScope: fc.Scope()}, got, "round %d request %d", round, i)
 				case m.running != 0:
-					require.Equal(t, Result{Outcome: OutcomeConflict, RunningBatchID: m.running, SourceScope: fc.Scope()}, got, "round %d request %d", round, i)
+					require.Equal(t, Result{Outcome: OutcomeConflict, RunningBatchID: m.running, RunningBatchUID: uidOf(m.running), SourceScope: fc.Scope()}, got, "round %d request %d", round, i)
 				default:
 					require.Equal(t, OutcomeEnqueued, got.Outcome, "round %d request %d: %+v", round, i, got)
 					require.Positive(t, got.JobID)

@@ -571,7 +571,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		require.NoError(t, rows.Scan(&v))
 		versions = append(versions, v)
 	}
-	require.Equal(t, []int64{1, 2, 3, 4, 5}, versions)
+	require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, versions)
 	var recordType string
 	require.NoError(t, e.double.Pool.QueryRow(context.Background(), `
 		SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = 'curated.fleet_records'::regclass AND attname = 'record'`).Scan(&recordType))
