@@ -6,6 +6,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"log/slog"
 	"strings"
@@ -453,4 +454,41 @@ func TestWorkerLoginChangesOnlyRunningBatchesLifecycle(t *testing.T) {
 	require.NoError(t, err, "the worker writes the load errors")
 	_, err = db.worker.Exec(ctx, `DELETE FROM curated.fleet_load_errors WHERE tenant_id = 't'`)
 	require.NoError(t, err, "and replaces them")
+}
+
+// TestNoLoginWritesABatchsUID: a batch's uid (migration 00100) comes from
+// the column's default and no runtime login may write it, so none can
+// give a batch another's identity; only the worker may move the id
+// sequence forward, through ingest_advance_batch_ids, and no login may
+// setval it.
+func TestNoLoginWritesABatchsUID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := newLogins(t)
+	res := importFolder(t, newEnqueuer(t, db.door), "tenant-a", "uid-1")
+	require.NotEmpty(t, res.BatchUID, "the door's receipt names the uid the default gave")
+	// The same row the door may insert (Failed: an enqueue that failed),
+	// refused only for naming a uid.
+	const copyRow = `INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			pipeline_stage, status, details, source_scope, completed_at%s)
+		SELECT company_id, tenant_id, tenant_database, ingestion_mode, source_type,
+			pipeline_stage, 'Failed', details, source_scope, now()%s
+		FROM ingestion_batches WHERE id = $1`
+	for _, pool := range []*pgxpool.Pool{db.door, db.operator} {
+		requireDenied(t, pool, fmt.Sprintf(copyRow, ", batch_uid", ", gen_random_uuid()"), res.BatchID)
+		_, err := pool.Exec(ctx, fmt.Sprintf(copyRow, "", ""), res.BatchID)
+		require.NoError(t, err, "the row without a uid is one the login may insert")
+	}
+	for _, pool := range []*pgxpool.Pool{db.door, db.operator, db.worker} {
+		requireDenied(t, pool, `UPDATE ingestion_batches SET batch_uid = gen_random_uuid() WHERE id = $1`, res.BatchID)
+		requireDenied(t, pool, `SELECT setval(pg_get_serial_sequence('ingestion_batches', 'id'), 1000000)`)
+	}
+	for _, pool := range []*pgxpool.Pool{db.door, db.operator} {
+		requireDenied(t, pool, `SELECT ingest_advance_batch_ids($1)`, int64(1000))
+	}
+	last, err := batch.NewStore(db.worker).AdvanceIDs(ctx, 1000)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, last, int64(1000))
+	next := importFolder(t, newEnqueuer(t, db.door), "tenant-a", "uid-3")
+	require.Greater(t, next.BatchID, int64(1000))
 }

@@ -427,6 +427,19 @@ func TestResumeRefusals(t *testing.T) {
 			outcome: batch.NotResumable, reason: batch.ReasonSuperseded, phase: batch.PhaseSuperseded,
 		},
 		{
+			// A batch the operational database forgot (a restore) was
+			// handed this batch's id: its stamp names the id with another
+			// uid, and is not this batch's slice.
+			name: "warehouse slice stamped with the batch's id and another uid marks it superseded",
+			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
+				require.NotEmpty(t, b.UID)
+				return resumeRequest(b), batch.SliceVerifierFunc(func(context.Context, string, string) (batch.Ref, bool, error) {
+					return batch.Ref{ID: b.ID, UID: "00000000-0000-4000-8000-000000000000"}, true, nil
+				})
+			},
+			outcome: batch.NotResumable, reason: batch.ReasonSuperseded, phase: batch.PhaseSuperseded,
+		},
+		{
 			name: "warehouse slice missing",
 			prepare: func(t *testing.T, b batch.Batch) (batch.ResumeRequest, batch.SliceVerifier) {
 				return resumeRequest(b), batch.SliceVerifierFunc(func(context.Context, string, string) (batch.Ref, bool, error) { return batch.Ref{}, false, nil })

@@ -106,8 +106,8 @@ func liveHarness(t *testing.T, cfg redshift.Config, awsCfg aws.Config, wh *redsh
 			return out, nil
 		},
 		Publications: func(ctx context.Context, tenant, scope string) ([]warehousetest.Publication, error) {
-			rows, err := wh.Query(ctx, `SELECT batch_id, record_count, published_at FROM curated.fleet_publications
-				WHERE tenant_id = :tenant_id AND source_scope = :source_scope ORDER BY batch_id`,
+			rows, err := wh.Query(ctx, `SELECT batch_id, record_count, published_at, COALESCE(batch_uid, '') FROM curated.fleet_publications
+				WHERE tenant_id = :tenant_id AND source_scope = :source_scope ORDER BY batch_id, batch_uid`,
 				"tenant_id", tenant, "source_scope", scope)
 			if err != nil {
 				return nil, err
@@ -118,7 +118,7 @@ func liveHarness(t *testing.T, cfg redshift.Config, awsCfg aws.Config, wh *redsh
 				if err != nil {
 					return nil, err
 				}
-				out = append(out, warehousetest.Publication{BatchID: long(r[0]), RecordCount: long(r[1]), PublishedAt: at})
+				out = append(out, warehousetest.Publication{BatchID: long(r[0]), BatchUID: str(r[3]), RecordCount: long(r[1]), PublishedAt: at})
 			}
 			return out, nil
 		},

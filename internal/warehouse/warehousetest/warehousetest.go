@@ -72,7 +72,10 @@ type Row struct {
 
 // Publication is one outbox row.
 type Publication struct {
-	BatchID     int64
+	BatchID int64
+	// BatchUID is the uid the publication names the batch by, empty for
+	// a legacy batch's.
+	BatchUID    string
 	RecordCount int64
 	PublishedAt time.Time
 }
@@ -106,6 +109,9 @@ func Exercise(t *testing.T, factory Factory) {
 		{"BadRecordsBeyondTheToleranceFailTheLoad", testBadRecordsBeyond},
 		{"AReimportReplacesTheLoadErrors", testBadRecordsReimport},
 		{"ALoadKilledBeforeItsCommitLeavesTheOldLoadErrors", testBadRecordsKilled},
+		{"ABatchIsNamedByItsIDAndUID", testIdentity},
+		{"AForgottenBatchsStampIsTakenOverOnlyByName", testTakeOver},
+		{"APublicationIsRecordedOncePerBatchIdentity", testPublicationIdentity},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -143,8 +149,8 @@ func PoolReaders(pool *pgxpool.Pool) (
 	}
 	publications = func(ctx context.Context, tenant, scope string) ([]Publication, error) {
 		rows, err := pool.Query(ctx, `
-			SELECT batch_id, record_count, published_at FROM curated.fleet_publications
-			WHERE tenant_id = $1 AND source_scope = $2 ORDER BY batch_id`, tenant, scope)
+			SELECT batch_id, COALESCE(batch_uid, ''), record_count, published_at FROM curated.fleet_publications
+			WHERE tenant_id = $1 AND source_scope = $2 ORDER BY batch_id, batch_uid`, tenant, scope)
 		if err != nil {
 			return nil, err
 		}
@@ -152,7 +158,7 @@ func PoolReaders(pool *pgxpool.Pool) (
 		var out []Publication
 		for rows.Next() {
 			var p Publication
-			if err := rows.Scan(&p.BatchID, &p.RecordCount, &p.PublishedAt); err != nil {
+			if err := rows.Scan(&p.BatchID, &p.BatchUID, &p.RecordCount, &p.PublishedAt); err != nil {
 				return nil, err
 			}
 			out = append(out, p)
@@ -173,7 +179,7 @@ func PoolReaders(pool *pgxpool.Pool) (
 func PoolLedger(pool *pgxpool.Pool) func(context.Context, string, string) ([]warehouse.LedgerObject, error) {
 	return func(ctx context.Context, tenant, scope string) ([]warehouse.LedgerObject, error) {
 		rows, err := pool.Query(ctx, `
-			SELECT batch_id, object_key, etag, size_bytes, record_count, last_modified, marker_modified
+			SELECT batch_id, COALESCE(batch_uid, ''), object_key, etag, size_bytes, record_count, last_modified, marker_modified
 			FROM curated.fleet_load_objects
 			WHERE tenant_id = $1 AND source_scope = $2 ORDER BY object_key, batch_id`, tenant, scope)
 		if err != nil {
@@ -185,7 +191,7 @@ func PoolLedger(pool *pgxpool.Pool) func(context.Context, string, string) ([]war
 			o := warehouse.LedgerObject{TenantID: tenant, SourceScope: scope}
 			// timestamptz locally, timestamp (UTC) in the Redshift double.
 			var modified, marker any
-			if err := rows.Scan(&o.BatchID, &o.ObjectKey, &o.ETag, &o.SizeBytes, &o.RecordCount, &modified, &marker); err != nil {
+			if err := rows.Scan(&o.BatchID, &o.BatchUID, &o.ObjectKey, &o.ETag, &o.SizeBytes, &o.RecordCount, &modified, &marker); err != nil {
 				return nil, err
 			}
 			o.LastModified = modified.(time.Time).UTC()
@@ -204,7 +210,7 @@ func PoolLedger(pool *pgxpool.Pool) func(context.Context, string, string) ([]war
 func PoolErrors(pool *pgxpool.Pool) func(context.Context, string, string) ([]warehouse.LoadError, error) {
 	return func(ctx context.Context, tenant, scope string) ([]warehouse.LoadError, error) {
 		rows, err := pool.Query(ctx, `
-			SELECT batch_id, ordinal, object_key, line_number, column_number, reason, raw_excerpt
+			SELECT batch_id, COALESCE(batch_uid, ''), ordinal, object_key, line_number, column_number, reason, raw_excerpt
 			FROM curated.fleet_load_errors
 			WHERE tenant_id = $1 AND source_scope = $2 ORDER BY batch_id, ordinal`, tenant, scope)
 		if err != nil {
@@ -215,7 +221,7 @@ func PoolErrors(pool *pgxpool.Pool) func(context.Context, string, string) ([]war
 		for rows.Next() {
 			e := warehouse.LoadError{TenantID: tenant, SourceScope: scope}
 			var column int32
-			if err := rows.Scan(&e.BatchID, &e.Ordinal, &e.ObjectKey, &e.Line, &column, &e.Reason, &e.Excerpt); err != nil {
+			if err := rows.Scan(&e.BatchID, &e.BatchUID, &e.Ordinal, &e.ObjectKey, &e.Line, &column, &e.Reason, &e.Excerpt); err != nil {
 				return nil, err
 			}
 			e.Column = int(column)
@@ -1008,4 +1014,130 @@ func testBadRecordsKilled(t *testing.T, h Harness) {
 		require.NoError(t, err)
 		require.Equal(t, before, raw)
 	}
+}
+
+// Uids of the identity cases: two batches handed the same id (the
+// operational database went back in time between them) and others.
+const (
+	uidA = "0a000000-0000-4000-8000-00000000000a"
+	uidB = "0b000000-0000-4000-8000-00000000000b"
+	uidC = "0c000000-0000-4000-8000-00000000000c"
+)
+
+func named(s warehouse.Slice, uid string) warehouse.Slice { s.BatchUID = uid; return s }
+
+// testIdentity: the stamp, the ledger, the load errors and the
+// publication name the batch by its id and its uid; a stamp of the same
+// id with another uid is another batch's (it holds the slice as a newer
+// one would), and a legacy name (no uid) names the batch of its id.
+func testIdentity(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	s := named(slice(scope, 5, 1), uidA)
+	src, objs, _ := badSource(t, BadFiles(), 5)
+	st, err := h.Warehouse.Load(ctx, s, src, objs, nil)
+	require.NoError(t, err)
+	require.Equal(t, batch.Ref{ID: 5, UID: uidA}, st.Ref())
+	got, _, _ := consistent(t, h, s)
+	require.Equal(t, uidA, got.BatchUID, "the stamp read back names the uid")
+	_, objects, found := ledger(t, h, tenant, scope)
+	require.True(t, found)
+	for _, o := range objects {
+		require.Equal(t, uidA, o.BatchUID, "the ledger names the uid")
+	}
+	if h.ErrorRows != nil {
+		rows, err := h.ErrorRows(ctx, tenant, scope)
+		require.NoError(t, err)
+		require.NotEmpty(t, rows)
+		for _, e := range rows {
+			require.Equal(t, uidA, e.BatchUID, "the load errors name the uid")
+		}
+	}
+
+	// The same id with another uid: another batch, which the slice's
+	// holder is held against as against a newer one.
+	other := named(slice(scope, 5, 9), uidB)
+	src, objs, _ = Source(t, map[string]string{"other.csv": rows("other", 2)})
+	_, err = h.Warehouse.Load(ctx, other, src, objs, nil)
+	require.ErrorIs(t, err, warehouse.ErrSliceSuperseded)
+	var held *warehouse.SupersededError
+	require.ErrorAs(t, err, &held)
+	require.Equal(t, batch.Ref{ID: 5, UID: uidA}, held.Holder)
+	require.Equal(t, int64(1), held.Generation)
+	_, err = h.Warehouse.Publish(ctx, other, time.Hour, nil)
+	require.ErrorIs(t, err, warehouse.ErrSliceSuperseded, "a batch of the same id and another uid does not publish the slice")
+
+	// A legacy name of the id is the batch's own; the publication names
+	// the stamp's uid.
+	_, err = h.Warehouse.Publish(ctx, slice(scope, 5, 1), time.Hour, nil)
+	require.NoError(t, err)
+	pubs, err := h.Publications(ctx, tenant, scope)
+	require.NoError(t, err)
+	require.Len(t, pubs, 1)
+	require.Equal(t, uidA, pubs[0].BatchUID)
+	again, err := h.Warehouse.Publish(ctx, s, time.Hour, nil)
+	require.NoError(t, err, "publishing again by full name is a no-op")
+	require.NotNil(t, again.PublishedAt)
+	pubs, err = h.Publications(ctx, tenant, scope)
+	require.NoError(t, err)
+	require.Len(t, pubs, 1, "one publication per batch")
+}
+
+// testTakeOver: a load given TakeOver replaces the stamp of exactly that
+// batch (id and uid), whatever its id; any other stamp of a higher id
+// still holds the slice.
+func testTakeOver(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	load(t, h, named(slice(scope, 9, 4), uidA), map[string]string{"forgotten.csv": rows("forgotten", 3)})
+
+	s := named(slice(scope, 3, 1), uidB)
+	for _, wrong := range []*batch.Ref{nil, {ID: 9, UID: uidC}, {ID: 8, UID: uidA}} {
+		s.TakeOver = wrong
+		src, objs, _ := Source(t, map[string]string{"new.csv": rows("new", 2)})
+		_, err := h.Warehouse.Load(ctx, s, src, objs, nil)
+		require.ErrorIs(t, err, warehouse.ErrSliceSuperseded, "take over %v", wrong)
+		got, _, _ := consistent(t, h, s)
+		require.Equal(t, batch.Ref{ID: 9, UID: uidA}, got.Ref(), "the slice is untouched")
+	}
+
+	s.TakeOver = &batch.Ref{ID: 9, UID: uidA}
+	st := load(t, h, s, map[string]string{"new.csv": rows("new", 2)})
+	require.Equal(t, batch.Ref{ID: 3, UID: uidB}, st.Ref())
+	got, recs, _ := consistent(t, h, s)
+	require.Equal(t, int64(2), got.RecordCount)
+	for _, r := range recs {
+		require.Equal(t, int64(3), r.BatchID, "nothing of the forgotten batch's slice is left")
+	}
+	_, err := h.Warehouse.Publish(ctx, named(slice(scope, 3, 1), uidB), time.Hour, nil)
+	require.NoError(t, err)
+}
+
+// testPublicationIdentity: a batch handed the id of a forgotten batch
+// that was published gets a publication of its own; it is not taken for
+// the forgotten one's.
+func testPublicationIdentity(t *testing.T, h Harness) {
+	ctx := context.Background()
+	scope := newScope()
+	forgotten := named(slice(scope, 4, 1), uidA)
+	load(t, h, forgotten, map[string]string{"a.csv": rows("a", 3)})
+	_, err := h.Warehouse.Publish(ctx, forgotten, time.Hour, nil)
+	require.NoError(t, err)
+
+	reused := named(slice(scope, 4, 1), uidB)
+	reused.TakeOver = &batch.Ref{ID: 4, UID: uidA}
+	load(t, h, reused, map[string]string{"b.csv": rows("b", 2)})
+	st, err := h.Warehouse.Publish(ctx, reused, time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), st.RecordCount)
+	pubs, err := h.Publications(ctx, tenant, scope)
+	require.NoError(t, err)
+	require.Len(t, pubs, 2, "one publication per batch identity")
+	byUID := map[string]Publication{}
+	for _, p := range pubs {
+		require.Equal(t, int64(4), p.BatchID)
+		byUID[p.BatchUID] = p
+	}
+	require.Equal(t, int64(3), byUID[uidA].RecordCount)
+	require.Equal(t, int64(2), byUID[uidB].RecordCount)
 }
