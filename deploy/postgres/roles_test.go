@@ -6,8 +6,8 @@ package postgres_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
