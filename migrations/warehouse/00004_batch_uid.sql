@@ -12,6 +12,13 @@
 -- keep the largest id the warehouse names (worker migrate and worker run
 -- advance the batches' id sequence past it) an index read.
 
+-- A release that does not know the column (during a rolling upgrade)
+-- re-stamps a slice with ON CONFLICT DO UPDATE SET batch_id = …, which
+-- would leave the previous batch's uid beside the new batch's id: a stamp
+-- naming a batch that does not exist. The trigger clears the uid of a
+-- stamp whose batch changed without one, so such a stamp is a legacy one
+-- (named by its id), as that release wrote it.
+
 -- +goose Up
 ALTER TABLE curated.fleet_slices ADD COLUMN batch_uid varchar(36) NULL;
 ALTER TABLE curated.fleet_publications ADD COLUMN batch_uid varchar(36) NULL;
@@ -23,7 +30,24 @@ CREATE UNIQUE INDEX ux_fleet_publications_batch
 CREATE INDEX ix_fleet_slices_batch ON curated.fleet_slices (batch_id);
 CREATE INDEX ix_fleet_publications_batch_id ON curated.fleet_publications (batch_id);
 
+-- +goose StatementBegin
+CREATE FUNCTION curated.fleet_slices_uid_follows_batch() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.batch_id IS DISTINCT FROM OLD.batch_id AND NEW.batch_uid IS NOT DISTINCT FROM OLD.batch_uid THEN
+        NEW.batch_uid := NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+-- +goose StatementEnd
+CREATE TRIGGER fleet_slices_uid_follows_batch BEFORE UPDATE ON curated.fleet_slices
+    FOR EACH ROW EXECUTE FUNCTION curated.fleet_slices_uid_follows_batch();
+
 -- +goose Down
+DROP TRIGGER fleet_slices_uid_follows_batch ON curated.fleet_slices;
+DROP FUNCTION curated.fleet_slices_uid_follows_batch();
 DROP INDEX curated.ix_fleet_publications_batch_id;
 DROP INDEX curated.ix_fleet_slices_batch;
 DROP INDEX curated.ux_fleet_publications_batch;
