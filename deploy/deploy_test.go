@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +30,11 @@ func exported(t *testing.T) map[string]map[string]bool {
 	// Series per tenant exist only once a tenant has batches: give the
 	// gauge one so it is gathered with its labels.
 	m.SetTenantBatches([]metrics.TenantBatchCount{{Tenant: "tenant-a"}})
+	// The database-derived gauges are exported once refreshed, and the
+	// last success's timestamp once the database was reached.
+	m.DatabaseStats.Refreshed(nil)
+	m.TenantStats.Refreshed(nil)
+	m.Database.Reached(time.Now())
 	// Pool statistics are gathered from the pools a binary adds: add one
 	// (pgxpool connects lazily; this one never does).
 	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none")
