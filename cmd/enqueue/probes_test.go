@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -26,7 +27,9 @@ func TestSQSAndReconcileReadyzCheckTheSchema(t *testing.T) {
 	ready.Store(true)
 	var out bytes.Buffer
 	e := &cli.Env{Ctx: ctx, Stdout: &out, Stderr: &out, Logger: slog.New(slog.DiscardHandler)}
-	srv, _, err := startProbes("127.0.0.1:0", metrics.NewSQS(), pool, &ready, e)
+	m := metrics.NewSQS()
+	t.Cleanup(startDatabaseProbe(e, m, pool, cli.DatabaseProbeFlags{DatabaseProbeInterval: time.Second}))
+	srv, _, err := startProbes("127.0.0.1:0", m, pool, &ready, e)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
 	pgtest.RequireReadyzFollowsSchema(t, pool, "http://"+srv.Addr().String()+"/readyz")
