@@ -207,8 +207,10 @@ func (m *Monitor) Probe(ctx context.Context, db Querier, timeout time.Duration) 
 // Run probes db every interval (ProbeIntervalDefault if not positive),
 // each probe within ProbeTimeoutMax (or the interval, if shorter), until
 // ctx ends. It logs once when the database becomes unreachable (warn, with
-// the probe's error) and once when it is reached again (info, with how long
-// it was not). The first probe is sent at once; Start waits for it.
+// the probe's error and how long ago it was last reached) and once when it
+// is reached again (info, unreachable_seconds: from the last success before
+// to the first after, as the probe sees them). The first probe is sent at
+// once; Start waits for it.
 func (m *Monitor) Run(ctx context.Context, db Querier, interval time.Duration, logger *slog.Logger) {
 	m.run(ctx, db, interval, logger, nil)
 }
@@ -244,10 +246,12 @@ func (m *Monitor) run(ctx context.Context, db Querier, interval time.Duration, l
 			downSince = m.now()
 			attrs := []any{"error", errString(err), "probe_timeout_seconds", timeout.Seconds()}
 			if last, ok := m.LastSuccess(); ok {
+				downSince = last
 				attrs = append(attrs, "last_success_seconds_ago", m.now().Sub(last).Seconds())
 			}
 			logger.Warn("database unreachable: ingest_database_up is 0 until it answers again", attrs...)
 		case !wasUp && up:
+			// From the last success before the outage to the first after.
 			logger.Info("database reachable again", "unreachable_seconds", m.now().Sub(downSince).Seconds())
 		case !up:
 			logger.Debug("database still unreachable", "error", errString(err))
