@@ -141,7 +141,7 @@ func checkRunbook(t *testing.T, alert, url string, anchors map[string]bool) {
 func TestRunbookCoversOperatorTasks(t *testing.T) {
 	t.Parallel()
 	anchors := runbookAnchors(t)
-	for _, section := range []string{"stuck-batch", "parked-batch", "cancel", "retry", "resume", "lost-worker"} {
+	for _, section := range []string{"stuck-batch", "parked-batch", "cancel", "retry", "resume", "lost-worker", "database-down"} {
 		require.True(t, anchors[section], "docs/runbook.md has no section %q", section)
 	}
 }
@@ -169,7 +169,7 @@ func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing",
 		"FleetIngestNoLiveWorker", "FleetIngestFailedBatchRateHigh", "FleetIngestParkedBatch",
 		"FleetIngestSQSMessagesFailing", "FleetIngestSQSReceiveFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing", "FleetIngestReconcileCheckpointAhead",
-		"FleetIngestDoorDown", "FleetIngestDoorErrors",
+		"FleetIngestDoorDown", "FleetIngestDoorErrors", "FleetIngestDatabaseUnreachable", "FleetIngestDatabaseStatsFailing",
 		"FleetIngestNotificationsGivenUp", "FleetIngestNotificationsFailing", "FleetIngestNotificationDestinationsInvalid"} {
 		require.True(t, alerts[want], "missing alert %s", want)
 	}
