@@ -221,6 +221,7 @@ func TestDashboardQueriesReferenceExportedMetrics(t *testing.T) {
 		"ingest_reconcile_scan_duration_seconds_bucket", "ingest_reconcile_objects_listed_total",
 		"ingest_notifications_sent_total", "ingest_notifications_failed_total", "ingest_notifications_given_up_total",
 		"ingest_notifications_config_reload_failures_total",
+		"ingest_database_up", "ingest_database_last_success_timestamp_seconds",
 	} {
 		require.True(t, used[m], "no panel shows %s", m)
 	}
