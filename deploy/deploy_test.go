@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +30,11 @@ func exported(t *testing.T) map[string]map[string]bool {
 	// Series per tenant exist only once a tenant has batches: give the
 	// gauge one so it is gathered with its labels.
 	m.SetTenantBatches([]metrics.TenantBatchCount{{Tenant: "tenant-a"}})
+	// The database-derived gauges are exported once refreshed, and the
+	// last success's timestamp once the database was reached.
+	m.DatabaseStats.Refreshed(nil)
+	m.TenantStats.Refreshed(nil)
+	m.Database.Reached(time.Now())
 	// Pool statistics are gathered from the pools a binary adds: add one
 	// (pgxpool connects lazily; this one never does).
 	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none")
@@ -135,7 +141,7 @@ func checkRunbook(t *testing.T, alert, url string, anchors map[string]bool) {
 func TestRunbookCoversOperatorTasks(t *testing.T) {
 	t.Parallel()
 	anchors := runbookAnchors(t)
-	for _, section := range []string{"stuck-batch", "parked-batch", "cancel", "retry", "resume", "lost-worker"} {
+	for _, section := range []string{"stuck-batch", "parked-batch", "cancel", "retry", "resume", "lost-worker", "database-down"} {
 		require.True(t, anchors[section], "docs/runbook.md has no section %q", section)
 	}
 }
@@ -163,7 +169,7 @@ func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing",
 		"FleetIngestNoLiveWorker", "FleetIngestFailedBatchRateHigh", "FleetIngestParkedBatch",
 		"FleetIngestSQSMessagesFailing", "FleetIngestSQSReceiveFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing", "FleetIngestReconcileCheckpointAhead",
-		"FleetIngestDoorDown", "FleetIngestDoorErrors",
+		"FleetIngestDoorDown", "FleetIngestDoorErrors", "FleetIngestDatabaseUnreachable", "FleetIngestDatabaseStatsFailing",
 		"FleetIngestNotificationsGivenUp", "FleetIngestNotificationsFailing", "FleetIngestNotificationDestinationsInvalid"} {
 		require.True(t, alerts[want], "missing alert %s", want)
 	}
@@ -215,6 +221,7 @@ func TestDashboardQueriesReferenceExportedMetrics(t *testing.T) {
 		"ingest_reconcile_scan_duration_seconds_bucket", "ingest_reconcile_objects_listed_total",
 		"ingest_notifications_sent_total", "ingest_notifications_failed_total", "ingest_notifications_given_up_total",
 		"ingest_notifications_config_reload_failures_total",
+		"ingest_database_up", "ingest_database_last_success_timestamp_seconds",
 	} {
 		require.True(t, used[m], "no panel shows %s", m)
 	}

@@ -33,6 +33,9 @@ type reconcileCmd struct {
 	MaxObjects           int           `name:"max-objects" env:"RECONCILE_MAX_OBJECTS" default:"100000" help:"With --every: most objects listed per period; the next period continues after the last key."`
 	AdminListen          string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" help:"With --every: address of /healthz, /readyz and /metrics."`
 	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" default:"4" help:"Database connections."`
+
+	// With --every only.
+	cli.DatabaseProbeFlags
 }
 
 // since parses --since relative to now.
@@ -70,6 +73,8 @@ func (r *reconcileCmd) config(c *enqueueCLI, e *cli.Env) (reconcile.Config, erro
 		return reconcile.Config{}, refuseSetting(e, "every", errors.New("--every must be at least 1s"))
 	case r.Every > 0 && r.DryRun:
 		return reconcile.Config{}, refuseSetting(e, "dry_run", errors.New("--dry-run runs once: not with --every"))
+	case r.Every > 0 && r.DatabaseProbeFlags.Validate() != nil:
+		return reconcile.Config{}, refuseSetting(e, "database_probe_interval", r.DatabaseProbeFlags.Validate())
 	case r.Every > 0 && r.MaxObjects < 1000:
 		return reconcile.Config{}, refuseSetting(e, "max_objects", errors.New("--max-objects must be at least 1000 (a page)"))
 	case r.Marker == "" || strings.Contains(r.Marker, "/"):
@@ -101,12 +106,11 @@ func (r *reconcileCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return fmt.Errorf("AWS configuration: %w", err)
 	}
-	pool, enq, err := connectEnqueuer(c, e, r.MaxConns)
+	pool, enq, err := connectEnqueuer(c, e, r.MaxConns, metrics.NewReconcile()) // the scans' own metrics, not the worker's gauges frozen at zero
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	enq.Metrics = metrics.NewReconcile() // the scans' own metrics, not the worker's gauges frozen at zero
 	enq.Metrics.AddPool(metrics.PoolEnqueue, pool)
 	cfg.S3, cfg.Pool, cfg.Importer, cfg.Metrics = s3.NewFromConfig(awsCfg), pool, enq, enq.Metrics
 	if r.Every > 0 {
@@ -137,6 +141,8 @@ func (r *reconcileCmd) Run(c *enqueueCLI, e *cli.Env) error {
 // ends; a period in progress stops at its next page and keeps its
 // checkpoint.
 func (r *reconcileCmd) periodic(e *cli.Env, cfg reconcile.Config, pool *pgxpool.Pool) error {
+	stopProbe := startDatabaseProbe(e, cfg.Metrics, pool, r.DatabaseProbeFlags)
+	defer stopProbe()
 	var ready atomic.Bool
 	var admin *httpserver.Server
 	var adminServed <-chan error

@@ -58,6 +58,8 @@ type serveCmd struct {
 	// Group commit: concurrent requests share one import transaction.
 	GroupLinger time.Duration `name:"group-linger" env:"GROUP_LINGER" default:"2ms" help:"Group commit: imports of concurrent requests share one transaction, each request keeping its own answer. A request waits at most this long for others, and only while another group's transaction is in flight. 0 gives every request a transaction of its own."`
 	GroupMax    int           `name:"group-max" env:"GROUP_MAX" default:"100" help:"Most folders one group-commit transaction imports (1 to 1000); a request of more is imported alone."`
+
+	cli.DatabaseProbeFlags
 }
 
 func readSecret(path string) (string, error) {
@@ -99,7 +101,9 @@ func refuseConfigSetting(e *cli.Env, fields map[string]string, setting, reason, 
 
 // connectEnqueuer opens the operational pool of a long-running command
 // (serve, sqs, reconcile: at most maxConns connections; the database must
-// answer at start) and the enqueuer on it. The caller closes the pool.
+// answer at start) and the enqueuer on it, measured by m, whose database
+// monitor every query of the pool that succeeds informs (m.Database.Trace).
+// The caller closes the pool.
 //
 // As the worker does, the command does not start on a database whose
 // schema is behind this build (migrations.RequireCurrent): it exits 1
@@ -107,8 +111,11 @@ func refuseConfigSetting(e *cli.Env, fields map[string]string, setting, reason, 
 // error outcome line), so a pod that started before its migrations
 // restarts until they ran rather than report ready and refuse every
 // import. Its /readyz asks again at every probe (schemaReady).
-func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int) (*pgxpool.Pool, *jobs.Enqueuer, error) {
-	pool, err := c.Globals.Connect(e.Ctx, c.Timeout, func(pc *pgxpool.Config) { pc.MaxConns = int32(maxConns) })
+func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int, m *metrics.Metrics) (*pgxpool.Pool, *jobs.Enqueuer, error) {
+	pool, err := c.Globals.Connect(e.Ctx, c.Timeout, func(pc *pgxpool.Config) {
+		pc.MaxConns = int32(maxConns)
+		m.Database.Trace(pc)
+	})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -124,7 +131,19 @@ func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int) (*pgxpool.Pool, *j
 		pool.Close()
 		return nil, nil, err
 	}
+	enq.Metrics = m
 	return pool, enq, nil
+}
+
+// startDatabaseProbe probes the database of pool every
+// --database-probe-interval for m.Database (ingest_database_up, /readyz)
+// until the returned function is called, and returns once the first probe
+// came back: from the first scrape on, the process says whether it reaches
+// its database.
+func startDatabaseProbe(e *cli.Env, m *metrics.Metrics, pool *pgxpool.Pool, f cli.DatabaseProbeFlags) (stop func()) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(e.Ctx))
+	m.Database.Start(ctx, pool, f.DatabaseProbeInterval, e.Logger)
+	return cancel
 }
 
 // config reads the secrets and checks every setting, connecting to nothing
@@ -181,6 +200,8 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		return uploads.Config{}, refuseSetting(e, "signed_max_body_bytes", errors.New("--signed-max-body-bytes must be at least 1"))
 	case s.SNSAutoConfirm && sns == nil:
 		return uploads.Config{}, refuseSetting(e, "sns_auto_confirm", errors.New("--sns-auto-confirm needs --sns-topic-arn"))
+	case s.DatabaseProbeFlags.Validate() != nil:
+		return uploads.Config{}, refuseSetting(e, "database_probe_interval", s.DatabaseProbeFlags.Validate())
 	case s.OperatorDatabaseURL != "" && operator == "":
 		return uploads.Config{}, refuseSetting(e, "operator_database_url",
 			errors.New("--operator-database-url needs --operator-token-file: without the operator token no operator surface is served"))
@@ -222,12 +243,13 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return err
 	}
 	// The database must answer at start; later outages answer 503.
-	pool, enq, err := connectEnqueuer(c, e, s.MaxConns)
+	pool, enq, err := connectEnqueuer(c, e, s.MaxConns, metrics.NewServe()) // not the worker's gauges, frozen at zero here
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	enq.Metrics = metrics.NewServe() // not the worker's gauges, frozen at zero here
+	stopProbe := startDatabaseProbe(e, enq.Metrics, pool, s.DatabaseProbeFlags)
+	defer stopProbe()
 	opPool, opEnq, err := s.connectOperator(c, e, pool, enq, cfg.OperatorToken != "")
 	if err != nil {
 		return err
@@ -240,7 +262,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		enq.Metrics.AddPool(metrics.PoolOperator, opPool)
 	}
 	cfg.Enqueuer, cfg.Operator, cfg.Pool, cfg.Metrics = enq, opEnq, pool, enq.Metrics
-	cfg.Schema = schemaReady(pool)
+	cfg.Reachable, cfg.Schema = enq.Metrics.Database.Ready, schemaReady(pool)
 	srv, err := uploads.New(cfg)
 	if err != nil {
 		return cli.ExitError{Code: cli.ExitInvalidInput, Err: err}

@@ -40,6 +40,8 @@ type sqsCmd struct {
 	// DelayAfterCommit is for tests only: a pause between a round's commit
 	// and its delete, the window a crash can fall into.
 	DelayAfterCommit time.Duration `name:"test-delay-after-commit" hidden:"" help:"Tests only: pause between the commit and the delete."`
+
+	cli.DatabaseProbeFlags
 }
 
 // sqsSettingFields names the flag behind each sqsconsumer.Config setting.
@@ -72,6 +74,8 @@ func (s *sqsCmd) config(c *enqueueCLI, e *cli.Env) (sqsconsumer.Config, error) {
 		return sqsconsumer.Config{}, refuseSetting(e, "backoff_max", errors.New("--backoff-max must be at least 1s"))
 	case s.VisibilityTimeout%time.Second != 0:
 		return sqsconsumer.Config{}, refuseSetting(e, "visibility_timeout", errors.New("--visibility-timeout must be whole seconds"))
+	case s.DatabaseProbeFlags.Validate() != nil:
+		return sqsconsumer.Config{}, refuseSetting(e, "database_probe_interval", s.DatabaseProbeFlags.Validate())
 	case s.VisibilityTimeout > 0 && s.VisibilityTimeout <= c.Timeout:
 		return sqsconsumer.Config{}, refuseSetting(e, "visibility_timeout", fmt.Errorf("--visibility-timeout (%s) must exceed --timeout (%s): a message would come back while its round still runs", s.VisibilityTimeout, c.Timeout))
 	}
@@ -117,12 +121,13 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return fmt.Errorf("AWS configuration: %w", err)
 	}
 	// The database must answer at start; later outages are backed off.
-	pool, enq, err := connectEnqueuer(c, e, s.MaxConns)
+	pool, enq, err := connectEnqueuer(c, e, s.MaxConns, metrics.NewSQS()) // the consumer's own metrics, not the worker's gauges frozen at zero
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	enq.Metrics = metrics.NewSQS() // the consumer's own metrics, not the worker's gauges frozen at zero
+	stopProbe := startDatabaseProbe(e, enq.Metrics, pool, s.DatabaseProbeFlags)
+	defer stopProbe()
 	enq.Metrics.AddPool(metrics.PoolEnqueue, pool)
 	cfg.Queue, cfg.Importer, cfg.Metrics = sqsconsumer.NewSQSClient(awsCfg, cfg), enq, enq.Metrics
 	cfg.Batches = batch.NewStore(pool) // late_object: data-object events of published folders
@@ -160,19 +165,24 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	return err
 }
 
-// startProbes serves /healthz, /readyz (ready, the database answers and
-// its schema is current for this build: otherwise 503 with the reason) and
-// /metrics on addr, a listener that refuses request bodies.
+// startProbes serves /healthz, /readyz (ready, the database reached —
+// m.Database's cached answer, which never waits on it — and its schema
+// current for this build, asked within 2 s: otherwise 503 with the reason)
+// and /metrics on addr, a listener that refuses request bodies.
 func startProbes(addr string, m *metrics.Metrics, pool *pgxpool.Pool, ready *atomic.Bool, e *cli.Env) (*httpserver.Server, <-chan error, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if !ready.Load() || pool.Ping(ctx) != nil {
+		if !ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
+		if err := m.Database.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
 		if err := schemaReady(pool)(ctx); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return

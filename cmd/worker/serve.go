@@ -75,6 +75,7 @@ type runCmd struct {
 	SimulatePods         int           `name:"simulate-pods" hidden:"" help:"Benchmarks only: run this many independent workers in this process, as that many pods would (each its own pools, River client, lease renewer, sweeper, gauges and metrics listener, named --name-NNN, listening on --metrics-addr's port + NNN), so a small machine can put hundreds of pods' connection behaviour on one database. 0 or 1: one worker, the production setting."`
 
 	warehousecli.Flags
+	cli.DatabaseProbeFlags
 }
 
 // minMaxConns is the smallest --max-conns, and what the default keeps
@@ -168,6 +169,9 @@ func (r *runCmd) validate() error {
 	if err := r.mapping().Validate(); err != nil {
 		return fmt.Errorf("--path-pattern or --bucket: %w", err)
 	}
+	if err := r.DatabaseProbeFlags.Validate(); err != nil {
+		return err
+	}
 	switch {
 	case r.SweepInterval <= 0 || r.OrphanAfter <= 0 || r.PublicationWindow <= 0 || r.StatsInterval <= 0 || r.PollInterval <= 0 || r.ProgressEvery <= 0 || r.RescueStuckJobsAfter <= 0:
 		return errors.New("--sweep-interval, --publication-window, --stats-interval, --poll-interval, --progress-every and --rescue-stuck-jobs-after must be positive")
@@ -229,9 +233,14 @@ func (r *runCmd) runSimulatedPods(g *cli.Globals, e *cli.Env) error {
 func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	log := e.Logger.With("worker", r.Name)
 	ctx := e.Ctx
+	m := metrics.NewWorker()
+	m.MaxTenants = r.MetricsMaxTenants
 
 	sized := func(n int32, name string) func(*pgxpool.Config) {
 		return func(c *pgxpool.Config) {
+			// Every query that succeeds tells ingest_database_up the
+			// operational database is reached.
+			m.Database.Trace(c)
 			c.MaxConns = n
 			c.MinConns = 0
 			// Connections idle for a while are closed, so an idle worker
@@ -267,8 +276,6 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	defer closeWarehouse()
 	advanceBatchIDs(ctx, wh, batch.NewStore(pool), log)
 
-	m := metrics.NewWorker()
-	m.MaxTenants = r.MetricsMaxTenants
 	m.AddPool(metrics.PoolShared, pool)
 	m.AddPool(metrics.PoolRenewals, renewPool)
 	if loads, ok := wh.(interface{ Pool() *pgxpool.Pool }); ok {
@@ -315,9 +322,15 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 		return err
 	}
 
+	// The probe runs until the worker has stopped (its first outcome is
+	// known before the first scrape), and outlives the drain.
+	probeCtx, stopProbe := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopProbe()
+	m.Database.Start(probeCtx, pool, r.DatabaseProbeInterval, log)
+
 	var ready atomic.Bool
 	srv, err := httpserver.Listen(httpserver.Config{
-		Addr: r.MetricsAddr, Handler: healthMux(m, pool, &ready), MaxConns: r.MetricsMaxConns, Logger: log,
+		Addr: r.MetricsAddr, Handler: healthMux(m, &ready), MaxConns: r.MetricsMaxConns, Logger: log,
 		RefuseBodies:   true, // none of its routes takes a body
 		EvictableAfter: httpserver.EvictableAfterProbes,
 	})
@@ -347,6 +360,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	log.Info("worker started", "concurrency", r.Concurrency, "lease_ttl_seconds", r.LeaseTTL.Seconds(), "lease_renew_every_seconds", r.LeaseRenewEvery.Seconds(),
 		"lease_safety_margin_seconds", cmp.Or(r.LeaseSafetyMargin, lease.DefaultSafetyMargin(r.LeaseTTL, r.LeaseRenewEvery)).Seconds(),
 		"max_conns", conns.Total(), "warehouse_load_conns", conns.Loads, "database_pooler", string(g.DatabasePooler),
+		"database_probe_interval_seconds", r.DatabaseProbeInterval.Seconds(), "stats_interval_seconds", r.StatsInterval.Seconds(),
 		"database", cli.Redact(g.DatabaseURL), "warehouse", whName)
 
 	<-ctx.Done()
@@ -386,22 +400,22 @@ func offsetClock(offset time.Duration) func() time.Time {
 }
 
 // healthMux serves /metrics, /healthz (the process is alive) and /readyz
-// (the database answers and the River client has started).
-func healthMux(m *metrics.Metrics, pool *pgxpool.Pool, ready *atomic.Bool) *http.ServeMux {
+// (the River client has started and the database is reached: the probe's
+// cached answer, m.Database, so a probe never waits on an unreachable
+// database nor adds a query of its own).
+func healthMux(m *metrics.Metrics, ready *atomic.Bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready.Load() {
 			http.Error(w, "not ready: River client not running", http.StatusServiceUnavailable)
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := pool.Ping(ctx); err != nil {
-			http.Error(w, "not ready: database unreachable", http.StatusServiceUnavailable)
+		if err := m.Database.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")

@@ -35,8 +35,14 @@ const statsQuery = `
 	SELECT r.n, r.stuck, r.parked, r.oldest, q.state, q.n
 	FROM running r LEFT JOIN queue q ON true`
 
-// RefreshStats updates the database-derived gauges once.
-func RefreshStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) error {
+// statsTimeout bounds one refresh of the gauges.
+const statsTimeout = 5 * time.Second
+
+// RefreshStats updates the database-derived gauges once, and tells
+// m.DatabaseStats whether it succeeded: the gauges are exported only while
+// fresh.
+func RefreshStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) (err error) {
+	defer func() { m.DatabaseStats.Refreshed(err) }()
 	rows, err := pool.Query(ctx, statsQuery, Queue)
 	if err != nil {
 		return err
@@ -79,10 +85,15 @@ const leaderQuery = `SELECT EXISTS (SELECT 1 FROM river_leader WHERE leader_id =
 // otherwise (or when it cannot tell): so one worker of a fleet exports the
 // tenant-labelled series, however many pods there are, and a worker that
 // lost the leadership stops at its next refresh. It sets
-// ingest_river_leader and reports whether this process leads.
+// ingest_river_leader and reports whether this process leads; it tells
+// m.TenantStats whether it succeeded (both are exported only while fresh).
 func RefreshTenantStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics, riverID string) (bool, error) {
-	var leader bool
-	err := pool.QueryRow(ctx, leaderQuery, riverID).Scan(&leader)
+	var (
+		leader bool
+		err    error
+	)
+	defer func() { m.TenantStats.Refreshed(err) }()
+	err = pool.QueryRow(ctx, leaderQuery, riverID).Scan(&leader)
 	if err == nil && leader {
 		err = refreshTenantStats(ctx, pool, m)
 	}
@@ -149,9 +160,11 @@ func refreshTenantStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metr
 // tenant-labelled ones only while riverID, this worker's River client id
 // (Client.ID), is River's leader (RefreshTenantStats).
 func RunStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics, interval time.Duration, logger *slog.Logger, riverID string) {
+	interval = cmpOr(interval, StatsIntervalDefault)
+	m.SetStatsRefresh(interval, statsTimeout)
 	leading := false
 	refresh := func() {
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		qctx, cancel := context.WithTimeout(ctx, statsTimeout)
 		defer cancel()
 		err := RefreshStats(qctx, pool, m)
 		leader, terr := RefreshTenantStats(qctx, pool, m, riverID)
@@ -169,7 +182,7 @@ func RunStats(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics, inter
 		}
 	}
 	refresh()
-	t := time.NewTicker(cmpOr(interval, StatsIntervalDefault))
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {

@@ -46,8 +46,7 @@ func (m *Metrics) newFairness(f func(prometheus.Collector)) {
 		Help: "1 on the worker that is River's elected leader (river_leader, read every --stats-interval), the one process that exports ingest_tenant_batches; 0 on the others.",
 	})
 	f(m.TenantCapDeferrals)
-	f(m.tenantBatches)
-	f(m.RiverLeader)
+	// tenantBatches and RiverLeader are registered through TenantStats.
 }
 
 // tenantBatches is the collector of ingest_tenant_batches: the counts of

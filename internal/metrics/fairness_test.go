@@ -13,8 +13,10 @@ import (
 	"github.com/fleet/ingest/internal/metrics/metricstest"
 )
 
-// tenantSeries returns ingest_tenant_batches by tenant and state.
+// tenantSeries returns ingest_tenant_batches by tenant and state, as the
+// refresh that set them (jobs.RefreshTenantStats) exports them: fresh.
 func tenantSeries(t *testing.T, m *Metrics) map[string]map[string]float64 {
+	m.TenantStats.Refreshed(nil)
 	return metricstest.TenantBatches(t, m.Registry)
 }
 

@@ -13,6 +13,14 @@
 // Every labelled series is initialised for all its known label values when
 // the metrics are created, so dashboards and alerts see zeros, not gaps.
 //
+// The gauges the worker reads from the database are the exception: they
+// are exported only while their last refresh succeeded and is recent
+// (DatabaseStats, TenantStats: see DatabaseGauges), so a database outage
+// shows as their absence, never as their last values frozen. Every binary
+// that serves /metrics exports whether it reached its database lately
+// (Database: ingest_database_up and
+// ingest_database_last_success_timestamp_seconds, package dbhealth).
+//
 // Tenant labels are bounded per process: a family labelled by tenant
 // exports at most MaxTenants tenant values of its own (100 by default,
 // worker run --metrics-max-tenants) and sums the other tenants under
@@ -32,6 +40,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/fleet/ingest/internal/buildinfo"
+	"github.com/fleet/ingest/internal/dbhealth"
 )
 
 // Label values, initialised at start.
@@ -126,8 +135,22 @@ type Metrics struct {
 	OldestRunningAge    prometheus.Gauge
 	QueueDepth          *prometheus.GaugeVec
 	DatabaseStatsErrors prometheus.Counter
-	HTTPRequests        *prometheus.CounterVec
-	SNSConfirmations    *prometheus.CounterVec
+	// DatabaseStats exports the fleet-wide gauges the worker's stats query
+	// refreshes (running, stuck and parked batches, the oldest one's age,
+	// the queue's jobs by state, ingest_queue_paused) only while fresh;
+	// TenantStats the leader's ingest_tenant_batches and
+	// ingest_river_leader, refreshed by a query of their own. See
+	// DatabaseGauges.
+	DatabaseStats *DatabaseGauges
+	TenantStats   *DatabaseGauges
+	// Database is whether this process reached its operational database
+	// lately (ingest_database_up,
+	// ingest_database_last_success_timestamp_seconds), exported by every
+	// binary that serves /metrics; the command runs its probe.
+	Database *dbhealth.Monitor
+
+	HTTPRequests     *prometheus.CounterVec
+	SNSConfirmations *prometheus.CounterVec
 	// TenantTokenReloadFailures counts reloads of enqueue serve's tenant
 	// tokens file that did not parse (the tokens last read stay).
 	TenantTokenReloadFailures prometheus.Counter
@@ -261,7 +284,7 @@ func NewWorker() *Metrics {
 // created but not registered.
 func NewServe() *Metrics {
 	m, _ := build()
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures, m.RiverUIRequests} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures, m.RiverUIRequests} {
 		m.Registry.MustRegister(c)
 	}
 	m.LateObjectEvents.DeleteLabelValues(DoorSQS) // enqueue sqs's door
@@ -275,7 +298,7 @@ func NewServe() *Metrics {
 // but not registered: frozen at zero here, they would hide the workers'.
 func NewSQS() *Metrics {
 	m, _ := build()
-	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations, m.LateObjectEvents}, m.sqs...))
+	m.register(append([]prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.LateObjectEvents}, m.sqs...))
 	m.LateObjectEvents.DeleteLabelValues(DoorEvents) // enqueue serve's door
 	return m
 }
@@ -286,7 +309,7 @@ func NewSQS() *Metrics {
 // collectors; not the worker's.
 func NewReconcile() *Metrics {
 	m, _ := build()
-	m.register(append([]prometheus.Collector{m.BuildInfo, m.Reservations}, m.reconcile...))
+	m.register(append([]prometheus.Collector{m.BuildInfo, m.Database, m.Reservations}, m.reconcile...))
 	return m
 }
 
@@ -396,7 +419,7 @@ func build() (*Metrics, []prometheus.Collector) {
 	m.newReconcile(f)
 	m.newFairness(f)
 	m.newNotifications(f)
-	m.newRiverUI(f)
+	m.newRiverUI()
 	m.SupersededJobs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_superseded_jobs_finalized_total",
 		Help: "River jobs left running by a delivery whose lease was taken over (a killed or paused worker), finalized as cancelled by the sweeper.",
@@ -429,9 +452,14 @@ func build() (*Metrics, []prometheus.Collector) {
 	f(m.LateObjectEvents)
 	initLabels(m.LateObjectEvents, []string{DoorEvents, DoorSQS})
 
+	// The gauges read from the database are registered through their
+	// groups, which export them only while fresh.
+	m.DatabaseStats = newDatabaseGauges(m.RunningBatches, m.StuckBatches, m.ParkedBatches, m.OldestRunningAge, m.QueueDepth, m.QueuePaused)
+	m.TenantStats = newDatabaseGauges(m.tenantBatches, m.RiverLeader)
+	m.Database = dbhealth.New()
 	for _, c := range []prometheus.Collector{m.Reservations, m.Resumes, m.LeaseAcquisitions, m.LeaseRenewals, m.LeasesHeld,
 		m.Deliveries, m.StaleWritesRejected, m.BatchDuration, m.PhaseDuration, m.TakeoverDelay, m.SweepRedeliveries,
-		m.RunningBatches, m.StuckBatches, m.ParkedBatches, m.Sweeps, m.RecordsLoaded, m.BuildInfo, m.OldestRunningAge, m.QueueDepth, m.DatabaseStatsErrors, m.HTTPRequests,
+		m.DatabaseStats, m.TenantStats, m.Database, m.Sweeps, m.RecordsLoaded, m.BuildInfo, m.DatabaseStatsErrors, m.HTTPRequests,
 		m.QueueWait, m.DoorRequests, m.DoorDuration} {
 		f(c)
 	}

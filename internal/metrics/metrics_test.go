@@ -28,7 +28,11 @@ func exported(t *testing.T, m *Metrics) map[string]bool {
 func TestEachBinaryExportsItsOwnMetrics(t *testing.T) {
 	workerOnly := []string{"ingest_leases_held", "ingest_lease_acquisitions_total", "ingest_lease_renewals_total",
 		"ingest_deliveries_total", "ingest_running_batches", "ingest_queue_jobs", "ingest_queue_wait_seconds"}
-	worker := exported(t, NewWorker())
+	w := NewWorker()
+	// The database-derived gauges are exported once refreshed.
+	w.DatabaseStats.Refreshed(nil)
+	w.TenantStats.Refreshed(nil)
+	worker := exported(t, w)
 	for _, name := range workerOnly {
 		require.True(t, worker[name], "the worker exports %s", name)
 	}
@@ -44,6 +48,7 @@ func TestEachBinaryExportsItsOwnMetrics(t *testing.T) {
 	require.True(t, worker["ingest_notifications_sent_total"], "the worker sends the notifications")
 	require.True(t, worker["ingest_tenant_cap_deferrals_total"])
 	require.True(t, worker["ingest_river_leader"])
+	require.True(t, worker["ingest_database_up"])
 	for name, m := range map[string]*Metrics{"serve": NewServe(), "sqs": NewSQS(), "reconcile": NewReconcile()} {
 		got := exported(t, m)
 		for _, w := range workerOnly {
@@ -51,6 +56,7 @@ func TestEachBinaryExportsItsOwnMetrics(t *testing.T) {
 		}
 		require.True(t, got["ingest_reservations_total"], "%s exports its reservations", name)
 		require.True(t, got["ingest_build_info"], name)
+		require.True(t, got["ingest_database_up"], "%s says whether it reaches its database", name)
 		require.True(t, got["go_goroutines"], name)
 		for family := range got {
 			switch {

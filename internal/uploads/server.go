@@ -90,9 +90,16 @@ type Config struct {
 	// deploy/postgres/roles.sql); the door's login may not. Defaults to
 	// Enqueuer.
 	Operator *jobs.Enqueuer
-	// Pool is pinged by /readyz and holds the replay records of signed
-	// requests. Required when HMACSecret or SNS is set.
+	// Pool is pinged by /readyz (unless Reachable is set) and holds the
+	// replay records of signed requests. Required when HMACSecret or SNS
+	// is set.
 	Pool *pgxpool.Pool
+	// Reachable, if set, is asked by /readyz instead of pinging Pool
+	// whether the database is reached: the process's cached answer
+	// (dbhealth.Monitor.Ready), so that while the database is unreachable
+	// a probe answers 503 at once, saying so, without waiting on it or
+	// adding a query of its own.
+	Reachable func() error
 	// Schema, if set, is asked by /readyz whether the database's schema is
 	// current for this build (migrations.RequireCurrent): an error answers
 	// 503 "not ready: " and the error, so a door never reports ready where
@@ -352,7 +359,13 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not ready", http.StatusServiceUnavailable)
 		return
 	}
-	if s.cfg.Pool != nil {
+	switch {
+	case s.cfg.Reachable != nil:
+		if err := s.cfg.Reachable(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+	case s.cfg.Pool != nil:
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := s.cfg.Pool.Ping(ctx); err != nil {
