@@ -685,6 +685,18 @@ func TestParseDetails(t *testing.T) {
 	}
 	_, err := batch.ParseDetails([]byte(`{"version": 7, "phase": "loading"}`))
 	require.ErrorIs(t, err, batch.ErrDetailsUnknownVersion)
+	require.ErrorIs(t, err, batch.ErrDetailsNewerVersion, "a newer build's")
+	require.EqualError(t, err, "details version 7 is newer than this build's (1)")
+	// The version is read before the shape: a newer version's document may
+	// have another shape.
+	_, err = batch.ParseDetails([]byte(`{"version": 2, "phase": {"name": "staged"}, "redshiftCommitted": "maybe"}`))
+	require.ErrorIs(t, err, batch.ErrDetailsNewerVersion)
+	for _, older := range []string{`{"version": 0, "phase": "loading"}`, `{"version": -1}`} {
+		_, err = batch.ParseDetails([]byte(older))
+		require.ErrorIs(t, err, batch.ErrDetailsUnknownVersion, older)
+		require.NotErrorIs(t, err, batch.ErrDetailsNewerVersion, older)
+		require.NotErrorIs(t, err, batch.ErrDetailsInvalid, older)
+	}
 
 	d := batch.NewDetails("s3://b/f")
 	raw, err := d.Marshal()
@@ -696,22 +708,33 @@ func TestParseDetails(t *testing.T) {
 }
 
 // TestParseDetailsIsStrict: encoding/json alone matches keys without regard
-// to case, ignores unknown keys and takes the last of repeated keys, and any
-// string passes as a phase. A details document that this build could not
-// have written is refused instead of half-understood.
+// to case and takes the last of repeated keys, and any string passes as a
+// phase. A details document that is ambiguous or broken is refused instead
+// of half-understood. Keys this build does not know are not among those:
+// they are a newer build's, kept and ignored (TestParseDetailsKeepsUnknownKeys).
 func TestParseDetailsIsStrict(t *testing.T) {
 	t.Parallel()
 	for name, raw := range map[string]string{
-		"unknown phase":             `{"version":1,"phase":"loaded","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
-		"key in another case":       `{"version":1,"Phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
-		"shadowing key":             `{"version":1,"phase":"loading","PHASE":"published","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
-		"repeated key":              `{"version":1,"phase":"loading","phase":"published","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
-		"unknown key":               `{"version":1,"phase":"loading","redshiftCommited":true,"publication":{"started":false,"completed":false}}`,
-		"nested key in other case":  `{"version":1,"phase":"publishing","redshiftCommitted":true,"publication":{"Started":true,"completed":false}}`,
-		"nested unknown key":        `{"version":1,"phase":"publishing","redshiftCommitted":true,"publication":{"started":true,"done":true}}`,
-		"unknown phase of an error": `{"version":1,"phase":"failed_pre_commit","redshiftCommitted":false,"publication":{"started":false,"completed":false},"lastError":{"phase":"exploded","message":"x","at":"2026-11-30T10:00:00Z"}}`,
-		"lease term key case":       `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},"leases":[{"leaseid":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z"}]}`,
-		"write of unknown phase":    `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},"writes":[{"phase":"x","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z"}]}`,
+		"unknown phase":               `{"version":1,"phase":"loaded","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"key in another case":         `{"version":1,"Phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"shadowing key":               `{"version":1,"phase":"loading","PHASE":"published","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"Kelvin sign for k":           `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},"mar\u212aerOptional":true}`,
+		"repeated key":                `{"version":1,"phase":"loading","phase":"published","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"repeated unknown key":        `{"version":1,"phase":"loading","x":1,"x":2,"redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"version in another case":     `{"version":1,"VERSION":2,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"repeated version":            `{"version":1,"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"nested key in other case":    `{"version":1,"phase":"publishing","redshiftCommitted":true,"publication":{"Started":true,"completed":false}}`,
+		"nested repeated key":         `{"version":1,"phase":"publishing","redshiftCommitted":true,"publication":{"started":true,"started":false}}`,
+		"wrong type":                  `{"version":1,"phase":"loading","redshiftCommitted":"yes","publication":{"started":false,"completed":false}}`,
+		"nested wrong type":           `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},"progress":{"objectsDone":"1"}}`,
+		"object of the wrong kind":    `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":[]}`,
+		"unknown phase of an error":   `{"version":1,"phase":"failed_pre_commit","redshiftCommitted":false,"publication":{"started":false,"completed":false},"lastError":{"phase":"exploded","message":"x","at":"2026-11-30T10:00:00Z"}}`,
+		"lease term key case":         `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},"leases":[{"leaseid":"a","generation":1,"at":"2026-11-30T10:00:00Z","expiresAt":"2026-11-30T10:00:30Z"}]}`,
+		"write of unknown phase":      `{"version":1,"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false},"writes":[{"phase":"x","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z"}]}`,
+		"no version":                  `{"phase":"loading","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"no phase":                    `{"version":1,"redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
+		"trailing data":               `{"version":1,"phase":"loading"} {}`,
+		"unknown key of invalid JSON": `{"version":1,"phase":"loading","x":tru}`,
 	} {
 		_, err := batch.ParseDetails([]byte(raw))
 		require.ErrorIs(t, err, batch.ErrDetailsInvalid, name)
@@ -748,6 +771,66 @@ func TestParseDetailsIsStrict(t *testing.T) {
 		_, err = batch.ParseDetails(again)
 		require.NoError(t, err, "what this build writes, it reads")
 	}
+}
+
+// TestParseDetailsKeepsUnknownKeys: a newer build may add keys within a
+// version (DetailsVersion). This build reads such a document — before, it
+// refused it ("$: unknown key", and parked the batch) — ignores the keys it
+// does not know, at the top level and in nested objects, and writes them
+// back, as they were, with everything it writes itself. A nested object
+// this build replaces takes the keys of the object it replaced with it.
+func TestParseDetailsKeepsUnknownKeys(t *testing.T) {
+	t.Parallel()
+	raw := `{"version":1,"phase":"publishing","sourceFolder":"s3://b/f","redshiftCommitted":true,"committedAt":"2026-11-30T10:00:00Z",` +
+		`"publication":{"started":true,"completed":false,"channel":{"name":"fast","weight":[1,2]}},` +
+		`"objects":{"count":2,"bytes":30,"digest":"ab","shards":4},` +
+		`"progress":{"objectsDone":2,"objectsTotal":2,"recordsDone":5,"at":"2026-11-30T10:00:00Z","bytesDone":30},` +
+		`"warehouseStatement":{"kind":"load","generation":1,"submittedAt":"2026-11-30T10:00:00Z","queue":"q1"},` +
+		`"lastError":{"phase":"publishing","message":"x","at":"2026-11-30T10:00:00Z","retryable":true},` +
+		`"tookOver":{"batchId":3,"generation":1,"at":"2026-11-30T10:00:00Z","why":"restore"},` +
+		`"writes":[{"phase":"publishing","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z","host":"pod-7"}],` +
+		`"lineage":{"upstream":["s3://b/g"],"note":"a newer build's key"},"priority":7,"Lineage":null}`
+	d, err := batch.ParseDetails([]byte(raw))
+	require.NoError(t, err)
+	require.Equal(t, batch.PhasePublishing, d.Phase)
+	require.True(t, d.Publication.Started)
+	require.Equal(t, int64(2), d.Objects.Count)
+
+	// A write of this build: a new phase and publication progress.
+	d.Phase = batch.PhasePublished
+	d.Publication.Completed = true
+	out, err := d.Marshal()
+	require.NoError(t, err)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(out, &got))
+	require.Equal(t, "published", got["phase"])
+	require.Equal(t, map[string]any{"upstream": []any{"s3://b/g"}, "note": "a newer build's key"}, got["lineage"])
+	require.Equal(t, float64(7), got["priority"])
+	require.Contains(t, got, "Lineage", "two unknown keys that differ in case only are both kept: neither is this build's")
+	sub := func(key string) map[string]any { return got[key].(map[string]any) }
+	require.Equal(t, true, sub("publication")["completed"])
+	require.Equal(t, map[string]any{"name": "fast", "weight": []any{float64(1), float64(2)}}, sub("publication")["channel"])
+	require.Equal(t, float64(4), sub("objects")["shards"])
+	require.Equal(t, float64(30), sub("progress")["bytesDone"])
+	require.Equal(t, "q1", sub("warehouseStatement")["queue"])
+	require.Equal(t, true, sub("lastError")["retryable"])
+	require.Equal(t, "restore", sub("tookOver")["why"])
+
+	// What it writes, it reads again, to the same document.
+	again, err := batch.ParseDetails(out)
+	require.NoError(t, err)
+	twice, err := again.Marshal()
+	require.NoError(t, err)
+	require.JSONEq(t, string(out), string(twice))
+
+	// A nested object replaced takes its members with it.
+	d.Progress = &batch.Progress{ObjectsDone: 1, ObjectsTotal: 1}
+	d.LastError = nil
+	out, err = d.Marshal()
+	require.NoError(t, err)
+	require.NotContains(t, string(out), "bytesDone")
+	require.NotContains(t, string(out), "retryable")
+	require.Contains(t, string(out), `"lineage"`)
 }
 
 // TestPhasesAppendOnly is a golden test: phase names keep their spelling

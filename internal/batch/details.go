@@ -1,18 +1,25 @@
 package batch
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"reflect"
 	"strings"
 	"time"
 )
 
 // DetailsVersion is the version of the details document this code writes and
 // understands. A document with another version is never guessed at.
+//
+// Two releases run side by side during every deploy, so a document one
+// writes must be readable by the one before it. Within a version a newer
+// build may add keys (informational ones: summaries, audit): this build
+// keeps the keys it does not know through its own writes (members) and
+// ignores them otherwise. A change an older build cannot honour (new phase
+// semantics, a key whose absence makes older code do the wrong thing, a
+// changed meaning) bumps the version; a build that meets a version newer
+// than its own leaves the batch to a newer build (ErrDetailsNewerVersion;
+// docs/reliability.md, "Two releases at once").
 const DetailsVersion = 1
 
 // Phase is the durable progress of a scoped batch, recorded in its details.
@@ -129,6 +136,8 @@ type Details struct {
 	// then dropped (always nil after ParseDetails): this build never
 	// writes it.
 	LegacyLeases []legacyLeaseTerm `json:"leases,omitempty"`
+
+	rest members // keys of a newer build, kept (see members)
 }
 
 // legacyLeaseTerm is a term of the lease trail in details before
@@ -164,6 +173,8 @@ type Progress struct {
 	ObjectsTotal int64     `json:"objectsTotal"`
 	RecordsDone  int64     `json:"recordsDone"`
 	At           time.Time `json:"at"`
+
+	rest members
 }
 
 // WarehouseStatement is a submitted warehouse statement (see
@@ -186,6 +197,8 @@ type WarehouseStatement struct {
 	Records int64 `json:"records,omitempty"`
 	// SubmittedAt is when it was recorded.
 	SubmittedAt time.Time `json:"submittedAt"`
+
+	rest members
 }
 
 // Publication records progress of the post-commit publication.
@@ -194,6 +207,8 @@ type Publication struct {
 	Completed   bool       `json:"completed"`
 	StartedAt   *time.Time `json:"startedAt,omitempty"`
 	CompletedAt *time.Time `json:"completedAt,omitempty"`
+
+	rest members
 }
 
 // ErrorRecord is a failure recorded in details. Message never holds secrets:
@@ -205,6 +220,8 @@ type ErrorRecord struct {
 	Reason  Reason    `json:"reason,omitempty"`
 	Message string    `json:"message"`
 	At      time.Time `json:"at"`
+
+	rest members
 }
 
 // Reason names a kind of failure within a phase, for status, list, the
@@ -243,6 +260,8 @@ type ObjectsSummary struct {
 	// BadRecords counts the bad records the load skipped, within the
 	// import's tolerance (Details.MaxBadRecords).
 	BadRecords int64 `json:"badRecords,omitempty"`
+
+	rest members
 }
 
 // TakenOver is a forgotten batch's stamp a load took over (Details.TookOver).
@@ -252,6 +271,8 @@ type TakenOver struct {
 	// Generation is the lease generation the stamp named.
 	Generation int64     `json:"generation"`
 	At         time.Time `json:"at"`
+
+	rest members
 }
 
 // NewDetails returns the initial details of a scoped batch reservation.
@@ -265,50 +286,67 @@ var (
 	// shape of its version.
 	ErrDetailsInvalid = errors.New("batch details are not a valid details document")
 	// ErrDetailsUnknownVersion means the document names a version this code
-	// does not understand.
+	// does not understand, older or newer.
 	ErrDetailsUnknownVersion = errors.New("batch details have an unknown version")
+	// ErrDetailsNewerVersion means the document names a version newer than
+	// this build's: a newer build wrote it, with a change this build cannot
+	// honour. Such a batch is a newer build's to work on (a delivery
+	// leaves it, see package pipeline). It matches ErrDetailsUnknownVersion
+	// too.
+	ErrDetailsNewerVersion = errors.New("batch details are of a newer version than this build's")
 )
 
 // UnknownVersionError is the error of ParseDetails for a document of a
-// version this build does not know. It matches ErrDetailsUnknownVersion.
+// version this build does not know. It matches ErrDetailsUnknownVersion,
+// and ErrDetailsNewerVersion when the version is newer than DetailsVersion.
 type UnknownVersionError struct{ Version int }
 
 func (e *UnknownVersionError) Error() string {
+	if e.Newer() {
+		return fmt.Sprintf("details version %d is newer than this build's (%d)", e.Version, DetailsVersion)
+	}
 	return fmt.Sprintf("details version %d unknown to this build", e.Version)
 }
 
-// Is makes errors.Is(err, ErrDetailsUnknownVersion) true.
-func (e *UnknownVersionError) Is(target error) bool { return target == ErrDetailsUnknownVersion }
+// Newer reports whether the version is newer than this build's.
+func (e *UnknownVersionError) Newer() bool { return e.Version > DetailsVersion }
+
+// Is makes errors.Is(err, ErrDetailsUnknownVersion) true, and
+// errors.Is(err, ErrDetailsNewerVersion) for a newer version.
+func (e *UnknownVersionError) Is(target error) bool {
+	return target == ErrDetailsUnknownVersion || (target == ErrDetailsNewerVersion && e.Newer())
+}
 
 // ParseDetails decodes a details document. It returns ErrDetailsInvalid when
-// raw is not a JSON object of the expected shape and ErrDetailsUnknownVersion
-// when it is of a version other than DetailsVersion; it never guesses.
+// raw is not a JSON object of the expected shape and an UnknownVersionError
+// (ErrDetailsUnknownVersion; ErrDetailsNewerVersion when newer) when it is
+// of a version other than DetailsVersion; it never guesses.
 //
-// It is strict: every key must be spelled exactly as this build writes it
-// (encoding/json alone would take "Phase" or "PHASE" for "phase"), no key may
-// repeat, no unknown key is allowed, and every phase must be one this build
-// knows. A document that passes is one this build could have written.
+// Keys this build does not know are a newer build's additions within the
+// version (see DetailsVersion): they are accepted, at the top level and in
+// every nested object, ignored, and kept in the value, so that Marshal
+// writes them back. What is ambiguous or broken is refused: a known key
+// spelt in another case ("Phase"; encoding/json alone would take it for
+// "phase"), a key that repeats, a value of the wrong type, a phase this
+// build does not know, a document without a version or a phase.
 func ParseDetails(raw []byte) (Details, error) {
-	var head struct {
-		Version *int `json:"version"`
+	if !json.Valid(raw) {
+		var v any
+		return Details{}, fmt.Errorf("%w: %v", ErrDetailsInvalid, json.Unmarshal(raw, &v))
 	}
-	if err := json.Unmarshal(raw, &head); err != nil {
+	ms, err := splitObject(raw)
+	if err != nil {
 		return Details{}, fmt.Errorf("%w: %v", ErrDetailsInvalid, err)
 	}
-	if head.Version == nil {
-		return Details{}, fmt.Errorf("%w: no version", ErrDetailsInvalid)
-	}
-	if *head.Version != DetailsVersion {
-		return Details{}, &UnknownVersionError{Version: *head.Version}
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if err := checkKeys(dec, reflect.TypeFor[Details](), "$"); err != nil {
+	version, err := versionOf(ms)
+	if err != nil {
 		return Details{}, fmt.Errorf("%w: %v", ErrDetailsInvalid, err)
+	}
+	if version != DetailsVersion {
+		return Details{}, &UnknownVersionError{Version: version}
 	}
 	var d Details
-	dec = json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&d); err != nil {
+	if d.rest, err = decodeMembers(raw, ms, (*plainDetails)(&d)); err != nil {
 		return Details{}, fmt.Errorf("%w: %v", ErrDetailsInvalid, err)
 	}
 	if d.Phase == "" {
@@ -319,6 +357,32 @@ func ParseDetails(raw []byte) (Details, error) {
 	}
 	d.LegacyLeases = nil
 	return d, nil
+}
+
+// versionOf reads the version of a details document from its top-level
+// members ms: the key "version", spelt exactly, once, an integer. The rest
+// of the document is not looked at here: its shape is the version's.
+func versionOf(ms []member) (int, error) {
+	var version *int
+	for _, m := range ms {
+		switch {
+		case m.key == "version" && version != nil:
+			return 0, errors.New(`key "version" repeated`)
+		case m.key == "version":
+			if err := json.Unmarshal(m.value, &version); err != nil {
+				return 0, fmt.Errorf("version: %w", err)
+			}
+			if version == nil {
+				return 0, errors.New("no version")
+			}
+		case strings.EqualFold(m.key, "version"):
+			return 0, fmt.Errorf(`key %q is the key "version" spelt in another case`, m.key)
+		}
+	}
+	if version == nil {
+		return 0, errors.New("no version")
+	}
+	return *version, nil
 }
 
 // checkPhases refuses phases this build does not know.
@@ -337,71 +401,113 @@ func (d *Details) checkPhases() error {
 	return nil
 }
 
-// checkKeys reads one JSON value from dec and checks that every object key
-// in it is spelled exactly like a json tag of the corresponding field of t
-// and appears once. Values are not type-checked here (Decode does that).
-func checkKeys(dec *json.Decoder, t reflect.Type, path string) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	delim, isDelim := tok.(json.Delim)
-	switch {
-	case !isDelim:
-		return nil // a scalar (or null)
-	case delim == '[':
-		elem := t
-		if t.Kind() == reflect.Slice {
-			elem = t.Elem()
-		}
-		for dec.More() {
-			if err := checkKeys(dec, elem, path+"[]"); err != nil {
-				return err
-			}
-		}
-		_, err := dec.Token() // ]
-		return err
-	}
-	fields := map[string]reflect.Type{}
-	if t.Kind() == reflect.Struct && t != reflect.TypeFor[time.Time]() {
-		for i := range t.NumField() {
-			f := t.Field(i)
-			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if name != "" && name != "-" {
-				fields[name] = f.Type
-			}
-		}
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		key, _ := tok.(string)
-		ft, ok := fields[key]
-		switch {
-		case !ok:
-			return fmt.Errorf("%s: unknown key %q", path, key)
-		case seen[key]:
-			return fmt.Errorf("%s: key %q repeated", path, key)
-		}
-		seen[key] = true
-		if err := checkKeys(dec, ft, path+"."+key); err != nil {
-			return err
-		}
-	}
-	if _, err := dec.Token(); err != nil && err != io.EOF { // }
-		return err
-	}
-	return nil
-}
-
-// Marshal encodes the details, forcing the current version.
+// Marshal encodes the details, forcing the current version. Keys of a
+// newer build that the document was read with are written back (see
+// members).
 func (d Details) Marshal() ([]byte, error) {
 	d.Version = DetailsVersion
 	return json.Marshal(d)
+}
+
+// The details types decode with decodeObject and encode with encodeObject
+// (see members): each keeps the keys a newer build added to its object.
+// Their plain forms, without methods, are what encoding/json sees.
+type (
+	plainDetails            Details
+	plainPublication        Publication
+	plainErrorRecord        ErrorRecord
+	plainProgress           Progress
+	plainWarehouseStatement WarehouseStatement
+	plainObjectsSummary     ObjectsSummary
+	plainTakenOver          TakenOver
+	plainFencedWrite        FencedWrite
+	plainLegacyLeaseTerm    legacyLeaseTerm
+)
+
+// UnmarshalJSON implements json.Unmarshaler (see decodeObject).
+func (d *Details) UnmarshalJSON(raw []byte) (err error) {
+	d.rest, err = decodeObject(raw, (*plainDetails)(d))
+	return err
+}
+
+// MarshalJSON implements json.Marshaler (see encodeObject).
+func (d Details) MarshalJSON() ([]byte, error) { return encodeObject(plainDetails(d), d.rest) }
+
+// UnmarshalJSON implements json.Unmarshaler (see decodeObject).
+func (p *Publication) UnmarshalJSON(raw []byte) (err error) {
+	p.rest, err = decodeObject(raw, (*plainPublication)(p))
+	return err
+}
+
+// MarshalJSON implements json.Marshaler (see encodeObject).
+func (p Publication) MarshalJSON() ([]byte, error) {
+	return encodeObject(plainPublication(p), p.rest)
+}
+
+// UnmarshalJSON implements json.Unmarshaler (see decodeObject).
+func (e *ErrorRecord) UnmarshalJSON(raw []byte) (err error) {
+	e.rest, err = decodeObject(raw, (*plainErrorRecord)(e))
+	return err
+}
+
+// MarshalJSON implements json.Marshaler (see encodeObject).
+func (e ErrorRecord) MarshalJSON() ([]byte, error) {
+	return encodeObject(plainErrorRecord(e), e.rest)
+}
+
+// UnmarshalJSON implements json.Unmarshaler (see decodeObject).
+func (p *Progress) UnmarshalJSON(raw []byte) (err error) {
+	p.rest, err = decodeObject(raw, (*plainProgress)(p))
+	return err
+}
+
+// MarshalJSON implements json.Marshaler (see encodeObject).
+func (p Progress) MarshalJSON() ([]byte, error) { return encodeObject(plainProgress(p), p.rest) }
+
+// UnmarshalJSON implements json.Unmarshaler (see decodeObject).
+func (w *WarehouseStatement) UnmarshalJSON(raw []byte) (err error) {
+	w.rest, err = decodeObject(raw, (*plainWarehouseStatement)(w))
+	return err
+}
+
+// MarshalJSON implements json.Marshaler (see encodeObject).
+func (w WarehouseStatement) MarshalJSON() ([]byte, error) {
+	return encodeObject(plainWarehouseStatement(w), w.rest)
+}
+
+// UnmarshalJSON implements json.Unmarshaler (see decodeObject).
+func (o *ObjectsSummary) UnmarshalJSON(raw []byte) (err error) {
+	o.rest, err = decodeObject(raw, (*plainObjectsSummary)(o))
+	return err
+}
+
+// MarshalJSON implements json.Marshaler (see encodeObject).
+func (o ObjectsSummary) MarshalJSON() ([]byte, error) {
+	return encodeObject(plainObjectsSummary(o), o.rest)
+}
+
+// UnmarshalJSON implements json.Unmarshaler (see decodeObject).
+func (t *TakenOver) UnmarshalJSON(raw []byte) (err error) {
+	t.rest, err = decodeObject(raw, (*plainTakenOver)(t))
+	return err
+}
+
+// MarshalJSON implements json.Marshaler (see encodeObject).
+func (t TakenOver) MarshalJSON() ([]byte, error) { return encodeObject(plainTakenOver(t), t.rest) }
+
+// UnmarshalJSON implements json.Unmarshaler (see decodeObject). The keys of
+// an entry this build does not know are checked and dropped: the write
+// trail is the database's (the fenced statement keeps the stored entries
+// and drops the writer's copy, see fencedUpdate), so a newer build's
+// members of an entry stay in the database whatever this build sends.
+func (w *FencedWrite) UnmarshalJSON(raw []byte) error {
+	_, err := decodeObject(raw, (*plainFencedWrite)(w))
+	return err
+}
+
+// UnmarshalJSON implements json.Unmarshaler (see decodeObject). The legacy
+// trail is dropped after parsing; its terms are checked like any object.
+func (l *legacyLeaseTerm) UnmarshalJSON(raw []byte) error {
+	_, err := decodeObject(raw, (*plainLegacyLeaseTerm)(l))
+	return err
 }

@@ -46,8 +46,11 @@
 //     nothing is written. Terminal writes release the lease.
 //   - Details are a versioned JSON document; an unparsable document or an
 //     unknown version is never guessed at: Resume refuses with an explicit
-//     reason. ParseDetails is strict: exact key names, no unknown or
-//     repeated keys, known phases only.
+//     reason. ParseDetails is strict where a document is ambiguous or
+//     broken (a known key in another case, a repeated key, a wrong type, an
+//     unknown phase) and tolerant of keys a newer build added within the
+//     version: it keeps them, and every write of this build writes them
+//     back (see DetailsVersion).
 //   - Resume requires proof from the warehouse (SliceVerifier) that the
 //     slice is still stamped with the batch, besides the operational rules.
 package batch

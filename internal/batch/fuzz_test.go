@@ -1,7 +1,10 @@
 package batch_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode"
@@ -12,14 +15,19 @@ import (
 
 // FuzzParseDetails: any document either parses into a current-version
 // document that round-trips, or is refused with ErrDetailsInvalid or
-// ErrDetailsUnknownVersion; never a panic, never a guess. The seed corpus
-// runs in every normal test run.
+// ErrDetailsUnknownVersion; never a panic, never a guess. What parses
+// writes back every top-level key this build does not know, with its
+// value, and writing what it wrote is a fixed point. The seed corpus runs
+// in every normal test run.
 func FuzzParseDetails(f *testing.F) {
 	for _, s := range []string{
 		`{"version":1,"phase":"reserved","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`,
 		`{"version":1,"phase":"committed","redshiftCommitted":true,"committedAt":"2026-11-30T10:00:00Z","writes":[{"phase":"committed","status":"Running","leaseId":"a","generation":1,"at":"2026-11-30T10:00:00Z"}]}`,
+		`{"version":1,"phase":"publishing","objects":{"count":1,"bytes":2,"digest":"d","extra":[1,{"a":null}]},"publication":{"started":true,"completed":false,"by":"x"},"newer":{"k":"v"}}`,
+		`{"version":1,"phase":"loading","Newer":1,"newer":2}`, `{"version":1,"phase":"loading","Phase":"loading"}`,
 		`{"version":2,"phase":"loading"}`, `{"version":"1"}`, `{"version":1}`, `[]`, `null`, `{}`, `"x"`, ``,
 		`{"version":1,"phase":"loading","redshiftCommitted":"yes"}`, `{"version":1e400,"phase":"x"}`,
+		`{"version":1,"phase":"loading","\u00e9t\u00e9":"<&>"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -45,7 +53,60 @@ func FuzzParseDetails(f *testing.F) {
 		if d2.Phase != d.Phase || d2.RedshiftCommitted != d.RedshiftCommitted || len(d2.Writes) != len(d.Writes) {
 			t.Fatalf("round trip changed the document")
 		}
+		twice, err := d2.Marshal()
+		if err != nil {
+			t.Fatalf("marshal: %v", err)
+		}
+		if !bytes.Equal(again, twice) {
+			t.Fatalf("writing what it wrote changed it:\n%s\n%s", again, twice)
+		}
+		var in, out map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &in); err != nil {
+			t.Fatalf("parsed a document encoding/json refuses: %v", err)
+		}
+		if err := json.Unmarshal(again, &out); err != nil {
+			t.Fatalf("wrote a document encoding/json refuses: %v", err)
+		}
+		for key, value := range in {
+			if known[key] {
+				continue
+			}
+			kept, ok := out[key]
+			if !ok {
+				t.Fatalf("the unknown key %q was not written back", key)
+			}
+			if !sameJSON(t, value, kept) {
+				t.Fatalf("the unknown key %q was written back as %s, not %s", key, kept, value)
+			}
+		}
 	})
+}
+
+// known are the top-level keys of a details document this build knows:
+// the json names of Details's fields.
+var known = func() map[string]bool {
+	keys := map[string]bool{}
+	for f := range reflect.TypeFor[batch.Details]().Fields() {
+		if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
+			keys[name] = true
+		}
+	}
+	return keys
+}()
+
+// sameJSON reports whether two JSON values are equal as values (numbers
+// compared as written).
+func sameJSON(t *testing.T, a, b []byte) bool {
+	t.Helper()
+	decode := func(raw []byte) (any, error) {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		var v any
+		return v, dec.Decode(&v)
+	}
+	va, errA := decode(a)
+	vb, errB := decode(b)
+	return errA == nil && errB == nil && reflect.DeepEqual(va, vb)
 }
 
 // TestIsInvisibleIsTheUnicodeCategories checks IsInvisible against its
