@@ -13,7 +13,8 @@ import (
 // TestDetailsWarehouseStatement: a document records the warehouse
 // statement a delivery submitted and round-trips; documents written before
 // the field existed still parse (without it); the field's keys are held to
-// the same strictness as the rest.
+// the same strictness as the rest, and a key a newer build added to it is
+// kept.
 func TestDetailsWarehouseStatement(t *testing.T) {
 	t.Parallel()
 	older := `{"version":1,"phase":"loading","sourceFolder":"s3://b/in","redshiftCommitted":false,"publication":{"started":false,"completed":false}}`
@@ -40,10 +41,14 @@ func TestDetailsWarehouseStatement(t *testing.T) {
 	for _, bad := range []string{
 		strings.Replace(intent, `"kind"`, `"Kind"`, 1),
 		strings.Replace(intent, `"generation":2`, `"generation":2,"generation":3`, 1),
-		strings.Replace(intent, `"kind":"load-copy"`, `"kind":"load-copy","statement":"x"`, 1),
 		strings.Replace(intent, `"generation":2`, `"generation":"2"`, 1),
 	} {
 		_, err := batch.ParseDetails([]byte(bad))
 		require.ErrorIs(t, err, batch.ErrDetailsInvalid, bad)
 	}
+	newer, err := batch.ParseDetails([]byte(strings.Replace(intent, `"kind":"load-copy"`, `"kind":"load-copy","statement":"x"`, 1)))
+	require.NoError(t, err)
+	raw, err = newer.Marshal()
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `"submittedAt":"2026-01-02T03:04:05Z","statement":"x"}`)
 }
