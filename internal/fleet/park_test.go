@@ -43,10 +43,10 @@ func TestBatchesThisBuildCannotWorkOnAreParked(t *testing.T) {
 		registry pipeline.Registry
 		reason   string
 	}{
-		"unknown version":  {`{"version": 99, "phase": "warp"}`, registry, "details version 99 unknown to this build"},
-		"unparsable":       {`{"version": 1, "phase": "loading", "Phase": "published", "redshiftCommitted": false, "publication": {"started": false, "completed": false}}`, registry, "batch details are not a valid details document"},
-		"no-work phase":    {`{"version": 1, "phase": "failed_pre_commit", "redshiftCommitted": false, "publication": {"started": false, "completed": false}}`, registry, "Running in phase failed_pre_commit, in which no work is done"},
-		"no such pipeline": {"", pipeline.Registry{}, `no pipeline for source type "FleetS3" in this build`},
+		"older unknown version": {`{"version": 0, "phase": "warp"}`, registry, "details version 0 unknown to this build"},
+		"unparsable":            {`{"version": 1, "phase": "loading", "Phase": "published", "redshiftCommitted": false, "publication": {"started": false, "completed": false}}`, registry, "batch details are not a valid details document"},
+		"no-work phase":         {`{"version": 1, "phase": "failed_pre_commit", "redshiftCommitted": false, "publication": {"started": false, "completed": false}}`, registry, "Running in phase failed_pre_commit, in which no work is done"},
+		"no such pipeline":      {"", pipeline.Registry{}, `no pipeline for source type "FleetS3" in this build`},
 	} {
 		b := e.reserve("tenant-"+name, e.folder(sampleFiles))
 		if tt.details != "" {
@@ -68,7 +68,7 @@ func TestBatchesThisBuildCannotWorkOnAreParked(t *testing.T) {
 	// A batch that can be worked on again is unparked and finished.
 	b := e.reserve("tenant-repaired", e.folder(sampleFiles))
 	good := b.Details
-	setDetails(b.ID, `{"version": 99}`)
+	setDetails(b.ID, `{"version": 0}`)
 	require.Equal(t, pipeline.Parked, deliver(b.ID, registry).Outcome)
 	setDetails(b.ID, string(good))
 	res := deliver(b.ID, registry)
@@ -77,6 +77,50 @@ func TestBatchesThisBuildCannotWorkOnAreParked(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, got.Parked())
 	require.Nil(t, got.ParkedAt)
+}
+
+// TestANewerVersionIsLeftToANewerBuild: details of a version newer than
+// this build's were written by a newer build, with a change this build
+// cannot honour. Before, the delivery parked such a batch, and no newer
+// worker took it back without an operator; now Execute writes nothing
+// (no park, no status, no details) and says LeftToNewer, for the caller
+// to release the lease and snooze. Once the version is one this build
+// knows, the next delivery works it.
+func TestANewerVersionIsLeftToANewerBuild(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	registry := pipeline.Registry{batch.SourceTypeFleetS3: e.pipeline}
+	b := e.reserve("tenant-newer", e.folder(sampleFiles))
+	newer := `{"version": 2, "phase": "staged", "sourceFolder": "` + *b.SourceScope + `", "stages": [{"name": "load"}]}`
+	_, err := e.pool.Exec(ctx, `UPDATE ingestion_batches SET details = $2 WHERE id = $1`, b.ID, newer)
+	require.NoError(t, err)
+	before, err := e.store.Get(ctx, b.ID)
+	require.NoError(t, err)
+
+	a, err := e.leases.Acquire(ctx, b.ID, "older-build", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, lease.Acquired, a.Outcome)
+	res, err := pipeline.Execute(ctx, e.store, a.Lease, nil, registry)
+	require.NoError(t, err)
+	require.Equal(t, pipeline.LeftToNewer, res.Outcome)
+	require.ErrorContains(t, res.Err, "details version 2 is newer than this build's (1)")
+	got, err := e.store.Get(ctx, b.ID)
+	require.NoError(t, err)
+	require.False(t, got.Parked(), "never parked")
+	require.Nil(t, got.ParkedReason)
+	require.Equal(t, batch.StatusRunning, got.Status)
+	require.Equal(t, before.Details, got.Details, "nothing written")
+	_, err = e.leases.Release(ctx, a.Lease)
+	require.NoError(t, err)
+
+	_, err = e.pool.Exec(ctx, `UPDATE ingestion_batches SET details = $2 WHERE id = $1`, b.ID, b.Details)
+	require.NoError(t, err)
+	a, err = e.leases.Acquire(ctx, b.ID, "newer-build", time.Minute)
+	require.NoError(t, err)
+	res, err = pipeline.Execute(ctx, e.store, a.Lease, nil, registry)
+	require.NoError(t, err)
+	require.Equal(t, pipeline.Succeeded, res.Outcome, "%v", res.Err)
 }
 
 // detailsWithoutLeases drops the lease audit trail the lease statements

@@ -25,8 +25,11 @@ import (
 const (
 	LeaseTTLDefault   = 30 * time.Second
 	RenewEveryDefault = 10 * time.Second
-	minSnoozeDefault  = time.Second
-	releaseTimeout    = 5 * time.Second
+	// NewerReleaseSnoozeDefault is WorkerConfig.NewerReleaseSnooze's
+	// default.
+	NewerReleaseSnoozeDefault = 10 * time.Second
+	minSnoozeDefault          = time.Second
+	releaseTimeout            = 5 * time.Second
 )
 
 // ErrLeaseLost is the cause of a work context cancelled because a renewal
@@ -72,6 +75,14 @@ type WorkerConfig struct {
 	// wait for the loads that will finish in time and give up the others
 	// (drain.Tracker.Drain).
 	Drain *drain.Tracker
+	// NewerReleaseSnooze is how long a delivery that leaves its batch to a
+	// newer release (its details are of a version newer than this build's,
+	// pipeline.LeftToNewer) snoozes the job, plus up to 20% jitter: the
+	// job is then fetched again, by whichever worker comes first, until a
+	// newer one takes it. A snooze gives River's attempt back, so however
+	// long a rollout lasts the job never runs out of attempts. Defaults to
+	// NewerReleaseSnoozeDefault (10 s).
+	NewerReleaseSnooze time.Duration
 	// PauseBeforeCompletion, tests only, pauses a delivery that ended its
 	// batch (Succeeded or Failed) between that terminal write and
 	// returning to River, the window a crash test kills the worker in.
@@ -83,6 +94,7 @@ type WorkerConfig struct {
 func (c *WorkerConfig) validate() error {
 	c.LeaseTTL = cmpOr(c.LeaseTTL, LeaseTTLDefault)
 	c.RenewEvery = cmpOr(c.RenewEvery, RenewEveryDefault)
+	c.NewerReleaseSnooze = cmpOr(c.NewerReleaseSnooze, NewerReleaseSnoozeDefault)
 	if c.HolderPrefix == "" {
 		c.HolderPrefix = "worker"
 	}
@@ -362,6 +374,18 @@ func (w *IngestWorker) finish(ctx context.Context, job *river.Job[IngestArgs], r
 		m.Deliveries.WithLabelValues("parked").Inc()
 		log.Error("batch parked: this worker cannot or will not work on it (see reason); cancel it, or deploy a build or settings that can", "reason", res.Err)
 		return river.JobCancel(fmt.Errorf("batch %d parked: %w", job.Args.BatchID, res.Err))
+	case pipeline.LeftToNewer:
+		// Not this build's batch: a newer release wrote its details with a
+		// change this build cannot honour. The lease is released (Work did),
+		// nothing was written, and it is no failure: the job is snoozed
+		// (which gives the attempt back) until a newer worker fetches it.
+		// Never parked, so a newer worker needs no operator to take it.
+		wait := w.cfg.NewerReleaseSnooze
+		wait += time.Duration(mrand.Int64N(int64(wait)/5 + 1))
+		m.Deliveries.WithLabelValues("left_to_newer_release").Inc()
+		log.Warn("batch left to a newer release: its details are of a version this build does not know; lease released, nothing written, job snoozed (no attempt used)",
+			"reason", res.Err, "snooze_seconds", wait.Seconds())
+		return river.JobSnooze(wait)
 	case pipeline.LeaseLost:
 		if errors.Is(res.Err, batch.ErrStaleLease) {
 			m.StaleWritesRejected.Inc()

@@ -50,7 +50,7 @@ var (
 	ResumeOutcomes      = []string{"succeeded", "failed"}
 	AcquireOutcomes     = []string{"acquired", "taken_over", "contended", "terminal", "not_found"}
 	RenewalOutcomes     = []string{"renewed", "lost", "error", "busy", "revoked"}
-	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "snoozed_tenant_cap", "failed", "retry", "lease_lost", "cancelled", "parked", "interrupted"}
+	DeliveryOutcomes    = []string{"worked", "skipped_terminal", "snoozed_contended", "snoozed_tenant_cap", "failed", "retry", "lease_lost", "cancelled", "parked", "interrupted", "left_to_newer_release"}
 	BatchOutcomes       = []string{"succeeded", "failed"}
 	FailedPhases        = []string{"failed_pre_commit", "failed_publication", "superseded", "publication_expired"}
 	FailureReasons      = []string{"none", "folder_incomplete", "bad_records"}

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -181,9 +182,14 @@ func TestBeginChecksTheStartTheAcquisitionRecorded(t *testing.T) {
 
 	for name, tc := range map[string]struct {
 		folder, details string // details: set before the acquisition
+		// notStarted: the acquisition does not record the start either
+		// (details of another version).
+		notStarted bool
 	}{
 		"refused by the pipeline's Admit": {folder: "s3://bucket/refused"},
-		"details that do not parse":       {folder: "s3://bucket/unparsable", details: `{"version": 1, "phase": "reserved", "sourceFolder": "s3://bucket/unparsable", "redshiftCommitted": false, "mystery": 7}`},
+		"details that do not parse":       {folder: "s3://bucket/unparsable", details: `{"version": 1, "phase": "reserved", "sourceFolder": "s3://bucket/unparsable", "redshiftCommitted": false, "PHASE": "published"}`},
+		"details of a newer version": {folder: "s3://bucket/newer", notStarted: true,
+			details: `{"version": 2, "phase": "reserved", "sourceFolder": "s3://bucket/newer", "redshiftCommitted": false}`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := reserve(tc.folder)
@@ -194,7 +200,7 @@ func TestBeginChecksTheStartTheAcquisitionRecorded(t *testing.T) {
 				require.NoError(t, err)
 			}
 			a, got, ok := begin(b)
-			require.True(t, a.Started, "the acquisition cannot tell: it records the phase")
+			require.Equal(t, !tc.notStarted, a.Started, "the acquisition cannot tell a refusal: it records the phase of its own version's documents")
 			require.False(t, ok)
 			require.Equal(t, string(b.Details), string(got.Details), "the details exactly as before the acquisition")
 			stored, err := store.Get(ctx, b.ID)
@@ -204,6 +210,26 @@ func TestBeginChecksTheStartTheAcquisitionRecorded(t *testing.T) {
 			require.Equal(t, a.Lease.Generation, stored.LeaseGeneration, "the lease is still held")
 		})
 	}
+
+	t.Run("details holding a newer build's keys", func(t *testing.T) {
+		b := reserve("s3://bucket/newer-keys")
+		_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET details = details || '{"lineage": {"hops": 2}, "publication": {"started": false, "completed": false, "channel": "fast"}}' WHERE id = $1`, b.ID)
+		require.NoError(t, err)
+		a, got, ok := begin(b)
+		require.True(t, a.Started)
+		require.True(t, ok, "keys this build does not know are no reason to refuse the batch")
+		var d struct {
+			Phase       string          `json:"phase"`
+			Lineage     json.RawMessage `json:"lineage"`
+			Publication struct {
+				Channel string `json:"channel"`
+			} `json:"publication"`
+		}
+		require.NoError(t, json.Unmarshal(got.Details, &d))
+		require.Equal(t, "loading", d.Phase)
+		require.JSONEq(t, `{"hops": 2}`, string(d.Lineage))
+		require.Equal(t, "fast", d.Publication.Channel)
+	})
 
 	t.Run("not at the start's phase, or parked", func(t *testing.T) {
 		loading := reserve("s3://bucket/loading-already")

@@ -228,12 +228,19 @@ const (
 	// SkippedTerminal: the batch was already terminal; nothing was done.
 	SkippedTerminal Outcome = "skipped_terminal"
 	// Parked: this build cannot work on the Running batch (its details do
-	// not parse or are of an unknown version, it is Running in a no-work
-	// phase, no pipeline serves its source type, or the pipeline's Admit
-	// refused it). The batch was parked
-	// with the reason (batch.Store.Park), its details untouched; Err says
-	// why. It is not to be delivered again until an operator acts.
+	// not parse or are of an older version it does not know, it is Running
+	// in a no-work phase, no pipeline serves its source type, or the
+	// pipeline's Admit refused it). The batch was parked with the reason
+	// (batch.Store.Park), its details untouched; Err says why. It is not
+	// to be delivered again until an operator acts or a build that can
+	// work on it takes it back (see jobs.Sweeper).
 	Parked Outcome = "parked"
+	// LeftToNewer: the batch's details are of a version newer than this
+	// build's (batch.ErrDetailsNewerVersion): a newer build wrote them,
+	// with a change this build cannot honour. Nothing was written (no
+	// park, no status, no details); the caller releases its lease and
+	// leaves the batch to a newer build's delivery. Err says why.
+	LeftToNewer Outcome = "left_to_newer_release"
 	// LeaseLost: the lease was lost mid-way; nothing more was written.
 	LeaseLost Outcome = "lease_lost"
 	// Retry: a transient failure or cancellation; the batch is still Running
@@ -357,21 +364,8 @@ func wouldStart(b batch.Batch, registry Registry, from batch.Phase) (batch.Detai
 	if b.Terminal() || b.ParkedAt != nil {
 		return batch.Details{}, false
 	}
-	d, err := batch.ParseDetails(b.Details)
-	if err != nil {
-		return batch.Details{}, false
-	}
-	if from != "" {
-		d.Phase = from
-	}
-	if d.Phase.NoWork() {
-		return batch.Details{}, false
-	}
-	p, ok := registry[b.SourceType]
-	if !ok {
-		return batch.Details{}, false
-	}
-	if a, ok := p.(Admitter); ok && a.Admit(b, d) != nil {
+	d, p, refusal := judge(b, registry, from)
+	if refusal != nil {
 		return batch.Details{}, false
 	}
 	st, ok := p.(Starter)
@@ -379,6 +373,53 @@ func wouldStart(b batch.Batch, registry Registry, from batch.Phase) (batch.Detai
 		return batch.Details{}, false
 	}
 	return st.Start(b, d)
+}
+
+// Refusal is why this build will not work on a Running batch (Judge).
+type Refusal struct {
+	// Reason says why, in the words a park records (batch.Store.Park).
+	Reason string
+	// Newer is true when the batch's details are of a version newer than
+	// this build's (batch.ErrDetailsNewerVersion): the batch is a newer
+	// build's to work on, and is left to it rather than parked.
+	Newer bool
+}
+
+func (r *Refusal) Error() string { return r.Reason }
+
+// Judge applies this build's rules to the Running batch b before any work
+// on it, as Execute does: its details parse (a version this build knows),
+// their phase has work to do, a pipeline of registry serves its source
+// type, and that pipeline admits it (Admitter). It returns the details
+// and the pipeline when this build would work on b, or why not. It reads
+// nothing but b, so a caller can judge a batch it locked (the sweeper's
+// take-back of parked batches) by the rules a delivery would apply.
+func Judge(b batch.Batch, registry Registry) (batch.Details, Pipeline, *Refusal) {
+	return judge(b, registry, "")
+}
+
+// judge is Judge of b's details taken at phase from, when not empty.
+func judge(b batch.Batch, registry Registry, from batch.Phase) (batch.Details, Pipeline, *Refusal) {
+	d, err := batch.ParseDetails(b.Details)
+	if err != nil {
+		return d, nil, &Refusal{Reason: err.Error(), Newer: errors.Is(err, batch.ErrDetailsNewerVersion)}
+	}
+	if from != "" {
+		d.Phase = from
+	}
+	if d.Phase.NoWork() {
+		return d, nil, &Refusal{Reason: fmt.Sprintf("Running in phase %s, in which no work is done", d.Phase)}
+	}
+	p, ok := registry[b.SourceType]
+	if !ok {
+		return d, nil, &Refusal{Reason: fmt.Sprintf("no pipeline for source type %q in this build", b.SourceType)}
+	}
+	if a, ok := p.(Admitter); ok {
+		if err := a.Admit(b, d); err != nil {
+			return d, nil, &Refusal{Reason: "refused by this worker's rules: " + err.Error()}
+		}
+	}
+	return d, p, nil
 }
 
 // Execute runs the pipeline for the batch held by l and records the outcome
@@ -414,21 +455,13 @@ func ExecuteChecked(ctx context.Context, store *batch.Store, l lease.Lease, veri
 	if b.Terminal() {
 		return Result{Outcome: SkippedTerminal, Batch: b}, nil
 	}
-	d, err := batch.ParseDetails(b.Details)
-	if err != nil {
-		return park(ctx, store, l, b, err.Error())
-	}
-	if d.Phase.NoWork() {
-		return park(ctx, store, l, b, fmt.Sprintf("Running in phase %s, in which no work is done", d.Phase))
-	}
-	p, ok := registry[b.SourceType]
-	if !ok {
-		return park(ctx, store, l, b, fmt.Sprintf("no pipeline for source type %q in this build", b.SourceType))
-	}
-	if a, ok := p.(Admitter); ok {
-		if err := a.Admit(b, d); err != nil {
-			return park(ctx, store, l, b, "refused by this worker's rules: "+err.Error())
-		}
+	d, p, refusal := Judge(b, registry)
+	switch {
+	case refusal != nil && refusal.Newer:
+		// A newer build's batch: not this build's to park or to write.
+		return Result{Outcome: LeftToNewer, Batch: b, Err: refusal}, nil
+	case refusal != nil:
+		return park(ctx, store, l, b, refusal.Reason)
 	}
 	if b.ParkedAt != nil {
 		// Parked by a build that could not work on it; this one can.
