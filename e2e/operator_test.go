@@ -101,10 +101,12 @@ func TestCancelStopsTheWorkerAndFreesTheScope(t *testing.T) {
 // TestParkedBatchIsNotRedeliveredInALoop: a Running batch whose details are
 // of an (older) version this build does not know used to be re-delivered by
 // the sweeper every --orphan-after, forever, holding its folder. Now the
-// first delivery parks it; sweeps leave it alone; operators see it with the
-// reason (list --stuck, status, ingest_parked_batches) and cancel releases
-// it. (A version newer than this build's is not parked but left to a newer
-// build: TestANewerDetailsVersionIsSnoozedNotParked.)
+// first delivery parks it; sweeps leave it alone (their take-back of parked
+// batches judges it as the delivery did: this build cannot work on it);
+// operators see it with the reason (list --stuck, status,
+// ingest_parked_batches) and cancel releases it. (A version newer than this
+// build's is not parked but left to a newer build:
+// TestANewerDetailsVersionIsSnoozedNotParked.)
 func TestParkedBatchIsNotRedeliveredInALoop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -139,6 +141,7 @@ func TestParkedBatchIsNotRedeliveredInALoop(t *testing.T) {
 	require.Equal(t, batch.StatusRunning, b.Status)
 	require.Equal(t, "details version 0 unknown to this build", *b.ParkedReason)
 	require.Equal(t, float64(1), w.metric(`ingest_deliveries_total{outcome="parked"}`))
+	require.Zero(t, w.metric(`ingest_sweep_redeliveries_total{outcome="unparked"}`), "not taken back: this build cannot work on it")
 	require.Eventually(t, func() bool { return w.metric(`ingest_parked_batches`) == 1 }, 15*time.Second, 100*time.Millisecond)
 
 	out, code := runEnqueue(t, dbURL, "list", "--stuck", "--json")

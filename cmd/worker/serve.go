@@ -47,7 +47,7 @@ type runCmd struct {
 	ShutdownGrace        time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"25s" help:"On SIGTERM, how long every running batch may go on, whatever its progress. After it, a batch goes on only if its load's progress says it finishes within --drain-max; the others are cancelled and left resumable."`
 	DrainMax             time.Duration `name:"drain-max" env:"DRAIN_MAX" default:"15m" help:"On SIGTERM, how long after it a load whose progress (objects read, at the rate read so far, with a 25% margin) says it will finish by then keeps the worker running, so a rollout does not restart it from its first object; at this limit every batch still running is cancelled and left resumable. A load that shows no progress (blocked, or a Redshift COPY, which the next delivery follows rather than restarts) is cancelled when --shutdown-grace ends. The pod's terminationGracePeriodSeconds must exceed it. Below --shutdown-grace it counts as --shutdown-grace."`
 	SweepInterval        time.Duration `name:"sweep-interval" env:"SWEEP_INTERVAL" default:"5s" help:"How often to look for Running batches whose lease expired (crashed workers) or that are orphaned. Fleet-wide: a tick within half of it of another process's sweep does nothing, so the fleet sweeps about once per interval whatever its number of pods."`
-	OrphanAfter          time.Duration `name:"orphan-after" env:"ORPHAN_AFTER" default:"1m" help:"Re-deliver a Running batch without a lease and without a queued job after it has been untouched this long."`
+	OrphanAfter          time.Duration `name:"orphan-after" env:"ORPHAN_AFTER" default:"1m" help:"Re-deliver a Running batch without a lease and without a queued job after it has been untouched this long; take back a batch parked by a build that could not work on it (an older one during a rollout) after it has been parked this long, when this build can."`
 	PublicationWindow    time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"How long after its warehouse commit a batch may still be published."`
 	RescueStuckJobsAfter time.Duration `name:"rescue-stuck-jobs-after" env:"RESCUE_STUCK_JOBS_AFTER" default:"1h" help:"River's rescue interval for jobs left running. Crash takeover does not wait for it."`
 	ProgressEvery        time.Duration `name:"progress-every" env:"PROGRESS_EVERY" default:"5s" help:"How often a running load records its progress (objects and records read) in the batch."`
@@ -350,7 +350,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	}
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBackground()
-	sweeper := &jobs.Sweeper{Pool: pool, River: client, Interval: r.SweepInterval, OrphanAfter: r.OrphanAfter, Metrics: m, Logger: log}
+	sweeper := &jobs.Sweeper{Pool: pool, River: client, Interval: r.SweepInterval, OrphanAfter: r.OrphanAfter, Pipelines: worker.Pipelines(), Metrics: m, Logger: log}
 	go sweeper.Run(bg)
 	go jobs.RunStats(bg, pool, m, r.StatsInterval, log, client.ID())
 	if reg, ok := notifyCfg.Destinations.(*notify.Registry); ok && reg.Path() != "" {

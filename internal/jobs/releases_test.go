@@ -101,8 +101,9 @@ func TestAnOlderBuildKeepsANewerBuildsKeys(t *testing.T) {
 		WHERE id = $1`, id)
 	require.NoError(t, err)
 
+	job := jobOf(t, pool, id)
 	events, _ := runClient(t, pool, releaseWorker(t, pool, m, time.Second))
-	require.Equal(t, river.EventKindJobCompleted, nextEvent(t, events, jobOf(t, pool, id)).Kind)
+	require.Equal(t, river.EventKindJobCompleted, nextEvent(t, events, job).Kind)
 	b, err := batch.NewStore(pool).Get(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusSucceeded, b.Status)
@@ -176,8 +177,8 @@ func TestANewerDetailsVersionIsSnoozedNotParked(t *testing.T) {
 	require.GreaterOrEqual(t, counterValue(t, m, "ingest_deliveries_total", "left_to_newer_release"), float64(deliveries))
 	require.Zero(t, counterValue(t, m, "ingest_deliveries_total", "parked"))
 	// However long the batch waits, the snoozed job is its delivery: not
-	// an orphan to re-deliver.
-	s := &Sweeper{Pool: pool, River: f.enqueuer.River, OrphanAfter: time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
+	// an orphan to re-deliver, and not parked, so nothing to take back.
+	s := &Sweeper{Pool: pool, River: f.enqueuer.River, OrphanAfter: time.Millisecond, Pipelines: f.worker.Pipelines(), Logger: slog.New(slog.DiscardHandler)}
 	n, err := s.Sweep(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing to re-deliver")
@@ -191,4 +192,147 @@ func TestANewerDetailsVersionIsSnoozedNotParked(t *testing.T) {
 	b, err = batch.NewStore(pool).Get(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusSucceeded, b.Status)
+}
+
+// parkedByAnOlderBuild parks batch id as the release before the load
+// ledger did when a newer worker had loaded it: the details hold the
+// summary "objects" it did not know, the reason is its parser's, its
+// delivery's job is cancelled, and the park is older than at.
+func parkedByAnOlderBuild(t *testing.T, pool *pgxpool.Pool, id int64, at string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `
+		UPDATE ingestion_batches
+		SET details = details || '{"objects": {"count": 1, "bytes": 12, "digest": "ab"}}',
+		    parked_at = now() - $2::interval, updated_at = now() - $2::interval,
+		    parked_reason = 'batch details are not a valid details document: $: unknown key "objects"'
+		WHERE id = $1`, id, at)
+	require.NoError(t, err)
+	_, err = pool.Exec(context.Background(), `UPDATE river_job SET state = 'cancelled', finalized_at = now() WHERE (args->>'batch_id')::bigint = $1`, id)
+	require.NoError(t, err)
+}
+
+// TestSweeperTakesBackWhatAnOlderBuildParked: a batch an older build
+// parked for a reason this build does not have (a key it did not know) is
+// taken back by the sweep of this build without an operator: judged by
+// this build's own rules, unparked and given a job in one transaction,
+// counted, and then worked to success by a real worker. A batch parked
+// less than OrphanAfter ago waits (an older worker may still be running:
+// no fast exchange of parks and take-backs); one this build would park
+// too stays parked, however many there are ahead of a workable one.
+func TestSweeperTakesBackWhatAnOlderBuildParked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	m := metrics.New()
+	f := newFixtureOn(t, pool, nil)
+	quiet := slog.New(slog.DiscardHandler)
+	s := &Sweeper{Pool: pool, River: f.enqueuer.River, OrphanAfter: time.Minute, Limit: 2, Pipelines: f.worker.Pipelines(), Metrics: m, Logger: quiet}
+
+	// Three batches this build would park too (an older details version it
+	// does not know), ahead of the workable ones in id order, more than a
+	// sweep's limit.
+	var refused []int64
+	for i := range 3 {
+		id := f.importBatch(t, "tenant-old-"+string(rune('a'+i)))
+		parkedByAnOlderBuild(t, pool, id, "2 minutes")
+		_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET details = jsonb_set(details, '{version}', '0') WHERE id = $1`, id)
+		require.NoError(t, err)
+		refused = append(refused, id)
+	}
+	workable := f.importBatch(t, "tenant-a")
+	parkedByAnOlderBuild(t, pool, workable, "2 minutes")
+	recent := f.importBatch(t, "tenant-b")
+	parkedByAnOlderBuild(t, pool, recent, "5 seconds")
+
+	taken := 0
+	for range 3 { // the sweeps walk the parked batches two at a time
+		n, err := s.Sweep(ctx)
+		require.NoError(t, err)
+		taken += n
+	}
+	require.Equal(t, 1, taken, "the workable batch, once")
+	require.Equal(t, float64(1), counterValue(t, m, "ingest_sweep_redeliveries_total", "unparked"))
+	b, err := batch.NewStore(pool).Get(ctx, workable)
+	require.NoError(t, err)
+	require.Nil(t, b.ParkedAt, "unparked")
+	require.Nil(t, b.ParkedReason)
+	require.Equal(t, map[string]int{"cancelled": 1, "available": 1}, jobStatesOf(t, pool, workable), "one new job")
+	for _, id := range append(refused, recent) {
+		b, err := batch.NewStore(pool).Get(ctx, id)
+		require.NoError(t, err)
+		require.NotNil(t, b.ParkedAt, "batch %d stays parked", id)
+		require.Equal(t, map[string]int{"cancelled": 1}, jobStatesOf(t, pool, id))
+	}
+	for range 3 {
+		n, err := s.Sweep(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "a batch with a queued job is not taken back again")
+	}
+
+	var jobID int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM river_job WHERE (args->>'batch_id')::bigint = $1 AND state = 'available'`, workable).Scan(&jobID))
+	events, _ := runClient(t, pool, releaseWorker(t, pool, metrics.New(), time.Second))
+	require.Equal(t, river.EventKindJobCompleted, nextEvent(t, events, jobID).Kind)
+	b, err = batch.NewStore(pool).Get(ctx, workable)
+	require.NoError(t, err)
+	require.Equal(t, batch.StatusSucceeded, b.Status, "succeeded without an operator")
+}
+
+// TestSweeperTakesBackUnderTheRowLock: the take-back decides under the
+// batch's row lock, as the sweep's other decisions: a row another
+// transaction holds (a delivery acquiring the lease, an operator's cancel)
+// is skipped, not waited for and not decided from a stale read; the next
+// sweep takes it back once the lock is gone. A parked batch with a live
+// lease is left alone.
+func TestSweeperTakesBackUnderTheRowLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	f := newFixtureOn(t, pool, nil)
+	s := &Sweeper{Pool: pool, River: f.enqueuer.River, OrphanAfter: time.Minute, Pipelines: f.worker.Pipelines(), Logger: slog.New(slog.DiscardHandler)}
+	locked := f.importBatch(t, "tenant-a")
+	parkedByAnOlderBuild(t, pool, locked, "2 minutes")
+	held := f.importBatch(t, "tenant-b")
+	parkedByAnOlderBuild(t, pool, held, "2 minutes")
+	_, err := lease.NewStore(pool).Acquire(ctx, held, "someone/job-1/attempt-1/aa", time.Hour)
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM ingestion_batches WHERE id = $1 FOR UPDATE`, locked)
+	require.NoError(t, err)
+	n, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "the locked row is skipped; the leased one is left to its holder")
+	require.NoError(t, tx.Rollback(ctx))
+
+	n, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	b, err := batch.NewStore(pool).Get(ctx, locked)
+	require.NoError(t, err)
+	require.Nil(t, b.ParkedAt)
+	b, err = batch.NewStore(pool).Get(ctx, held)
+	require.NoError(t, err)
+	require.NotNil(t, b.ParkedAt, "a live lease is left alone")
+}
+
+// jobStatesOf counts batch id's River jobs by state.
+func jobStatesOf(t *testing.T, pool *pgxpool.Pool, id int64) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT state::text, count(*) FROM river_job WHERE (args->>'batch_id')::bigint = $1 GROUP BY state`, id)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var (
+			state string
+			n     int
+		)
+		require.NoError(t, rows.Scan(&state, &n))
+		out[state] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
 }

@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
+	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/pipeline"
 )
 
 // Defaults of Sweeper.
@@ -33,8 +36,25 @@ const (
 //
 // In both cases River would never re-deliver the job left "running": jobs
 // without a timeout are not rescued. A batch with a queued job (available,
-// scheduled, retryable or pending) is left to it. Parked batches (see
-// batch.Store.Park) are never re-delivered: this build cannot work on them.
+// scheduled, retryable or pending) is left to it.
+//
+// Parked batches (see batch.Store.Park) are never re-delivered as such: the
+// build that parked them could not work on them. But the build that parked
+// a batch may be an older one, still running beside this one during a
+// rollout, that refused what this build understands (a key a newer build
+// added to the details, a version it does not know). With Pipelines set,
+// a sweep also takes back the parked batches this build can work on: it
+// judges each with this build's own rules (pipeline.Judge: details of a
+// version it knows, a phase with work, a pipeline for its source type that
+// admits it), never by the reason the other build gave, and for each it
+// would work on it clears the park and inserts a job, in the sweep's
+// transaction, under the row lock, counted as "unparked". A batch is taken
+// back only once it has stayed parked, without a live lease or a queued
+// job, for OrphanAfter: while older workers still run, one of them may
+// park it again, and the batch then waits OrphanAfter before the next take
+// back, so the exchange is bounded by the rollout and never loops fast.
+// Parked batches are read from the one after the last one judged, so those
+// this build would park too cannot hide the others from a sweep.
 //
 // Decisions are made under the batch's row lock (SELECT … FOR UPDATE SKIP
 // LOCKED), in the statement that finds the candidates: a delivery that takes
@@ -64,10 +84,19 @@ type Sweeper struct {
 	// long a fetched job may take to acquire the lease before it counts as
 	// dead. Defaults to OrphanAfterDefault (1 min).
 	OrphanAfter time.Duration
-	// Limit bounds the batches re-delivered per sweep. Defaults to 100.
-	Limit   int
-	Metrics *metrics.Metrics
-	Logger  *slog.Logger
+	// Limit bounds the batches re-delivered per sweep, and the parked
+	// batches judged per sweep. Defaults to 100.
+	Limit int
+	// Pipelines, when set, are this build's pipelines: the sweep takes back
+	// the parked batches they would work on (see Sweeper). Without them
+	// parked batches are left to operators.
+	Pipelines pipeline.Registry
+	Metrics   *metrics.Metrics
+	Logger    *slog.Logger
+
+	// parkedAfter is the id of the last parked batch a sweep of this
+	// process judged; the next one reads from the batch after it.
+	parkedAfter atomic.Int64
 
 	// beforeAct, if set, runs after the sweep decided and before it acts:
 	// tests widen the window a concurrent takeover could slip into.
@@ -222,6 +251,11 @@ func (s *Sweeper) sweep(ctx context.Context, gap time.Duration) (int, bool, erro
 				s.Metrics.SweepRedeliveries.WithLabelValues("redelivered").Inc()
 			}
 		}
+		unparked, err := s.takeBack(ctx, tx, limit)
+		if err != nil {
+			return fmt.Errorf("taking back parked batches: %w", err)
+		}
+		inserted += unparked
 		return s.finalizeSuperseded(ctx, tx)
 	})
 	if err == nil && swept && s.Metrics != nil {
@@ -231,6 +265,148 @@ func (s *Sweeper) sweep(ctx context.Context, gap time.Duration) (int, bool, erro
 		return inserted, swept, nil
 	}
 	return inserted, swept, err
+}
+
+// parkedSQL reads, without locking, the parked batches a sweep may take
+// back, in id order from the one after $4 (see Sweeper): Running, parked
+// for OrphanAfter ($2 in microseconds), without a live lease and without
+// a queued job of kind $3; at most $1.
+const parkedSQL = `
+	SELECT ` + batch.Columns + `
+	FROM ingestion_batches b
+	WHERE ` + parkedIdle + ` AND b.id > $4
+	ORDER BY b.id
+	LIMIT $1`
+
+// parkedIdle is the condition on a parked batch b that a sweep may take
+// back: parked for OrphanAfter ($2 µs), no live lease, no queued job of
+// kind $3.
+const parkedIdle = `b.status = 'Running' AND b.source_scope IS NOT NULL AND b.parked_at IS NOT NULL
+	  AND b.parked_at < now() - $2 * interval '1 microsecond'
+	  AND (b.execution_lease_id IS NULL OR b.execution_lease_expires_at < now())
+	  AND NOT EXISTS (
+	        SELECT 1 FROM river_job j
+	        WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id)
+	          AND j.state IN ('available', 'scheduled', 'retryable', 'pending'))`
+
+// lockParkedSQL locks the parked batches of $1 (ids a sweep judged it can
+// take back) that still qualify (parkedIdle), skipping rows another
+// transaction is writing, and returns each row, as the lock found it,
+// with its running jobs that are dead (to cancel) and whether a live one
+// is working on it (as sweepSQL does).
+const lockParkedSQL = `
+	SELECT ` + batch.Columns + `,
+	       ARRAY(SELECT j.id FROM river_job j
+	             WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id) AND j.state = 'running'
+	               AND NOT (j.metadata ? 'cancel_attempted_at')
+	               AND NOT ` + liveJob + `),
+	       EXISTS (SELECT 1 FROM river_job j
+	               WHERE j.kind = $3 AND j.args @> jsonb_build_object('batch_id', b.id) AND j.state = 'running'
+	                 AND NOT (j.metadata ? 'cancel_attempted_at')
+	                 AND ` + liveJob + `)
+	FROM ingestion_batches b
+	WHERE b.id = ANY($1::bigint[]) AND ` + parkedIdle + `
+	ORDER BY b.id
+	FOR UPDATE OF b SKIP LOCKED`
+
+// unparkSQL clears the park of a batch the sweep holds the row lock of.
+const unparkSQL = `
+	UPDATE ingestion_batches SET parked_at = NULL, parked_reason = NULL, updated_at = now()
+	WHERE id = $1 AND status = 'Running' AND parked_at IS NOT NULL`
+
+// takeBack takes back, in tx (the sweep's), the parked batches this build
+// can work on (see Sweeper), judging at most limit of them, and returns
+// how many it took back.
+func (s *Sweeper) takeBack(ctx context.Context, tx pgx.Tx, limit int) (int, error) {
+	if len(s.Pipelines) == 0 {
+		return 0, nil
+	}
+	orphanAfter, kind := cmpOr(s.OrphanAfter, OrphanAfterDefault).Microseconds(), IngestArgs{}.Kind()
+	after := s.parkedAfter.Load()
+	rows, err := tx.Query(ctx, parkedSQL, limit, orphanAfter, kind, after)
+	if err != nil {
+		return 0, err
+	}
+	var (
+		workable []int64
+		read     int
+	)
+	for rows.Next() {
+		b, err := batch.Scan(rows)
+		if err != nil {
+			rows.Close()
+			return 0, err
+		}
+		read, after = read+1, b.ID
+		if _, _, refusal := pipeline.Judge(b, s.Pipelines); refusal == nil {
+			workable = append(workable, b.ID)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if read < limit {
+		after = 0 // the end of the list: the next sweep starts again
+	}
+	s.parkedAfter.Store(after)
+	if len(workable) == 0 {
+		return 0, nil
+	}
+
+	type candidate struct {
+		b    batch.Batch
+		dead []int64
+		live bool
+	}
+	var found []candidate
+	rows, err = tx.Query(ctx, lockParkedSQL, workable, orphanAfter, kind)
+	if err != nil {
+		return 0, err
+	}
+	for rows.Next() {
+		var c candidate
+		if c.b, err = batch.Scan(rows, &c.dead, &c.live); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		found = append(found, c)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	taken := 0
+	for _, c := range found {
+		b := c.b
+		// Judged again as the lock found it: what was read before the lock
+		// may have changed.
+		if _, _, refusal := pipeline.Judge(b, s.Pipelines); refusal != nil {
+			continue
+		}
+		for _, jobID := range c.dead {
+			if _, err := s.River.JobCancelTx(ctx, tx, jobID); err != nil && !errors.Is(err, river.ErrNotFound) {
+				return taken, err
+			}
+		}
+		if c.live {
+			s.logger().Info("not taking back parked batch: a live delivery is working on it", "batch_id", b.ID, "cancelled_jobs", c.dead)
+			continue
+		}
+		if _, err := tx.Exec(ctx, unparkSQL, b.ID); err != nil {
+			return taken, err
+		}
+		res, err := s.River.InsertTx(ctx, tx, IngestArgs{BatchID: b.ID, RedeliveryOf: b.LeaseGeneration}, insertOpts(b.TenantID, b.ID))
+		if err != nil {
+			return taken, err
+		}
+		taken++
+		s.logger().Warn("taking back a parked batch: this build can work on it (it was parked by a build that could not, an older one during a rollout, say)",
+			"batch_id", b.ID, "tenant_id", b.TenantID, "parked_reason", deref(b.ParkedReason), "parked_at", b.ParkedAt,
+			"lease_generation", b.LeaseGeneration, "job_id", res.Job.ID, "cancelled_jobs", c.dead)
+		if s.Metrics != nil {
+			s.Metrics.SweepRedeliveries.WithLabelValues("unparked").Inc()
+		}
+	}
+	return taken, nil
 }
 
 func (s *Sweeper) logger() *slog.Logger {

@@ -158,6 +158,11 @@ func NewIngestWorker(cfg WorkerConfig) (*IngestWorker, error) {
 	return &IngestWorker{cfg: cfg, renewer: renewer, start: pipeline.StartOf(cfg.Pipelines)}, nil
 }
 
+// Pipelines are the pipelines the worker runs batches with (its
+// WorkerConfig's): the rules a batch is judged by (pipeline.Judge), for
+// the sweeper's take-back of parked batches.
+func (w *IngestWorker) Pipelines() pipeline.Registry { return w.cfg.Pipelines }
+
 // Timeout disables River's job timeout: a healthy batch may run for as long
 // as it needs. Liveness is the lease's business, not a timer's.
 func (w *IngestWorker) Timeout(*river.Job[IngestArgs]) time.Duration { return -1 }

@@ -57,7 +57,7 @@ var (
 	Phases              = []string{"load", "publish"}
 	JobStates           = []string{"available", "scheduled", "retryable", "running", "pending"}
 	SourceTypes         = []string{"FleetS3"}
-	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery"}
+	SweepOutcomes       = []string{"redelivered", "skipped_live_delivery", "unparked"}
 	HTTPRequestOutcomes = []string{"enqueued", "conflict", "invalid", "unauthorized", "unavailable", "enqueue_failed", "ignored", "unmapped", "already_succeeded", "error", "client_closed", "late_object", "forbidden"}
 	// BatchRequestOutcomes are the outcomes of GET /v1/batches/{id}.
 	BatchRequestOutcomes = []string{"found", "not_found", "invalid", "unauthorized", "rate_limited", "unavailable", "client_closed"}
@@ -362,7 +362,7 @@ func build() (*Metrics, []prometheus.Collector) {
 		Buckets: []float64{0.1, 0.5, 1, 2, 5, 10, 15, 20, 30, 60, 120, 300},
 	})
 	m.SweepRedeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_sweep_redeliveries_total", Help: "Jobs the sweeper inserted for Running batches with an expired lease or orphaned without one.",
+		Name: "ingest_sweep_redeliveries_total", Help: "Jobs the sweeper inserted for Running batches with an expired lease or orphaned without one (redelivered), or parked by a build that could not work on them while this one can (unparked); skipped_live_delivery: left to a delivery taking the batch over.",
 	}, []string{"outcome"})
 	m.RunningBatches = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ingest_running_batches", Help: "Scoped batches in status Running (from the database).",
