@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -334,5 +335,84 @@ func jobStatesOf(t *testing.T, pool *pgxpool.Pool, id int64) map[string]int {
 		out[state] = n
 	}
 	require.NoError(t, rows.Err())
+	return out
+}
+
+// TestTakeBackReadsTheParkedBatchesOnly: the sweep's read of parked
+// batches (id order, from where the last sweep stopped) reads the index of
+// parked batches, never the batches' history (20,000 finished batches):
+// with statistics taken while most batches were Running and parked (a
+// young table during a long rollout), and fresh ones, custom plan or
+// generic. Without the index, the first statistics made the planner walk
+// the primary key (ORDER BY id) or scan the table.
+func TestTakeBackReadsTheParkedBatchesOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	pgtest.LeasedWithStaleStatistics(t, pool, 300)
+	for _, sql := range []string{
+		`UPDATE ingestion_batches SET status = 'Running', parked_at = now() - interval '1 hour', parked_reason = 'test',
+		        execution_lease_id = NULL, execution_lease_expires_at = NULL, completed_at = NULL WHERE id % 100 <> 0`,
+		`ANALYZE ingestion_batches`, // autovacuum is off: these statistics stay
+		`UPDATE ingestion_batches SET status = 'Succeeded', parked_at = NULL, parked_reason = NULL, completed_at = now()
+		 WHERE source_scope LIKE 'fleet_s3:s3://history-bucket/%'`,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	for _, stats := range []string{"stale", "fresh"} {
+		if stats == "fresh" {
+			_, err := pool.Exec(ctx, `ANALYZE ingestion_batches`)
+			require.NoError(t, err)
+		}
+		requireParkedIndex(t, pool, stats)
+	}
+}
+
+// requireParkedIndex checks that parkedSQL reads the batches from the index
+// of parked batches only, custom plan or generic, and returns a page.
+func requireParkedIndex(t *testing.T, pool *pgxpool.Pool, stats string) {
+	t.Helper()
+	ctx := context.Background()
+	args := []any{100, time.Minute.Microseconds(), IngestArgs{}.Kind(), int64(0)}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		conn, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, `SET plan_cache_mode = `+mode)
+		require.NoError(t, err)
+		var plan []map[string]any
+		require.NoError(t, conn.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+parkedSQL, args...).Scan(&plan))
+		_, err = conn.Exec(ctx, `RESET plan_cache_mode`)
+		require.NoError(t, err)
+		conn.Release()
+		scans := batchScans(plan[0]["Plan"].(map[string]any))
+		require.Equal(t, []string{"ix_ingestion_batches_parked"}, scans, "%s statistics, %s: the batches are read from %v", stats, mode, scans)
+	}
+	rows, err := pool.Query(ctx, parkedSQL, args...)
+	require.NoError(t, err)
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 100, n)
+}
+
+// batchScans lists how a plan reads ingestion_batches: the indexes of
+// the batches it scans, and "seq scan" for a sequential scan of them.
+func batchScans(n map[string]any) []string {
+	var out []string
+	switch name, _ := n["Index Name"].(string); {
+	case strings.Contains(name, "ingestion_batches"):
+		out = append(out, name)
+	case n["Node Type"] == "Seq Scan" && n["Relation Name"] == "ingestion_batches":
+		out = append(out, "seq scan")
+	}
+	kids, _ := n["Plans"].([]any)
+	for _, k := range kids {
+		if m, ok := k.(map[string]any); ok {
+			out = append(out, batchScans(m)...)
+		}
+	}
 	return out
 }

@@ -270,7 +270,10 @@ func (s *Sweeper) sweep(ctx context.Context, gap time.Duration) (int, bool, erro
 // parkedSQL reads, without locking, the parked batches a sweep may take
 // back, in id order from the one after $4 (see Sweeper): Running, parked
 // for OrphanAfter ($2 in microseconds), without a live lease and without
-// a queued job of kind $3; at most $1.
+// a queued job of kind $3; at most $1. It reads the index of parked
+// batches (migration 00105, whose predicate parkedIdle states): a few
+// entries in id order, never the batches' history, whatever the
+// statistics say (TestTakeBackReadsTheParkedBatchesOnly).
 const parkedSQL = `
 	SELECT ` + batch.Columns + `
 	FROM ingestion_batches b
