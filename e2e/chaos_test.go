@@ -56,6 +56,9 @@ type chaosConfig struct {
 	// and every worker and enqueue process (--database-pooler
 	// transaction); the workers' fault proxies sit in front of it.
 	pgbouncer bool
+	// releases, when set, runs an earlier release beside this one (see
+	// chaos_releases_test.go).
+	releases *releaseMix
 }
 
 const chaosTTL = 3 * time.Second
@@ -70,7 +73,7 @@ func chaosScenarios() []chaosConfig {
 			name: "reduced", workers: 3, tenants: 4, folders: 5, badFolders: 1, minRows: 40_000, maxRows: 120_000,
 			duplicates: 3, faultEvery: time.Second, faults: all, restartDatabaseAfter: 9 * time.Second,
 			duration: 20 * time.Second, deadline: 3 * time.Minute,
-		}, redshiftScenario, pgbouncerScenario}
+		}, redshiftScenario, pgbouncerScenario, releasesScenario}
 	}
 	return []chaosConfig{
 		{name: "processes", workers: 3, tenants: 6, folders: 8, badFolders: 2, minRows: 40_000, maxRows: 200_000,
@@ -82,7 +85,7 @@ func chaosScenarios() []chaosConfig {
 		{name: "everything", workers: 4, tenants: 8, folders: 8, badFolders: 3, minRows: 40_000, maxRows: 200_000,
 			duplicates: 4, faultEvery: 500 * time.Millisecond, faults: all, restartDatabaseAfter: 25 * time.Second,
 			duration: 75 * time.Second, deadline: 6 * time.Minute},
-		redshiftScenario, pgbouncerScenario,
+		redshiftScenario, pgbouncerScenario, releasesFullScenario,
 	}
 }
 
@@ -211,6 +214,7 @@ func writeChaosFolder(t *testing.T, dir string, rows int, bad bool) string {
 type supervisedWorker struct {
 	t       *testing.T
 	name    string
+	bin     string // the directory of the worker binary
 	url     string
 	env     []string // beyond DATABASE_URL
 	flags   []string // beyond the chaos flags
@@ -226,7 +230,7 @@ func (w *supervisedWorker) run() {
 	defer close(w.exited)
 	for !w.stopped.Load() {
 		args := append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--name", w.name, "--dev-allow-local-folders"}, chaosWorkerFlags...)
-		cmd := exec.Command(filepath.Join(binDir, "worker"), append(args, w.flags...)...)
+		cmd := exec.Command(filepath.Join(w.bin, "worker"), append(args, w.flags...)...)
 		cmd.Env = append(append(os.Environ(), "DATABASE_URL="+w.url), w.env...)
 		cmd.Stdout, cmd.Stderr = w.logs, w.logs
 		if err := cmd.Start(); err != nil {
@@ -270,6 +274,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 	migrate.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL), whEnv...)
 	out, err := migrate.CombinedOutput()
 	require.NoError(t, err, string(out))
+	cfg.releases.prepare(t)
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	defer pool.Close()
@@ -311,9 +316,9 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		proxy, err := chaos.NewProxy(server)
 		require.NoError(t, err)
 		defer proxy.Close()
-		name := fmt.Sprintf("chaos%d-w%d", n, i)
+		bin, name, flags := cfg.releases.worker(n, i)
 		workers[i] = &supervisedWorker{
-			t: t, name: name, proxy: proxy, logs: &testproc.SyncBuffer{}, exited: make(chan struct{}), env: append(slices.Clone(whEnv), poolerEnv...), flags: whFlags,
+			t: t, name: name, bin: bin, proxy: proxy, logs: &testproc.SyncBuffer{}, exited: make(chan struct{}), env: append(slices.Clone(whEnv), poolerEnv...), flags: append(flags, whFlags...),
 			url: fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&application_name=%s", proxy.Addr(), db, name),
 		}
 		go workers[i].run()
@@ -350,12 +355,12 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		driver.Go(func() {
 			time.Sleep(time.Duration(i) * spacing)
 			var dup sync.WaitGroup
-			for range cfg.duplicates {
+			for d := range cfg.duplicates {
 				dup.Go(func() {
 					// Like a storage notification, an enqueue that met an
 					// unavailable database (exit 1) is delivered again.
 					for attempt := range 30 {
-						out, code := runEnqueueEnv(t, enqueueURL, poolerEnv, importArgs(f.tenant, f.url)...)
+						out, code := runEnqueueFrom(t, cfg.releases.enqueueBin(i+d), enqueueURL, poolerEnv, importArgs(f.tenant, f.url)...)
 						if code == 0 || code == 3 {
 							return
 						}
@@ -397,6 +402,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		}
 		time.Sleep(cfg.faultEvery)
 		if time.Since(start) > cfg.duration {
+			cfg.releases.retire(t, workers)
 			continue // let it drain
 		}
 		if cfg.restartDatabaseAfter > 0 && !restarted && time.Since(start) > cfg.restartDatabaseAfter {
@@ -407,8 +413,9 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 			kinds["pg_restart"]++
 			continue
 		}
-		w := workers[rng.IntN(len(workers))]
-		switch kind := cfg.faults[i%len(cfg.faults)]; kind {
+		kind := cfg.faults[i%len(cfg.faults)]
+		w := cfg.releases.target(ctx, rng, pool, workers, kind)
+		switch kind {
 		case "kill":
 			if w.signal(syscall.SIGKILL) {
 				kinds[kind]++
@@ -451,6 +458,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 	}
 	report, err := chaos.CheckWith(ctx, pool, whPool, expect)
 	require.NoError(t, err)
+	report.Violations = append(report.Violations, cfg.releases.check(ctx, t, pool, workers)...)
 	faults = 0
 	for _, c := range kinds {
 		faults += c

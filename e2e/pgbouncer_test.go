@@ -34,7 +34,14 @@ var pooled = []string{"DATABASE_POOLER=transaction"}
 // runEnqueueEnv is runEnqueue with environment beyond DATABASE_URL.
 func runEnqueueEnv(t *testing.T, dbURL string, env []string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "enqueue"), args...)
+	return runEnqueueFrom(t, binDir, dbURL, env, args...)
+}
+
+// runEnqueueFrom is runEnqueueEnv with the enqueue binary in dir (another
+// release's, say).
+func runEnqueueFrom(t *testing.T, dir, dbURL string, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(dir, "enqueue"), args...)
 	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL, "LOG_LEVEL=warn"), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

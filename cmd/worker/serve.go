@@ -72,6 +72,7 @@ type runCmd struct {
 	NotifyTimeout        time.Duration `name:"notify-timeout" env:"NOTIFY_TIMEOUT" default:"30s" help:"Bound of one attempt to send a notification (the webhook's answer, the SNS publish)."`
 	PauseBeforeComplete  time.Duration `name:"test-pause-before-completion" hidden:"" help:"Tests only: pause a delivery that ended its batch between the terminal write and the job's completion."`
 	ClockOffset          time.Duration `name:"test-clock-offset" hidden:"" help:"Tests only: shift this process's local clock (lease deadlines) by this much."`
+	PauseBeforePublish   time.Duration `name:"test-pause-before-publication" hidden:"" help:"Tests only: pause a delivery between its warehouse commit and its publication."`
 	SimulatePods         int           `name:"simulate-pods" hidden:"" help:"Benchmarks only: run this many independent workers in this process, as that many pods would (each its own pools, River client, lease renewer, sweeper, gauges and metrics listener, named --name-NNN, listening on --metrics-addr's port + NNN), so a small machine can put hundreds of pods' connection behaviour on one database. 0 or 1: one worker, the production setting."`
 
 	warehousecli.Flags
@@ -297,7 +298,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 				Warehouse: wh, PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
 				ProgressEvery: r.ProgressEvery,
 				Mapping:       r.mapping(), AllowLocalFolders: r.DevLocal,
-				Marker: r.Marker,
+				Marker: r.Marker, PauseBeforePublication: r.PauseBeforePublish,
 			},
 		},
 		LeaseTTL:            r.LeaseTTL,

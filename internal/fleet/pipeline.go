@@ -95,6 +95,11 @@ type Pipeline struct {
 	// meets this rule here, where the folder is read. Defaults to
 	// MarkerDefault.
 	Marker string
+	// PauseBeforePublication, tests only, pauses a delivery between its
+	// warehouse commit (recorded: phase publishing) and its publication:
+	// the window in which the chaos suite's faults find a committed,
+	// unpublished batch.
+	PauseBeforePublication time.Duration
 }
 
 // MarkerDefault is the default Pipeline.Marker.
@@ -262,6 +267,14 @@ func (p *Pipeline) Execute(ctx context.Context, run *pipeline.Run) error {
 			return nil
 		}
 	)
+	if p.PauseBeforePublication > 0 {
+		logger.Warn("tests only: pausing between the warehouse commit and the publication", "pause_seconds", p.PauseBeforePublication.Seconds())
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(p.PauseBeforePublication):
+		}
+	}
 	st, err := p.Warehouse.Publish(warehouse.WithRecord(pubCtx, succeeded), slice, window, run.VerifyLease)
 	switch {
 	case errors.Is(err, batch.ErrStaleLease):
