@@ -61,7 +61,10 @@ type releaseMix struct {
 
 	bin, commit string // the earlier release's binaries, and its commit
 	kills       int
-	retired     bool
+	// handoffs counts the kills of a new worker holding a batch committed
+	// and not yet published, the other new workers paused.
+	handoffs int
+	retired  bool
 }
 
 // pausePublication is the new workers' pause between a warehouse commit
@@ -81,7 +84,7 @@ func (m *releaseMix) prepare(t *testing.T) {
 	began := time.Now()
 	m.bin, m.commit, err = release.Build(ctx, release.Options{Repo: repo, Commit: *chaosOldCommit})
 	require.NoError(t, err)
-	m.kills, m.retired = 0, false
+	m.kills, m.handoffs, m.retired = 0, 0, false
 	t.Logf("earlier release %s (-chaos.old-commit %s): binaries in %s (%s)", m.commit[:12], *chaosOldCommit, m.bin, time.Since(began).Round(time.Millisecond))
 }
 
@@ -111,7 +114,11 @@ func (m *releaseMix) enqueueBin(n int) string {
 // target picks the worker a fault of kind hits. Kills alternate between
 // the releases (while the old one runs) and aim at a worker of the release
 // whose turn it is that holds a batch, one committed and not yet published
-// first: its batch is then delivered again, to either release.
+// first (waiting a little for one): its batch is then delivered again.
+// When a new worker is killed in that window, the other new workers are
+// paused (SIGSTOP) past the lease's expiry, so that the delivery goes to
+// an old worker: the report's case, a batch this build loaded taken over
+// by the earlier build.
 func (m *releaseMix) target(ctx context.Context, rng *rand.Rand, pool *pgxpool.Pool, workers []*supervisedWorker, kind string) *supervisedWorker {
 	if m == nil || kind != "kill" || m.retired {
 		return workers[rng.IntN(len(workers))]
@@ -121,13 +128,27 @@ func (m *releaseMix) target(ctx context.Context, rng *rand.Rand, pool *pgxpool.P
 	if m.kills%2 == 1 {
 		candidates, release = workers[:m.oldWorkers], "old"
 	}
-	var holder string
-	_ = pool.QueryRow(ctx, `
-		SELECT execution_lease_id FROM ingestion_batches
-		WHERE status = 'Running' AND execution_lease_expires_at > now() AND execution_lease_id LIKE '%-' || $1 || '%'
-		ORDER BY details->>'phase' = 'publishing' DESC, random() LIMIT 1`, release).Scan(&holder)
-	for _, w := range candidates {
-		if holder != "" && strings.HasPrefix(holder, w.name+"/") {
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var (
+			holder     string
+			publishing bool
+		)
+		_ = pool.QueryRow(ctx, `
+			SELECT execution_lease_id, details->>'phase' = 'publishing' FROM ingestion_batches
+			WHERE status = 'Running' AND execution_lease_expires_at > now() AND execution_lease_id LIKE '%-' || $1 || '%'
+			ORDER BY details->>'phase' = 'publishing' DESC, random() LIMIT 1`, release).Scan(&holder, &publishing)
+		for _, w := range candidates {
+			if holder == "" || !strings.HasPrefix(holder, w.name+"/") {
+				continue
+			}
+			if release == "new" && publishing {
+				m.handoffs++
+				for _, o := range candidates {
+					if o != w && o.signal(syscall.SIGSTOP) {
+						time.AfterFunc(chaosTTL+2*time.Second, func() { o.signal(syscall.SIGCONT) })
+					}
+				}
+			}
 			return w
 		}
 	}
@@ -185,9 +206,9 @@ func (m *releaseMix) check(ctx context.Context, t *testing.T, pool *pgxpool.Pool
 	require.NoError(t, pool.QueryRow(ctx, `
 		SELECT count(*) FILTER (WHERE t->>'leaseId' LIKE '%-old%'), count(*) FILTER (WHERE t->>'leaseId' LIKE '%-new%')
 		FROM ingestion_batches, jsonb_array_elements(execution_lease_terms) t`).Scan(&oldTerms, &newTerms))
-	t.Logf("releases: earlier %s; lease terms held by its workers %d, by this release's %d; parks by the earlier release %d; "+
-		"take-backs by this release %d; deliveries this release left to a newer one %d",
-		m.commit[:12], oldTerms, newTerms, len(logLines(old, "batch parked")), len(logLines(current, "taking back a parked batch")),
+	t.Logf("releases: earlier %s; lease terms held by its workers %d, by this release's %d; kills of a new worker in publication %d "+
+		"(the other new workers paused); parks by the earlier release %d; take-backs by this release %d; deliveries this release left to a newer one %d",
+		m.commit[:12], oldTerms, newTerms, m.handoffs, len(logLines(old, "batch parked")), len(logLines(current, "taking back a parked batch")),
 		len(logLines(current, "batch left to a newer release")))
 	return violations
 }
