@@ -22,11 +22,13 @@
 //
 //	Running ──Cancel──▶ Failed/cancelled   (lease generation +1: the holder is fenced; scope free)
 //	Running ──Park (under the lease)──▶ Running, parked (details untouched; not re-delivered)
+//	Running, parked ──Unpark (a delivery, or a newer build's sweep)──▶ Running
 //
 // Cancel records who asked and why in columns (and, when this build can read
 // the details, phase cancelled and the message as the last error); a
 // document of an unknown version is never rewritten. A parked batch keeps its
-// scope until it is cancelled. The generic updates (UpdateStatus,
+// scope until it is cancelled or a build that can work on it takes it back
+// (jobs.Sweeper). The generic updates (UpdateStatus,
 // UpdateDetails, UpdateStatusAndDetails) refuse scoped batches
 // (ErrScopedBatch): they would bypass the fence and the resume rules.
 //

@@ -71,13 +71,21 @@
 //
 // # Batches this build cannot work on
 //
-// A Running batch whose details do not parse or are of an unknown version,
-// that is Running in a no-work phase, or whose source type has no pipeline,
-// is parked by the delivery that finds it (pipeline.Parked, batch.Store.Park):
-// the reason is recorded in columns, the details are not rewritten, the job
-// is cancelled (river.JobCancel) and the Sweeper skips parked batches, so
-// nothing loops. An operator cancels it (Enqueuer.Cancel) or deploys a build
-// that can work on it, whose next delivery unparks it.
+// A Running batch whose details do not parse or are of an older version
+// this build does not know, that is Running in a no-work phase, or whose
+// source type has no pipeline, is parked by the delivery that finds it
+// (pipeline.Parked, batch.Store.Park): the reason is recorded in columns,
+// the details are not rewritten, the job is cancelled (river.JobCancel) and
+// the Sweeper does not re-deliver it, so nothing loops. An operator cancels
+// it (Enqueuer.Cancel), or a build that can work on it takes it back: its
+// Sweeper judges the batches parked for OrphanAfter by its own rules
+// (pipeline.Judge) and unparks and re-delivers those it can work on (an
+// older release parked them during a rollout).
+//
+// A batch whose details are of a version newer than this build's is a
+// newer release's (pipeline.LeftToNewer): the delivery writes nothing,
+// releases the lease and snoozes the job (WorkerConfig.NewerReleaseSnooze),
+// which costs no River attempt, until a newer worker fetches it.
 //
 // # Operator cancel
 //
