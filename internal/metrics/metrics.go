@@ -371,7 +371,7 @@ func build() (*Metrics, []prometheus.Collector) {
 		Name: "ingest_stuck_batches", Help: "Running batches whose execution lease has expired (from the database).",
 	})
 	m.ParkedBatches = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "ingest_parked_batches", Help: "Running batches parked because this build cannot work on them (from the database); they wait for an operator.",
+		Name: "ingest_parked_batches", Help: "Running batches parked because the build that met them could not work on them (from the database); a worker of a build that can (after a rollout) takes them back within --orphan-after, the rest wait for an operator.",
 	})
 	m.Sweeps = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_sweeps_total", Help: "Sweeps for expired or orphaned batches this process ran (while holding the sweep lock).",
