@@ -55,6 +55,23 @@ func FindPGBin() (string, error) {
 // exist), with extra server settings ("name=value"). As root it runs the
 // server as the postgres user, which initdb requires.
 func StartCluster(ctx context.Context, dir string, settings ...string) (*Cluster, error) {
+	c, err := newCluster(dir, settings)
+	if err != nil {
+		return nil, err
+	}
+	if out, err := c.run(ctx, "initdb", "-D", filepath.Join(dir, "data"), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
+		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+	}
+	if err := c.Start(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// newCluster prepares dir (which must not exist) for a cluster on a spare
+// loopback port, owned by the postgres user when running as root, without
+// creating its data directory.
+func newCluster(dir string, settings []string) (*Cluster, error) {
 	bin, err := FindPGBin()
 	if err != nil {
 		return nil, err
@@ -84,12 +101,6 @@ func StartCluster(ctx context.Context, dir string, settings ...string) (*Cluster
 			return nil, err
 		}
 		c.asPG = []string{"runuser", "-u", "postgres", "--"}
-	}
-	if out, err := c.run(ctx, "initdb", "-D", filepath.Join(dir, "data"), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"); err != nil {
-		return nil, fmt.Errorf("initdb: %v: %s", err, out)
-	}
-	if err := c.Start(ctx); err != nil {
-		return nil, err
 	}
 	return c, nil
 }

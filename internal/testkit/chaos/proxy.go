@@ -7,7 +7,8 @@ import (
 )
 
 // Proxy forwards TCP connections from a loopback port to a target, and can
-// stall them (no bytes pass, as in a network partition) or cut them.
+// stall them (no bytes pass, as in a network partition), cut them, or
+// partition the path (cut them and refuse new ones for a while).
 type Proxy struct {
 	ln     net.Listener
 	target string
@@ -17,6 +18,10 @@ type Proxy struct {
 	stalled bool
 	conns   map[net.Conn]struct{}
 	closed  bool
+	// partitioned refuses new connections; partitions counts Partition
+	// calls, so a heal scheduled by an earlier one ends no later one.
+	partitioned bool
+	partitions  int
 }
 
 // NewProxy listens on 127.0.0.1 and forwards to target.
@@ -62,6 +67,13 @@ func (p *Proxy) untrack(c net.Conn) {
 }
 
 func (p *Proxy) handle(client net.Conn) {
+	p.mu.Lock()
+	refused := p.partitioned
+	p.mu.Unlock()
+	if refused {
+		client.Close()
+		return
+	}
 	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 	if err != nil {
 		client.Close()
@@ -126,6 +138,35 @@ func (p *Proxy) Cut() int {
 		c.Close()
 	}
 	return n / 2
+}
+
+// Partition cuts every open connection and refuses new ones (each is
+// closed as soon as it is accepted, before anything reaches the target)
+// for d, or until Heal. It returns at once. Unlike a stall, nothing a
+// connection carried before it is delivered afterwards.
+func (p *Proxy) Partition(d time.Duration) {
+	p.mu.Lock()
+	p.partitioned = true
+	p.partitions++
+	n := p.partitions
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	time.AfterFunc(d, func() {
+		p.mu.Lock()
+		if p.partitions == n {
+			p.partitioned = false
+		}
+		p.mu.Unlock()
+	})
+}
+
+// Heal ends a partition at once.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	p.partitioned = false
+	p.mu.Unlock()
 }
 
 // Close stops the proxy and closes its connections.
