@@ -7,8 +7,10 @@ import (
 )
 
 // Proxy forwards TCP connections from a loopback port to a target, and can
-// stall them (no bytes pass, as in a network partition), cut them, or
-// partition the path (cut them and refuse new ones for a while).
+// stall them (no bytes pass, as in a network partition), cut them,
+// partition the path (cut them and refuse new ones for a while), or
+// blackhole it (nothing passes and nothing is closed: the target's host
+// is gone, as far as its clients can tell).
 type Proxy struct {
 	ln     net.Listener
 	target string
@@ -22,6 +24,10 @@ type Proxy struct {
 	// calls, so a heal scheduled by an earlier one ends no later one.
 	partitioned bool
 	partitions  int
+	// blackholed holds every byte, close and new connection; blackholes
+	// counts Blackhole calls, as partitions does.
+	blackholed bool
+	blackholes int
 }
 
 // NewProxy listens on 127.0.0.1 and forwards to target.
@@ -74,6 +80,9 @@ func (p *Proxy) handle(client net.Conn) {
 		client.Close()
 		return
 	}
+	if p.holdNew(client) {
+		return
+	}
 	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 	if err != nil {
 		client.Close()
@@ -100,7 +109,7 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			for p.stalled && !p.closed {
+			for (p.stalled || p.blackholed) && !p.closed {
 				p.cond.Wait()
 			}
 			p.mu.Unlock()
@@ -109,7 +118,15 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			}
 		}
 		if err != nil {
-			break // EOF or a cut connection: close both sides
+			// EOF or a cut connection: close both sides, but not while
+			// blackholed, when nothing reaches the other side, not even
+			// a close.
+			p.mu.Lock()
+			for p.blackholed && !p.closed {
+				p.cond.Wait()
+			}
+			p.mu.Unlock()
+			break
 		}
 	}
 	dst.Close()
@@ -160,6 +177,67 @@ func (p *Proxy) Partition(d time.Duration) {
 		}
 		p.mu.Unlock()
 	})
+}
+
+// holdNew keeps a connection accepted while the proxy is blackholed, as a
+// host that is gone would (nothing answers, nothing is refused), until the
+// blackhole ends, then closes it. It reports whether it did.
+func (p *Proxy) holdNew(client net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.blackholed {
+		return false
+	}
+	if p.closed {
+		client.Close()
+		return true
+	}
+	p.conns[client] = struct{}{}
+	for p.blackholed && !p.closed {
+		p.cond.Wait()
+	}
+	delete(p.conns, client)
+	client.Close()
+	return true
+}
+
+// Blackhole makes the target's host vanish for d, or until EndBlackhole:
+// no byte passes either way, a connection the target closes is not closed
+// on the client's side, and new connections are accepted but never reach
+// the target. Clients find out only by their own timeouts. When it ends,
+// every connection is closed (a host that comes back resets what its
+// clients still hold). It returns at once.
+func (p *Proxy) Blackhole(d time.Duration) {
+	p.mu.Lock()
+	p.blackholed = true
+	p.blackholes++
+	n := p.blackholes
+	p.mu.Unlock()
+	time.AfterFunc(d, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.blackholes == n {
+			p.endBlackhole()
+		}
+	})
+}
+
+// EndBlackhole ends a blackhole at once.
+func (p *Proxy) EndBlackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.endBlackhole()
+}
+
+func (p *Proxy) endBlackhole() {
+	if !p.blackholed {
+		return
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	p.blackholed = false
+	p.cond.Broadcast()
 }
 
 // Heal ends a partition at once.

@@ -17,22 +17,44 @@ import (
 // replication), each a Cluster of its own on a loopback port: what a
 // failover needs. The standby made by pg_basebackup -R reaches the primary
 // through a Proxy (Link), which a test partitions so that the standby falls
-// behind while the primary keeps committing. A client reaches whichever
-// node is primary through URL, a multi-host connection string with
-// target_session_attrs=read-write, as it would an HA pair in production.
+// behind while the primary keeps committing. Clients reach each node
+// through a Proxy of its own too (its front), so that a crash can make a
+// host vanish rather than reset its connections; URL names both fronts in
+// a multi-host connection string with target_session_attrs=read-write, as
+// an application configured for an HA pair would.
 //
-// The pair's life: StartPair; Crash the primary (as a host that dies,
-// pg_ctl stop -m immediate); Promote the standby, which from then on is
-// Primary; Rejoin the old primary as a standby of the new one (pg_rewind),
-// if the test wants both hosts of URL to answer again. Stop stops both.
+// The pair's life: StartPair; Crash the primary; Promote the standby,
+// which from then on is Primary; Rejoin the old primary as a standby of
+// the new one (pg_rewind), if the test wants both hosts of URL to answer
+// again. Stop stops both.
 type Pair struct {
 	nodes    [2]*Cluster
-	primary  int // index of the current primary in nodes
+	fronts   [2]*Proxy // the clients' path to each node
+	primary  int       // index of the current primary in nodes
 	settings []string
 	links    []*Proxy
 	link     *Proxy // the current standby's path to the primary
 	down     [2]bool
 }
+
+// CrashMode is how the primary goes away in Crash.
+type CrashMode int
+
+const (
+	// CrashProcess kills the server (pg_ctl stop -m immediate): its
+	// host's kernel resets every connection, so clients learn at once.
+	CrashProcess CrashMode = iota
+	// CrashHost makes the host vanish (its front is blackholed, then the
+	// server killed behind it): established connections hang without an
+	// error, new ones are never answered, and clients learn only by their
+	// own timeouts (connect_timeout, statement deadlines, TCP keepalive),
+	// as when a machine, its network or its zone is lost.
+	CrashHost
+)
+
+// blackholeLimit bounds how long a crashed host stays vanished if the
+// test never rejoins it.
+const blackholeLimit = 10 * time.Minute
 
 // PairOptions configure a Pair.
 type PairOptions struct {
@@ -94,6 +116,11 @@ func StartPair(ctx context.Context, dir string, opts PairOptions) (_ *Pair, err 
 	}
 	if err := p.follow(ctx, 1); err != nil {
 		return nil, err
+	}
+	for i, c := range p.nodes {
+		if p.fronts[i], err = NewProxy(fmt.Sprintf("127.0.0.1:%d", c.Port)); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -172,12 +199,20 @@ func (p *Pair) Standby() *Cluster { return p.nodes[1-p.primary] }
 // standby falls behind.
 func (p *Pair) Link() *Proxy { return p.link }
 
-// URL returns a multi-host connection string naming both nodes, first the
-// first primary, that connects to whichever accepts writes
+// URL returns a multi-host connection string naming both nodes' fronts,
+// first the first primary's, that connects to whichever accepts writes
 // (target_session_attrs=read-write), as an application configured for an
-// HA pair would.
+// HA pair would: what the processes under test are given.
 func (p *Pair) URL(database string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
+	return fmt.Sprintf("postgres://postgres@%s,%s/%s?sslmode=disable&target_session_attrs=read-write",
+		p.fronts[0].Addr(), p.fronts[1].Addr(), database)
+}
+
+// AdminURL is URL naming the nodes themselves, not their fronts: a crash
+// resets its connections even in CrashHost mode. For the test's own
+// reads, which must not wait on a vanished host.
+func (p *Pair) AdminURL(database string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=5",
 		p.nodes[0].Port, p.nodes[1].Port, database)
 }
 
@@ -206,14 +241,17 @@ type Tail struct {
 	Lost int64
 }
 
-// Crash stops the primary at once, as a host that dies (pg_ctl stop -m
-// immediate: no shutdown checkpoint, every connection dropped), and
-// reports what the standby had received of its WAL by then. The WAL
-// position is read just before the crash, so Lost is a lower bound.
-func (p *Pair) Crash(ctx context.Context) (Tail, error) {
+// Crash stops the primary at once (pg_ctl stop -m immediate: no shutdown
+// checkpoint), its clients seeing it as mode says, and reports what the
+// standby had received of its WAL by then. The WAL position is read just
+// before the crash, so Lost is a lower bound.
+func (p *Pair) Crash(ctx context.Context, mode CrashMode) (Tail, error) {
 	var t Tail
 	if err := queryRow(ctx, p.Primary(), `SELECT pg_current_wal_lsn()::text`, nil, &t.PrimaryLSN); err != nil {
 		return t, fmt.Errorf("primary's WAL position: %w", err)
+	}
+	if mode == CrashHost {
+		p.fronts[p.primary].Blackhole(blackholeLimit)
 	}
 	if out, err := p.Primary().run(ctx, "pg_ctl", "-D", filepath.Join(p.Primary().Dir, "data"), "-m", "immediate", "-w", "-t", "60", "stop"); err != nil {
 		return t, fmt.Errorf("pg_ctl stop -m immediate: %v: %s", err, out)
@@ -286,6 +324,7 @@ func (p *Pair) Rejoin(ctx context.Context) (time.Duration, error) {
 	if err := p.follow(ctx, old); err != nil {
 		return 0, err
 	}
+	p.fronts[old].EndBlackhole() // the host is back
 	return time.Since(start), nil
 }
 
@@ -301,8 +340,10 @@ func (p *Pair) Stop(ctx context.Context) error {
 		}
 		p.down[i] = true
 	}
-	for _, l := range p.links {
-		l.Close()
+	for _, l := range append(p.links, p.fronts[:]...) {
+		if l != nil {
+			l.Close()
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -86,7 +86,7 @@ func TestPairLosesTheTailTheStandbyNeverReceived(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Equal(t, 150, count(t, conn))
-	tail, err := p.Crash(ctx)
+	tail, err := p.Crash(ctx, chaos.CrashProcess)
 	require.NoError(t, err)
 	require.Positive(t, tail.Lost, "the standby received less WAL than the primary wrote: %+v", tail)
 	_, err = conn.Exec(ctx, `SELECT 1`)
@@ -129,10 +129,37 @@ func TestSynchronousPairLosesNothing(t *testing.T) {
 		_, err = conn.Exec(ctx, `INSERT INTO commits VALUES (0)`)
 		require.NoError(t, err)
 	}
-	tail, err := p.Crash(ctx)
+	tail, err := p.Crash(ctx, chaos.CrashProcess)
 	require.NoError(t, err)
 	_, err = p.Promote(ctx)
 	require.NoError(t, err)
 	t.Logf("synchronous: %+v", tail)
 	require.Equal(t, 50, count(t, connect(t, p.URL("postgres"))))
+}
+
+// TestCrashedHostAnswersNothing: in CrashHost mode a connection to the
+// lost primary neither answers nor fails until its client's own deadline,
+// and a new connection skips the vanished first host only after its
+// connect_timeout.
+func TestCrashedHostAnswersNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := startPair(t, chaos.PairOptions{Synchronous: true})
+	conn := connect(t, p.URL("postgres"))
+	_, err := p.Crash(ctx, chaos.CrashHost)
+	require.NoError(t, err)
+	_, err = p.Promote(ctx)
+	require.NoError(t, err)
+
+	start := time.Now()
+	deadline, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = conn.Exec(deadline, `SELECT 1`)
+	require.Error(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 2*time.Second, "nothing reset the connection: only the deadline ended the wait")
+
+	start = time.Now()
+	after := connect(t, p.URL("postgres")+"&connect_timeout=2")
+	require.Equal(t, p.Primary().Port, serverPort(t, after))
+	require.GreaterOrEqual(t, time.Since(start), 2*time.Second, "the vanished first host cost the connect timeout")
 }
