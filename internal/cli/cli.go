@@ -82,10 +82,23 @@ func (g *Globals) Connect(ctx context.Context, timeout time.Duration, configure 
 	return Connect(ctx, g.DatabaseURL, g.DatabasePooler, timeout, configure)
 }
 
+// PingTimeoutDefault bounds the liveness check a pool makes of a
+// connection idle for more than a second before handing it out (pgxpool's
+// PingTimeout; a URL's pool_ping_timeout wins). Without it the check waits
+// as long as the caller's deadline, or for ever: after a failover in which
+// the old primary's host vanished (no reset reaches its clients), every
+// idle connection to it would hold its caller for that long instead of
+// being replaced by one to the new primary.
+const PingTimeoutDefault = 3 * time.Second
+
 // Connect opens a pool on databaseURL as pooler requires (see Pooler), lets
 // configure adjust its configuration, and pings it within timeout. Errors
 // never include the password. It is the one place the binaries open
-// database pools.
+// database pools. A connection that has been idle is checked within
+// PingTimeoutDefault before it is handed out, and new connections give up
+// on a host after 5 s (a URL's connect_timeout wins): a multi-host URL
+// (host1,host2 with target_session_attrs=read-write) moves on to the next
+// host, so pools follow a failover.
 func Connect(ctx context.Context, databaseURL string, pooler Pooler, timeout time.Duration, configure func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := parseDatabaseURL(databaseURL)
 	if err != nil {
@@ -93,6 +106,9 @@ func Connect(ctx context.Context, databaseURL string, pooler Pooler, timeout tim
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	if cfg.PingTimeout == 0 && !strings.Contains(databaseURL, "pool_ping_timeout") {
+		cfg.PingTimeout = PingTimeoutDefault
 	}
 	if configure != nil {
 		configure(cfg)
