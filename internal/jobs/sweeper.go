@@ -23,6 +23,8 @@ const (
 	OrphanAfterDefault   = time.Minute
 	sweepLimitDefault    = 100
 	sweepLockKey         = int64(0x666c656574_02)
+	// SweepTimeoutDefault bounds one sweep's transaction.
+	SweepTimeoutDefault = 30 * time.Second
 )
 
 // Sweeper re-delivers Running batches that no delivery is working on and no
@@ -91,8 +93,15 @@ type Sweeper struct {
 	// the parked batches they would work on (see Sweeper). Without them
 	// parked batches are left to operators.
 	Pipelines pipeline.Registry
-	Metrics   *metrics.Metrics
-	Logger    *slog.Logger
+	// Timeout bounds one sweep's transaction: a sweep whose connection
+	// stopped answering (its database host vanished in a failover) gives
+	// up, and the next tick sweeps on a connection to the new primary.
+	// Without it, Run would wait on that connection for as long as the
+	// kernel keeps it (many minutes) and sweep nothing meanwhile.
+	// Defaults to SweepTimeoutDefault (30 s).
+	Timeout time.Duration
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
 
 	// parkedAfter is the id of the last parked batch a sweep of this
 	// process judged; the next one reads from the batch after it.
@@ -148,7 +157,10 @@ func (s *Sweeper) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if _, _, err := s.sweep(ctx, cmpOr(s.Interval, SweepIntervalDefault)/2); err != nil && ctx.Err() == nil {
+		sweepCtx, cancel := context.WithTimeout(ctx, cmpOr(s.Timeout, SweepTimeoutDefault))
+		_, _, err := s.sweep(sweepCtx, cmpOr(s.Interval, SweepIntervalDefault)/2)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			s.logger().Warn("lease sweep failed", "error", err)
 		}
 	}

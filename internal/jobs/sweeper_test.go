@@ -3,9 +3,13 @@ package jobs
 import (
 	"context"
 	"log/slog"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -13,6 +17,8 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/lease"
 	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/testkit/chaos"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
 	"github.com/fleet/ingest/internal/testkit/testproc"
 )
 
@@ -207,3 +213,56 @@ func TestTheFleetSweepsOncePerPeriod(t *testing.T) {
 	require.LessOrEqual(t, sweeps, 2.0/0.1+2, "at most one sweep per half interval across the five")
 	require.GreaterOrEqual(t, sweeps, 4.0, "the fleet still sweeps every interval or so")
 }
+
+// TestSweeperGivesUpOnAConnectionThatStopsAnswering: the database host
+// vanishes (a failover in which nothing resets the old primary's
+// connections): each sweep gives up at its Timeout and the next tick tries
+// again, rather than Run waiting for ever on the connection it holds (and
+// the process sweeping nothing once the new primary answers).
+func TestSweeperGivesUpOnAConnectionThatStopsAnswering(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	proxy, err := chaos.NewProxy(u.Host)
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	u.Host = proxy.Addr()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	require.NoError(t, err)
+	cfg.ConnConfig.ConnectTimeout = time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	var failed sync.WaitGroup
+	failed.Add(2)
+	var once [2]sync.Once
+	var n int
+	var mu sync.Mutex
+	logs := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(string(p), "lease sweep failed") && n < 2 {
+			once[n].Do(failed.Done)
+			n++
+		}
+		return len(p), nil
+	}), nil))
+	s := &Sweeper{Pool: pool, Interval: 200 * time.Millisecond, Timeout: 2 * time.Second, Logger: logs}
+	_, err = s.Sweep(context.Background()) // a connection to hold when the host vanishes
+	require.NoError(t, err)
+	proxy.Blackhole(time.Minute)
+	t.Cleanup(proxy.EndBlackhole) // before the pool closes: its close waits on the dead connections
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go s.Run(ctx)
+	done := make(chan struct{})
+	go func() { failed.Wait(); close(done) }()
+	testproc.Await(t, done, "two sweeps to give up on the vanished host")
+}
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
