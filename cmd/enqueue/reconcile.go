@@ -84,7 +84,7 @@ func (r *reconcileCmd) config(c *enqueueCLI, e *cli.Env) (reconcile.Config, erro
 	}
 	cfg := reconcile.Config{
 		Bucket: r.Bucket, Prefix: r.Prefix, Marker: r.Marker, MaxBadRecords: r.MaxBadRecords, Mapping: folder.Mapping{Pattern: r.PathPattern},
-		Since: since, DryRun: r.DryRun, RetryFailedPreCommit: r.RetryFailedPreCommit, BurstSize: r.BurstSize, Logger: e.Logger,
+		Since: since, DryRun: r.DryRun, RetryFailedPreCommit: r.RetryFailedPreCommit, BurstSize: r.BurstSize, Timeout: c.Timeout, Logger: e.Logger,
 	}
 	if r.Every > 0 {
 		cfg.MaxObjects = r.MaxObjects

@@ -26,7 +26,7 @@ import (
 
 type enqueueCLI struct {
 	cli.Globals
-	Timeout time.Duration `name:"timeout" env:"ENQUEUE_TIMEOUT" default:"30s" help:"Give up on the database after this long (serve: when connecting at start, and for the database work of each request)."`
+	Timeout time.Duration `name:"timeout" env:"ENQUEUE_TIMEOUT" default:"30s" help:"Give up on the database after this long (serve: when connecting at start, and for the database work of each request; sqs: each round's import; reconcile: each look-up and import of a burst, and each statement of a period's checkpoint)."`
 
 	Import importCmd `cmd:"" help:"Reserve a batch for a tenant's folder and enqueue its job (one transaction)."`
 	Resume resumeCmd `cmd:"" help:"Resume a batch whose warehouse commit succeeded but whose publication failed."`

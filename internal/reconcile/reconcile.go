@@ -169,11 +169,23 @@ type Config struct {
 	// MaxObjects stops the scan after the page that reaches it (0: the
 	// whole listing); Summary.Complete says whether the end was reached.
 	MaxObjects int
+	// Timeout bounds each database round of a scan (a burst's look-up,
+	// its import) and each statement of a period's checkpoint
+	// transaction: a connection that stopped answering (its database host
+	// vanished in a failover) fails the round instead of holding the scan,
+	// and the periodic loop, for as long as the kernel keeps the
+	// connection. Defaults to TimeoutDefault (30 s).
+	Timeout time.Duration
 	// Report receives one report per completed folder, in listing order.
 	Report  func(Folder)
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
 }
+
+// TimeoutDefault is Config.Timeout's default.
+const TimeoutDefault = 30 * time.Second
+
+func (c *Config) timeout() time.Duration { return cmp.Or(c.Timeout, TimeoutDefault) }
 
 // Validate checks the settings without contacting anything. Errors are
 // *ConfigError.
@@ -187,6 +199,8 @@ func (c *Config) Validate() error {
 		return &ConfigError{"BurstSize", fmt.Sprintf("must be 1 to %d", jobs.MaxBurst)}
 	case c.MaxObjects < 0:
 		return &ConfigError{"MaxObjects", "must not be negative"}
+	case c.Timeout < 0:
+		return &ConfigError{"Timeout", "must not be negative"}
 	}
 	m := c.mapping()
 	if err := m.Validate(); err != nil {
@@ -606,6 +620,8 @@ func (s *scan) flush(ctx context.Context) error {
 			f.Outcome, f.Field, f.Reason = OutcomeInvalidInput, p.Field, p.Reason
 		}
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.timeout())
+	defer cancel()
 	states, err := lookup(ctx, s.cfg.Pool, keys, cmp.Or(s.cfg.PublicationWindow, batch.DefaultPublicationWindow))
 	if err != nil {
 		return fmt.Errorf("looking up %d folders' batches: %w", len(keys), err)

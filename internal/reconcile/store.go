@@ -116,21 +116,34 @@ type Period struct {
 // ignored, logged and counted (ReconcileCheckpointsIgnored), and the
 // period starts a new pass, whose write replaces it.
 func RunPeriod(ctx context.Context, cfg Config, every time.Duration) (Period, error) {
-	work := context.WithoutCancel(ctx)
-	tx, err := cfg.Pool.Begin(work)
+	// Each statement has a deadline of its own (cfg.Timeout), not the
+	// period: the scan between them may rightly take long.
+	base := context.WithoutCancel(ctx)
+	var cancels []context.CancelFunc
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	bounded := func() context.Context {
+		c, cancel := context.WithTimeout(base, cfg.timeout())
+		cancels = append(cancels, cancel)
+		return c
+	}
+	tx, err := cfg.Pool.Begin(bounded())
 	if err != nil {
 		return Period{}, err
 	}
-	defer func() { _ = tx.Rollback(work) }()
+	defer func() { _ = tx.Rollback(bounded()) }()
 	lockKey := "fleet-ingest-reconcile:" + cfg.Bucket + "/" + cfg.Prefix
 	var locked bool
-	if err := tx.QueryRow(work, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, lockKey).Scan(&locked); err != nil {
+	if err := tx.QueryRow(bounded(), `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, lockKey).Scan(&locked); err != nil {
 		return Period{}, err
 	}
 	if !locked {
 		return Period{Outcome: "skipped"}, nil
 	}
-	if _, err := tx.Exec(work, `
+	if _, err := tx.Exec(bounded(), `
 		INSERT INTO ingest_reconcile_checkpoints (bucket, prefix) VALUES ($1, $2)
 		ON CONFLICT (bucket, prefix) DO NOTHING`, cfg.Bucket, cfg.Prefix); err != nil {
 		return Period{}, err
@@ -140,7 +153,7 @@ func RunPeriod(ctx context.Context, cfg Config, every time.Duration) (Period, er
 		passStarted, covered, lastRun *time.Time
 		now                           time.Time
 	)
-	if err := tx.QueryRow(work, `
+	if err := tx.QueryRow(bounded(), `
 		SELECT start_after, pass_started_at, covered_since, last_run_at, now()
 		FROM ingest_reconcile_checkpoints WHERE bucket = $1 AND prefix = $2 FOR UPDATE`, cfg.Bucket, cfg.Prefix).
 		Scan(&startAfter, &passStarted, &covered, &lastRun, &now); err != nil {
@@ -176,12 +189,12 @@ func RunPeriod(ctx context.Context, cfg Config, every time.Duration) (Period, er
 	}
 	// What was reconciled stays reconciled, even when the scan then failed.
 	if sum.Complete {
-		_, err = tx.Exec(work, `
+		_, err = tx.Exec(bounded(), `
 			UPDATE ingest_reconcile_checkpoints
 			SET start_after = '', pass_started_at = NULL, covered_since = $3, last_run_at = now()
 			WHERE bucket = $1 AND prefix = $2`, cfg.Bucket, cfg.Prefix, *passStarted)
 	} else {
-		_, err = tx.Exec(work, `
+		_, err = tx.Exec(bounded(), `
 			UPDATE ingest_reconcile_checkpoints
 			SET start_after = $3, pass_started_at = $4, last_run_at = now()
 			WHERE bucket = $1 AND prefix = $2`, cfg.Bucket, cfg.Prefix, sum.LastKey, *passStarted)
@@ -189,7 +202,7 @@ func RunPeriod(ctx context.Context, cfg Config, every time.Duration) (Period, er
 	if err != nil {
 		return p, fmt.Errorf("writing the checkpoint: %w", err)
 	}
-	if err := tx.Commit(work); err != nil {
+	if err := tx.Commit(bounded()); err != nil {
 		return p, fmt.Errorf("writing the checkpoint: %w", err)
 	}
 	return p, scanErr
