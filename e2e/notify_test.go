@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -182,4 +183,39 @@ func TestWorkerPublishesOutcomesToAnSNSTopic(t *testing.T) {
 	require.Equal(t, notify.OutcomeSucceeded, n.Outcome)
 	require.Equal(t, "tenant-s", n.TenantID)
 	require.Equal(t, key, e.MessageAttributes["idempotency_key"].Value)
+}
+
+// TestANotificationJobLeftRunningIsRescued: an outcome's notification job
+// is left running with nobody working it, as a process that died during
+// its fan-out leaves it, or a failover to a standby that was behind (the
+// job's completion was in the lost tail). River's rescuer retries it after
+// --rescue-stuck-jobs-after and the tenant is notified. Before, the
+// outcome job took the disabled timeout of the ingest jobs (-1), which
+// River never rescues: it stayed running and nothing was sent (found by
+// the chaos scenario lost-tail).
+func TestANotificationJobLeftRunningIsRescued(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	rc := &webhookReceiver{secret: []byte("tenant-r-webhook-secret"), received: map[string][]notify.Notification{}}
+	srv := httptest.NewServer(rc)
+	t.Cleanup(srv.Close)
+	file := filepath.Join(t.TempDir(), "notifications.json")
+	require.NoError(t, os.WriteFile(file, fmt.Appendf(nil,
+		`{"tenants": {"tenant-r": [{"name": "hook", "kind": "webhook", "url": %q, "secret": %q}]}}`, srv.URL+"/fleet", rc.secret), 0o600))
+
+	const key = "batch-6f1c0e52-7f0a-4c1e-9a57-2d7b8c1e0f44-succeeded-1"
+	_, err := pool.Exec(context.Background(), `
+		INSERT INTO river_job (kind, queue, args, state, attempt, attempted_at, attempted_by, max_attempts, priority, scheduled_at)
+		VALUES ('fleet_outcome', 'fleet_notify', $1, 'running', 1, now() - interval '10 minutes', '{gone}', 25, 1, now() - interval '10 minutes')`,
+		fmt.Sprintf(`{"notification": {"idempotency_key": %q, "outcome": "succeeded", "batch_id": 7, "batch_uid": "6f1c0e52-7f0a-4c1e-9a57-2d7b8c1e0f44",
+			"tenant_id": "tenant-r", "status": "Succeeded", "phase": "published", "at": "2026-12-05T10:00:00Z"}}`, key))
+	require.NoError(t, err)
+	start := time.Now()
+	startWorker(t, dbURL, append(slices.Clone(fastLease), "--notifications-file", file, "--notify-timeout", "2s", "--rescue-stuck-jobs-after", "1s")...)
+	require.Eventually(t, func() bool {
+		got, _ := rc.snapshot()
+		return len(got[key]) > 0
+	}, 2*time.Minute, 200*time.Millisecond, "the outcome left running was never notified")
+	t.Logf("rescued and notified after %s", time.Since(start).Round(time.Millisecond))
 }

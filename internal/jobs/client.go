@@ -15,8 +15,11 @@ type ClientConfig struct {
 	// Concurrency is how many batches this process works at once.
 	Concurrency int
 	// RescueStuckJobsAfter is River's rescue interval for jobs left
-	// running; takeover of crashed batches does not depend on it (see the
-	// Sweeper). Defaults to River's (1 h).
+	// running: notification jobs (OutcomeWorker, DeliveryWorker) are
+	// retried after it and their timeout; ingest jobs, whose timeout is
+	// disabled, never are (takeover of crashed batches goes by the lease:
+	// see the Sweeper). Defaults to River's (1 h); the worker's default is
+	// 2 min.
 	RescueStuckJobsAfter time.Duration
 	// FetchPollInterval defaults to River's (1 s); LISTEN/NOTIFY usually
 	// wakes workers sooner.

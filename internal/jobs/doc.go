@@ -32,8 +32,9 @@
 // # Crash takeover is bounded by the lease, not by River's rescuer
 //
 // River re-delivers a job left "running" by a killed process only after
-// RescueStuckJobsAfter (1 h by default), and IngestWorker disables job
-// timeouts (Timeout returns -1) so that a healthy batch is never killed by a
+// RescueStuckJobsAfter, and only a job with a timeout (notification jobs:
+// the worker's --rescue-stuck-jobs-after, 2 min by default), and
+// IngestWorker disables job timeouts (Timeout returns -1) so that a healthy batch is never killed by a
 // timer however long it runs. Takeover therefore comes from the Sweeper:
 // every worker process sweeps every SweepInterval (5 s) for Running batches
 // whose lease expired by the database clock and inserts one job per

@@ -200,6 +200,14 @@ type OutcomeWorker struct {
 	cfg  NotifyConfig
 }
 
+// Timeout implements river.Worker: one attempt's bound, as a delivery's.
+// Without a bound of its own an outcome job took the client's, which the
+// ingest jobs disable (-1), and River's rescuer never rescues a job whose
+// timeout is disabled: one left running by a process that died during the
+// fan-out, or whose completion a failover to a standby that was behind
+// forgot, stayed running for ever and its tenant was never notified.
+func (w *OutcomeWorker) Timeout(*river.Job[OutcomeArgs]) time.Duration { return w.cfg.Timeout }
+
 // Work implements river.Worker.
 func (w *OutcomeWorker) Work(ctx context.Context, job *river.Job[OutcomeArgs]) error {
 	n := job.Args.Notification

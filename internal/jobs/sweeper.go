@@ -437,10 +437,10 @@ func (s *Sweeper) logger() *slog.Logger {
 // (another delivery took it over after it expired), and the batch's
 // current lease is not the job's. Such a job's process died or was paused
 // past its lease; it can write nothing (every write is fenced), and River
-// would show it running until its rescuer, an hour later by default. It
-// becomes "cancelled", with an error saying why; should its process wake,
-// River's completion of it changes nothing (River finalizes only running
-// jobs). $1 the job kind.
+// would show it running for ever (it never rescues a job whose timeout is
+// disabled). It becomes "cancelled", with an error saying why; should its
+// process wake, River's completion of it changes nothing (River finalizes
+// only running jobs). $1 the job kind.
 const supersededSQL = `
 	UPDATE river_job j
 	SET state = 'cancelled', finalized_at = now(),
