@@ -59,6 +59,12 @@ type chaosConfig struct {
 	// releases, when set, runs an earlier release beside this one (see
 	// chaos_releases_test.go).
 	releases *releaseMix
+	// failover runs the scenario on a replicated pair instead of the
+	// shared cluster, with the primary's failover as its fault:
+	// "failover" (synchronous: nothing lost) or "lost-tail" (the standby
+	// behind: the operational database goes back in time). See
+	// chaos_failover_test.go.
+	failover failoverConfig
 }
 
 const chaosTTL = 3 * time.Second
@@ -73,7 +79,7 @@ func chaosScenarios() []chaosConfig {
 			name: "reduced", workers: 3, tenants: 4, folders: 5, badFolders: 1, minRows: 40_000, maxRows: 120_000,
 			duplicates: 3, faultEvery: time.Second, faults: all, restartDatabaseAfter: 9 * time.Second,
 			duration: 20 * time.Second, deadline: 3 * time.Minute,
-		}, redshiftScenario, pgbouncerScenario, releasesScenario}
+		}, redshiftScenario, pgbouncerScenario, releasesScenario, failoverScenario(false), lostTailScenario(false)}
 	}
 	return []chaosConfig{
 		{name: "processes", workers: 3, tenants: 6, folders: 8, badFolders: 2, minRows: 40_000, maxRows: 200_000,
@@ -85,7 +91,7 @@ func chaosScenarios() []chaosConfig {
 		{name: "everything", workers: 4, tenants: 8, folders: 8, badFolders: 3, minRows: 40_000, maxRows: 200_000,
 			duplicates: 4, faultEvery: 500 * time.Millisecond, faults: all, restartDatabaseAfter: 25 * time.Second,
 			duration: 75 * time.Second, deadline: 6 * time.Minute},
-		redshiftScenario, pgbouncerScenario, releasesFullScenario,
+		redshiftScenario, pgbouncerScenario, releasesFullScenario, failoverScenario(true), lostTailScenario(true),
 	}
 }
 
@@ -164,9 +170,6 @@ func TestChaos(t *testing.T) {
 	dir, err := os.MkdirTemp("", "fleet-chaos-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	cluster, err := chaos.StartCluster(ctx, filepath.Join(dir, "pg"), "fsync=off", "full_page_writes=off")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cluster.Stop(context.Background()) })
 
 	totalFaults, totalBatches, totalViolations := 0, 0, 0
 	scenarios := chaosScenarios()
@@ -174,7 +177,20 @@ func TestChaos(t *testing.T) {
 		scenarios = slices.DeleteFunc(scenarios, func(c chaosConfig) bool { return c.name != *chaosScenario })
 		require.NotEmpty(t, scenarios, "no scenario %q", *chaosScenario)
 	}
+	var cluster *chaos.Cluster // shared by the scenarios that do not fail over
 	for i, cfg := range scenarios {
+		if cfg.failover.kind != "" {
+			faults, batches, violations := runFailoverScenario(t, dir, i, cfg)
+			totalFaults += faults
+			totalBatches += batches
+			totalViolations += violations
+			continue
+		}
+		if cluster == nil {
+			cluster, err = chaos.StartCluster(ctx, filepath.Join(dir, "pg"), "fsync=off", "full_page_writes=off")
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = cluster.Stop(context.Background()) })
+		}
 		faults, batches, violations := runScenario(t, cluster, dir, i, cfg)
 		totalFaults += faults
 		totalBatches += batches
@@ -224,6 +240,9 @@ type supervisedWorker struct {
 	logs    *testproc.SyncBuffer
 	stopped atomic.Bool
 	exited  chan struct{}
+	// starts counts the processes started: more than one means the
+	// worker died and was restarted.
+	starts atomic.Int64
 }
 
 func (w *supervisedWorker) run() {
@@ -237,6 +256,7 @@ func (w *supervisedWorker) run() {
 			w.t.Errorf("starting %s: %v", w.name, err)
 			return
 		}
+		w.starts.Add(1)
 		w.mu.Lock()
 		w.cmd = cmd
 		w.mu.Unlock()
@@ -282,26 +302,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		whPool = pool
 	}
 
-	// The workload: tenants × folders, plus deliberately malformed folders.
-	rng := rand.New(rand.NewPCG(uint64(n)+1, 42))
-	var folders []expectedFolder
-	for ti := range cfg.tenants {
-		for fi := range cfg.folders + cfg.badFolders {
-			bad := fi >= cfg.folders && ti == 0
-			if fi >= cfg.folders && !bad {
-				continue
-			}
-			rows := cfg.minRows + rng.IntN(cfg.maxRows-cfg.minRows+1)
-			url := writeChaosFolder(t, filepath.Join(dir, db, fmt.Sprintf("t%d", ti), fmt.Sprintf("f%d", fi)), rows, bad)
-			f, err := folder.Canonicalize(url)
-			require.NoError(t, err)
-			if bad {
-				rows++ // the broken row is a line too; irrelevant for bad folders
-			}
-			folders = append(folders, expectedFolder{tenant: fmt.Sprintf("tenant-%d", ti), url: url, scope: f.Scope(), rows: rows, bad: bad})
-		}
-	}
-	rng.Shuffle(len(folders), func(i, j int) { folders[i], folders[j] = folders[j], folders[i] })
+	rng, folders := chaosWorkload(t, dir, db, n, cfg)
 
 	// The processes reach the cluster directly, or through PgBouncer.
 	server, enqueueURL, poolerEnv := fmt.Sprintf("127.0.0.1:%d", cluster.Port), dbURL, []string(nil)
@@ -323,60 +324,11 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		}
 		go workers[i].run()
 	}
-	defer func() {
-		for _, w := range workers {
-			w.stopped.Store(true)
-			w.signal(syscall.SIGCONT)
-			w.signal(syscall.SIGTERM)
-		}
-		for _, w := range workers {
-			select {
-			case <-w.exited:
-			case <-time.After(20 * time.Second):
-				w.signal(syscall.SIGKILL)
-				<-w.exited
-			}
-			if t.Failed() {
-				logs := w.logs.String()
-				if len(logs) > 6000 {
-					logs = logs[len(logs)-6000:]
-				}
-				t.Logf("%s logs (tail):\n%s", w.name, logs)
-			}
-		}
-	}()
+	defer stopWorkers(t, workers)
 
 	// The enqueue driver: every folder enqueued several times at once
 	// (duplicate notifications), spread over the first seconds.
-	var driver sync.WaitGroup
-	var enqueueErrors atomic.Int64
-	spacing := cfg.duration / time.Duration(len(folders)+1)
-	for i, f := range folders {
-		driver.Go(func() {
-			time.Sleep(time.Duration(i) * spacing)
-			var dup sync.WaitGroup
-			for d := range cfg.duplicates {
-				dup.Go(func() {
-					// Like a storage notification, an enqueue that met an
-					// unavailable database (exit 1) is delivered again.
-					for attempt := range 30 {
-						out, code := runEnqueueFrom(t, cfg.releases.enqueueBin(i+d), enqueueURL, poolerEnv, importArgs(f.tenant, f.url)...)
-						if code == 0 || code == 3 {
-							return
-						}
-						if code != 1 || attempt == 29 {
-							// Said, so a failed run shows which answer it was.
-							t.Logf("enqueue of %s (tenant %s) counted as an error: exit %d after %d attempt(s): %s", f.url, f.tenant, code, attempt+1, strings.TrimSpace(out))
-							enqueueErrors.Add(1)
-							return
-						}
-						time.Sleep(time.Second)
-					}
-				})
-			}
-			dup.Wait()
-		})
-	}
+	waitDriver := enqueueWave(t, folders, cfg.duplicates, cfg.duration, enqueueURL, poolerEnv, cfg.releases.enqueueBin)
 
 	// Faults on a schedule until every folder has ended.
 	start := time.Now()
@@ -384,13 +336,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 	var kinds = map[string]int{}
 	// done reads the database, which may be restarting (a fault of the
 	// scenario): an error means "not known to be done yet", never a failure.
-	done := func() bool {
-		var open, terminal int
-		err := pool.QueryRow(ctx, `
-			SELECT count(*) FILTER (WHERE status = 'Running'), count(DISTINCT source_scope) FILTER (WHERE status <> 'Running')
-			FROM ingestion_batches`).Scan(&open, &terminal)
-		return err == nil && open == 0 && terminal == len(folders)
-	}
+	done := func() bool { return allEnded(ctx, pool, len(folders)) }
 	for i := 0; ; i++ {
 		if time.Since(start) > cfg.deadline {
 			t.Errorf("scenario %s did not finish within %s", cfg.name, cfg.deadline)
@@ -439,8 +385,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 			kinds[kind]++
 		}
 	}
-	driver.Wait()
-	require.Zero(t, enqueueErrors.Load(), "every enqueue answered enqueued or conflict")
+	require.Zero(t, waitDriver(), "every enqueue answered enqueued or conflict")
 
 	// Duplicate notifications after the fact: already succeeded, no new batch.
 	for _, f := range folders[:min(4, len(folders))] {
@@ -452,11 +397,7 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		require.Equal(t, "already_succeeded", outcome(t, out)["outcome"])
 	}
 
-	expect := make([]chaos.Expectation, 0, len(folders))
-	for _, f := range folders {
-		expect = append(expect, chaos.Expectation{TenantID: f.tenant, Scope: f.scope, Records: int64(f.rows), Bad: f.bad})
-	}
-	report, err := chaos.CheckWith(ctx, pool, whPool, expect)
+	report, err := chaos.CheckWith(ctx, pool, whPool, expectations(folders))
 	require.NoError(t, err)
 	report.Violations = append(report.Violations, cfg.releases.check(ctx, t, pool, workers)...)
 	faults = 0
@@ -472,6 +413,123 @@ func runScenario(t *testing.T, cluster *chaos.Cluster, dir string, n int, cfg ch
 		t.Errorf("invariant violation: %s", v)
 	}
 	return faults, report.Batches, len(report.Violations)
+}
+
+// chaosWorkload writes the scenario's folders under dir/db: tenants ×
+// folders, plus deliberately malformed folders of the first tenant, in a
+// shuffled order. The random source it returns also picks the faults.
+func chaosWorkload(t *testing.T, dir, db string, n int, cfg chaosConfig) (*rand.Rand, []expectedFolder) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(uint64(n)+1, 42))
+	var folders []expectedFolder
+	for ti := range cfg.tenants {
+		for fi := range cfg.folders + cfg.badFolders {
+			bad := fi >= cfg.folders && ti == 0
+			if fi >= cfg.folders && !bad {
+				continue
+			}
+			rows := cfg.minRows + rng.IntN(cfg.maxRows-cfg.minRows+1)
+			url := writeChaosFolder(t, filepath.Join(dir, db, fmt.Sprintf("t%d", ti), fmt.Sprintf("f%d", fi)), rows, bad)
+			f, err := folder.Canonicalize(url)
+			require.NoError(t, err)
+			if bad {
+				rows++ // the broken row is a line too; irrelevant for bad folders
+			}
+			folders = append(folders, expectedFolder{tenant: fmt.Sprintf("tenant-%d", ti), url: url, scope: f.Scope(), rows: rows, bad: bad})
+		}
+	}
+	rng.Shuffle(len(folders), func(i, j int) { folders[i], folders[j] = folders[j], folders[i] })
+	return rng, folders
+}
+
+// stopWorkers stops the supervised workers (SIGTERM, then SIGKILL after
+// 20 s) and shows the tail of their logs if the test failed.
+func stopWorkers(t *testing.T, workers []*supervisedWorker) {
+	for _, w := range workers {
+		w.stopped.Store(true)
+		w.signal(syscall.SIGCONT)
+		w.signal(syscall.SIGTERM)
+	}
+	for _, w := range workers {
+		select {
+		case <-w.exited:
+		case <-time.After(20 * time.Second):
+			w.signal(syscall.SIGKILL)
+			<-w.exited
+		}
+		if t.Failed() {
+			logs := w.logs.String()
+			if len(logs) > 6000 {
+				logs = logs[len(logs)-6000:]
+			}
+			t.Logf("%s logs (tail):\n%s", w.name, logs)
+		}
+	}
+}
+
+// enqueueWave is the enqueue driver: every folder enqueued duplicates
+// times at once (duplicate notifications), the folders spread over
+// spread, the n-th enqueue run from the binaries in bin(n) (nil: this
+// build's). Like a storage notification, an enqueue that met an
+// unavailable database (exit 1) is delivered again. The returned function
+// waits for the wave and says how many enqueues answered neither enqueued,
+// already_succeeded (exit 0) nor conflict (exit 3).
+func enqueueWave(t *testing.T, folders []expectedFolder, duplicates int, spread time.Duration, enqueueURL string, env []string, bin func(n int) string) (wait func() int64) {
+	if bin == nil {
+		bin = func(int) string { return binDir }
+	}
+	var driver sync.WaitGroup
+	var enqueueErrors atomic.Int64
+	spacing := spread / time.Duration(len(folders)+1)
+	for i, f := range folders {
+		driver.Go(func() {
+			time.Sleep(time.Duration(i) * spacing)
+			var dup sync.WaitGroup
+			for d := range duplicates {
+				dup.Go(func() {
+					for attempt := range 30 {
+						out, code := runEnqueueFrom(t, bin(i+d), enqueueURL, env, importArgs(f.tenant, f.url)...)
+						if code == 0 || code == 3 {
+							return
+						}
+						if code != 1 || attempt == 29 {
+							// Said, so a failed run shows which answer it was.
+							t.Logf("enqueue of %s (tenant %s) counted as an error: exit %d after %d attempt(s): %s", f.url, f.tenant, code, attempt+1, strings.TrimSpace(out))
+							enqueueErrors.Add(1)
+							return
+						}
+						time.Sleep(time.Second)
+					}
+				})
+			}
+			dup.Wait()
+		})
+	}
+	return func() int64 {
+		driver.Wait()
+		return enqueueErrors.Load()
+	}
+}
+
+// allEnded reports whether no batch is Running and the folders' scopes
+// (n of them) all have a batch that ended. It reads a database that may be
+// restarting or failing over (a fault of the scenario): an error means
+// "not known to have ended yet", never a failure.
+func allEnded(ctx context.Context, pool *pgxpool.Pool, n int) bool {
+	var open, terminal int
+	err := pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE status = 'Running'), count(DISTINCT source_scope) FILTER (WHERE status <> 'Running')
+		FROM ingestion_batches`).Scan(&open, &terminal)
+	return err == nil && open == 0 && terminal == n
+}
+
+// expectations are what the invariant checker expects of the folders.
+func expectations(folders []expectedFolder) []chaos.Expectation {
+	expect := make([]chaos.Expectation, 0, len(folders))
+	for _, f := range folders {
+		expect = append(expect, chaos.Expectation{TenantID: f.tenant, Scope: f.scope, Records: int64(f.rows), Bad: f.bad})
+	}
+	return expect
 }
 
 func countBad(folders []expectedFolder) int {
