@@ -18,7 +18,8 @@
 // Pipelines decide with IsTransient: connection-level failures (refused,
 // reset, timeouts, SQLSTATE class 08), serialization failures and deadlocks
 // (40001, 40P01), server shutdown or overload (57P01–57P03, 53300), a
-// prepared statement missing or duplicated (26000, 42P05: pgx's statement
+// write refused by a read-only server (25006: a standby or a demoted
+// primary reached during a failover), a prepared statement missing or duplicated (26000, 42P05: pgx's statement
 // cache behind a transaction pooler without --database-pooler transaction),
 // storage unavailability, AWS errors the AWS SDK itself would retry (throttling such
 // as S3's 503 SlowDown or the Data API's ThrottlingException, 5xx answers,
@@ -547,6 +548,14 @@ func IsTransient(err error) bool {
 		}
 		switch pgErr.Code {
 		case "40001", "40P01", "57P01", "57P02", "57P03", "53300", "55P03":
+			return true
+		case "25006":
+			// A write reached a server that is read-only: a standby, or
+			// an old primary after a failover, through a name (DNS, a
+			// pooler's host) that still leads to it. The database is
+			// failing over, not the batch (a connection string with
+			// target_session_attrs=read-write refuses such a server when
+			// it connects).
 			return true
 		case "26000", "42P05":
 			// A prepared statement missing, or already there: this code

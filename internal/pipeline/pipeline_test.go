@@ -32,6 +32,7 @@ func TestIsTransient(t *testing.T) {
 		&pgconn.PgError{Code: "57P01"},
 		&pgconn.PgError{Code: "08006"},
 		&pgconn.PgError{Code: "53300"},
+		&pgconn.PgError{Code: "25006"}, // read-only: a standby, or an old primary after a failover
 		fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "40001"}),
 		&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED},
 		fmt.Errorf("copy: %w", io.ErrUnexpectedEOF),
