@@ -98,7 +98,7 @@ func runFailoverScenario(t *testing.T, dir string, n int, cfg chaosConfig) (faul
 	workers := make([]*supervisedWorker, cfg.workers)
 	for i := range workers {
 		workers[i] = &supervisedWorker{
-			t: t, name: fmt.Sprintf("chaos%d-w%d", n, i), url: dbURL, logs: &testproc.SyncBuffer{}, exited: make(chan struct{}),
+			t: t, name: fmt.Sprintf("chaos%d-w%d", n, i), bin: binDir, url: dbURL, logs: &testproc.SyncBuffer{}, exited: make(chan struct{}),
 			// A notification job whose completion the rewind forgot is
 			// rescued within seconds (River's rescuer runs every 30 s).
 			flags: []string{"--warehouse-url", whURL, "--notifications-file", file, "--notify-retry-base", "200ms",
