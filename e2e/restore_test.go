@@ -272,6 +272,18 @@ func restoreScenario(t *testing.T, wh restoreWarehouse, migrate bool) {
 		requireExactSlice(t, wh.pool, tenant, b, sampleRecords)
 		require.Equal(t, folders[i], strings.TrimPrefix(b.Scope(), folder.ScopePrefix))
 	}
+	// The chaos suite's identity invariants agree: every slice and
+	// publication names its folder's newest batch by uid, no uid names two
+	// ids, and, after worker migrate, no id names two uids.
+	var expect []chaos.Expectation
+	for _, b := range afterBatches {
+		expect = append(expect, chaos.Expectation{TenantID: tenant, Scope: b.Scope(), Records: sampleRecords})
+	}
+	identity, err := chaos.CheckIdentity(ctx, pool, wh.pool, expect, migrate)
+	require.NoError(t, err)
+	require.Empty(t, identity.Skipped)
+	require.Empty(t, identity.Violations)
+	require.Equal(t, 6, identity.Forgotten, "batches 4–9 are named by the warehouse and forgotten by the database")
 	got, unsigned := rc.snapshot()
 	require.Zero(t, unsigned)
 	for _, b := range afterBatches {

@@ -61,13 +61,15 @@ func CheckWith(ctx context.Context, pool, warehouse *pgxpool.Pool, expect []Expe
 	var r Report
 	rows, err := pool.Query(ctx, `
 		SELECT id, tenant_id, source_scope, status, details,
-		       execution_lease_terms, execution_lease_generation, execution_lease_expires_at
-		FROM ingestion_batches WHERE source_scope IS NOT NULL ORDER BY id`)
+		       execution_lease_terms, execution_lease_generation, execution_lease_expires_at,
+		       COALESCE(to_jsonb(b)->>'batch_uid', '')
+		FROM ingestion_batches b WHERE source_scope IS NOT NULL ORDER BY id`)
 	if err != nil {
 		return r, err
 	}
 	type row struct {
 		id            int64
+		uid           string // empty before batch identity (a schema without the column)
 		tenant, scope string
 		status        batch.Status
 		details       batch.Details
@@ -79,7 +81,7 @@ func CheckWith(ctx context.Context, pool, warehouse *pgxpool.Pool, expect []Expe
 			raw, trl []byte
 			trail    lease.Trail
 		)
-		if err := rows.Scan(&b.id, &b.tenant, &b.scope, &b.status, &raw, &trl, &trail.Generation, &trail.ExpiresAt); err != nil {
+		if err := rows.Scan(&b.id, &b.tenant, &b.scope, &b.status, &raw, &trl, &trail.Generation, &trail.ExpiresAt, &b.uid); err != nil {
 			return r, err
 		}
 		r.Batches++
@@ -174,7 +176,14 @@ func CheckWith(ctx context.Context, pool, warehouse *pgxpool.Pool, expect []Expe
 		case minB != b.id || maxB != b.id:
 			r.violate("folder %s of %s: records stamped with batches %d..%d, want only %d", e.Scope, e.TenantID, minB, maxB, b.id)
 		}
-		if err := warehouse.QueryRow(ctx, `SELECT count(*) FROM curated.fleet_publications WHERE batch_id = $1`, b.id).Scan(&pubs); err != nil {
+		// The batch's publications: of its folder, by its id and, where the
+		// schema has batch identity, its uid (a batch the database forgot
+		// may have been handed the same id, and published as itself).
+		if err := warehouse.QueryRow(ctx, `
+			SELECT count(*) FROM curated.fleet_publications p
+			WHERE tenant_id = $2 AND source_scope = $3 AND batch_id = $1
+			  AND ($4 = '' OR to_jsonb(p)->>'batch_uid' IS NULL OR to_jsonb(p)->>'batch_uid' = $4)`,
+			b.id, e.TenantID, e.Scope, b.uid).Scan(&pubs); err != nil {
 			return r, err
 		}
 		if pubs != 1 {

@@ -194,7 +194,11 @@ type Double struct {
 	ctx  context.Context
 	stop context.CancelFunc
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// provision serializes the creation of database users and their role
+	// grants (pgUser): PostgreSQL refuses two concurrent GRANTs of one
+	// membership with a unique violation, which a Redshift user never sees.
+	provision  sync.Mutex
 	statements map[string]*statement
 	tokens     map[string]string
 	faults     []*Injection

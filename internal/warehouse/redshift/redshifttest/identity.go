@@ -84,6 +84,8 @@ func (d *Double) rewriteRoles(sql string) string {
 func (d *Double) pgUser(ctx context.Context, id Identity) (string, error) {
 	h := sha256.Sum256([]byte(id.User))
 	name := d.rolePrefix + "u" + hex.EncodeToString(h[:6])
+	d.provision.Lock()
+	defer d.provision.Unlock()
 	d.mu.Lock()
 	created := d.users[name]
 	d.mu.Unlock()
