@@ -94,12 +94,35 @@ func plainRules(t *testing.T) map[string]alertRule {
 	return ruleMap(g)
 }
 
+// monitoringValues returns values enabling the PrometheusRule plus extra,
+// deep-copied: Helm's linter and renderer coalesce defaults into the maps
+// they are given, so parallel tests sharing sqsOn or reconcileOn raced.
 func monitoringValues(extra map[string]any) map[string]any {
 	v := map[string]any{"metrics": map[string]any{"prometheusRule": map[string]any{"enabled": true}}}
 	for k, x := range extra {
-		v[k] = x
+		v[k] = deepCopy(x)
 	}
 	return v
+}
+
+// deepCopy copies the maps and slices of a values tree.
+func deepCopy(x any) any {
+	switch x := x.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(x))
+		for k, v := range x {
+			m[k] = deepCopy(v)
+		}
+		return m
+	case []any:
+		s := make([]any, len(x))
+		for i, v := range x {
+			s[i] = deepCopy(v)
+		}
+		return s
+	default:
+		return x
+	}
 }
 
 var (
