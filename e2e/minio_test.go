@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -122,4 +123,19 @@ func TestMinIONotifiesTheDoorAndTheWorkerReadsIt(t *testing.T) {
 	require.Equal(t, 3.0, series[`ingest_http_request_outcomes_total{outcome="enqueued",route="POST /v1/events/s3"}`])
 	n, _ := batchCounts(t, pool)
 	require.Equal(t, 3, n, "one batch per folder with its marker, none for the folder without")
+
+	// An event of a shape nobody expected: answered ignored, with why,
+	// and counted.
+	status, out := postJSON(t, base+"/v1/events/s3", token, map[string]any{"Records": []any{map[string]any{
+		"eventSource": "minio:s3", "eventName": "s3:ObjectTeleported:Put",
+		"s3": map[string]any{"bucket": map[string]any{"name": bucket}, "object": map[string]any{"key": uploads[3].prefix + "/_SUCCESS"}},
+	}}})
+	require.Equal(t, http.StatusOK, status, out)
+	res := out["results"].([]any)[0].(map[string]any)
+	require.Equal(t, "ignored", res["outcome"])
+	require.Equal(t, "unknown_event", res["ignored_reason"])
+	require.Contains(t, res["reason"], "s3:ObjectTeleported:Put")
+	require.Equal(t, 1.0, scrapeSeries(t, admin)[ignored("unknown_event")])
+	n, _ = batchCounts(t, pool)
+	require.Equal(t, 3, n)
 }

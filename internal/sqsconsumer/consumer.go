@@ -586,6 +586,8 @@ func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
 		return
 	}
 	m.outcome = DeletedIgnored
+	var ignored []s3events.Planned
+	defer func() { c.countIgnored(ignored...) }()
 	for _, p := range s3events.PlanEvents(qm.Events, c.cfg.Marker, c.cfg.Mapping) {
 		switch p.Outcome {
 		case "":
@@ -597,7 +599,7 @@ func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
 			if p.DataFolder != nil {
 				m.data = append(m.data, p) // counted once looked up: it may be late_object
 			} else {
-				c.countIgnored(p)
+				ignored = append(ignored, p)
 			}
 		case "unmapped":
 			reason := LeftUnmapped
@@ -683,17 +685,20 @@ func (c *Consumer) findLateObjects(ctx context.Context, r *round) {
 	}
 }
 
-// countIgnored counts the ignored events among plans by reason
-// (ingest_events_ignored_total), and logs each of an unknown shape (an
-// event name or eventSource no store is known to send) with what the
+// countIgnored counts the ignored events among plans (one message's, or
+// the data-object events of a round) by reason
+// (ingest_events_ignored_total), and logs the first of an unknown shape
+// (an event name or eventSource no store is known to send) with what the
 // store sent.
 func (c *Consumer) countIgnored(plans ...s3events.Planned) {
+	logged := false
 	for _, p := range plans {
 		if p.Outcome != "ignored" {
 			continue
 		}
 		c.m.EventsIgnored.WithLabelValues(metrics.DoorSQS, p.IgnoredReason).Inc()
-		if p.IgnoredReason == s3events.IgnoredUnknownEvent || p.IgnoredReason == s3events.IgnoredUnknownSource {
+		if !logged && (p.IgnoredReason == s3events.IgnoredUnknownEvent || p.IgnoredReason == s3events.IgnoredUnknownSource) {
+			logged = true
 			c.log.Warn("object event of an unknown shape ignored", "door", metrics.DoorSQS, "bucket", p.Bucket, "key", p.Key,
 				"ignored_reason", p.IgnoredReason, "reason", p.Reason)
 		}
