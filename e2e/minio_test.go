@@ -104,7 +104,7 @@ func TestMinIONotifiesTheDoorAndTheWorkerReadsIt(t *testing.T) {
 		total, distinct := recordCopies(t, pool, f.Scope())
 		require.Equal(t, u.records, total, "%s: exactly its records", f)
 		require.Equal(t, u.records, distinct, f.String())
-		t.Logf("%s: batch %d Succeeded with %d records, %s after the first upload", f, b.ID, total, time.Since(start).Round(time.Millisecond))
+		t.Logf("%s: batch %d Succeeded with %d records, %s after MinIO was started", f, b.ID, total, time.Since(start).Round(time.Millisecond))
 	}
 
 	// MinIO sends each object's event once it is written: the door saw
