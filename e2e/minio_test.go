@@ -34,6 +34,7 @@ import (
 // endpoint and finds nothing missed.
 func TestMinIONotifiesTheDoorAndTheWorkerReadsIt(t *testing.T) {
 	t.Parallel()
+	miniotest.Require(t)
 	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)

@@ -113,15 +113,26 @@ func Bin() (string, error) {
 	return bin, nil
 }
 
+// Require returns the MinIO binary, or fails the test when it is missing
+// (skips it, under -short): for a test to call before it starts what it
+// would give MinIO.
+func Require(t testing.TB) string {
+	t.Helper()
+	bin, err := Bin()
+	if err != nil {
+		testdeps.Missing(t, "minio", "GOBIN=DIR go install "+Module+"@"+Version+", "+EnvBin+"=DIR/minio", err)
+	}
+	return bin
+}
+
 // Start starts a server with env added to its environment (WebhookEnv's
 // variables, say) that stops when the test ends (its log shown if the
 // test failed), or fails the test when MinIO is missing (skips it, under
 // -short) or does not start.
 func Start(t testing.TB, env ...string) *Server {
 	t.Helper()
-	bin, err := Bin()
-	if err != nil {
-		testdeps.Missing(t, "minio", "GOBIN=DIR go install "+Module+"@"+Version+", "+EnvBin+"=DIR/minio", err)
+	bin := Require(t)
+	if bin == "" {
 		return nil
 	}
 	var lastErr error
