@@ -229,13 +229,13 @@ func TestTwoReleasesConsumersDownAreTwoAlerts(t *testing.T) {
 	for _, rel := range twoReleases {
 		series += up(rel, "fleet-ingest-worker", "1x30") + up(rel, "fleet-ingest-sqs", "1x3 _x27")
 	}
-	run("both.yaml", series, alert("prod")+alert("canary"))
+	run("test-both.yaml", series, alert("prod")+alert("canary"))
 	require.Contains(t, alert("prod"), "summary: 'fleet/prod: No enqueue sqs is up'")
 	require.Contains(t, alert("canary"), "release: canary")
 
 	series = up("prod", "fleet-ingest-worker", "1x30") + up("prod", "fleet-ingest-sqs", "1x3 _x27") +
 		up("canary", "fleet-ingest-worker", "1x30") + up("canary", "fleet-ingest-sqs", "1x30")
-	run("prod.yaml", series, alert("prod"))
+	run("test-prod-only.yaml", series, alert("prod"))
 }
 
 // TestChartSecretsAndDashboardPerRelease: two releases in one namespace,
