@@ -300,8 +300,8 @@ func TestChartOperatorToken(t *testing.T) {
 			urls[e.Name] = e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
 		}
 	}
-	require.Equal(t, "fleet-ingest-enqueue/url", urls["DATABASE_URL"], "the doors act as the enqueue login")
-	require.Equal(t, "fleet-ingest-enqueue/operator-url", urls["OPERATOR_DATABASE_URL"], "the operator surfaces as the operator login")
+	require.Equal(t, "prod-fleet-ingest-enqueue/url", urls["DATABASE_URL"], "the doors act as the enqueue login")
+	require.Equal(t, "prod-fleet-ingest-enqueue/operator-url", urls["OPERATOR_DATABASE_URL"], "the operator surfaces as the operator login")
 	require.Equal(t, []string{"prod-fleet-ingest-enqueue"}, secretsOf(p))
 	for name, pod := range map[string]corev1.PodSpec{"worker": all.worker, "migrate": all.migrate} {
 		for _, e := range pod.Containers[0].Env {
