@@ -227,7 +227,9 @@ func curatedTable(role Role, obj string) []Privilege {
 }
 
 // checkSQL answers, for each privilege (kind, object, column, mode), whether
-// the current login holds it; an object that does not exist is not held.
+// the current login holds it; an object that does not exist, or in a schema
+// the login may not use (whose objects PostgreSQL will not even look up for
+// it), is not held.
 // A policy is held when row-level security does not apply to the login
 // (not enabled on the table, or the login is a superuser, may bypass it or
 // is a member of the table's owner) or a policy of the table for that
@@ -236,6 +238,8 @@ const checkSQL = `
 SELECT p.i
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS p(kind, obj, col, mode, i)
  WHERE NOT CASE
+	WHEN p.kind <> 'schema' AND to_regnamespace(split_part(p.obj, '.', 1)) IS NULL THEN false
+	WHEN p.kind <> 'schema' AND NOT has_schema_privilege(split_part(p.obj, '.', 1), 'USAGE') THEN false
 	WHEN p.kind IN ('table', 'column', 'sequence', 'policy') AND to_regclass(p.obj) IS NULL THEN false
 	WHEN p.kind = 'function' AND to_regprocedure(p.obj) IS NULL THEN false
 	WHEN p.kind = 'schema' AND to_regnamespace(p.obj) IS NULL THEN false
