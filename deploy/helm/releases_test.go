@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/stretchr/testify/require"
@@ -174,11 +175,11 @@ func asList(v any) []any {
 func seriesString(lbls labels.Labels) string {
 	var parts []string
 	lbls.Range(func(l labels.Label) {
-		if l.Name != labels.MetricName {
+		if l.Name != model.MetricNameLabel {
 			parts = append(parts, l.Name+"="+strconv.Quote(l.Value))
 		}
 	})
-	return lbls.Get(labels.MetricName) + "{" + strings.Join(parts, ",") + "}"
+	return lbls.Get(model.MetricNameLabel) + "{" + strings.Join(parts, ",") + "}"
 }
 
 // TestTwoReleasesConsumersDownAreTwoAlerts: two releases in one namespace
