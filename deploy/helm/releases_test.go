@@ -83,6 +83,7 @@ func TestChartAlertsNameTheirRelease(t *testing.T) {
 		require.NoError(t, err, "%s, run for releases %v in namespace %s:\n%s", file, twoReleases, twoReleasesNamespace, res)
 	}
 	require.GreaterOrEqual(t, firing, 2*len(plain), "every alert shown firing, once per release")
+	t.Logf("%d test file(s), %d rules per release, %d expected alerts across %v, each with its namespace and release", len(tests), len(plain), firing, twoReleases)
 }
 
 // perRelease rewrites a promtool test file for the rendered rules of
