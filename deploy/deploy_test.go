@@ -141,7 +141,7 @@ func checkRunbook(t *testing.T, alert, url string, anchors map[string]bool) {
 func TestRunbookCoversOperatorTasks(t *testing.T) {
 	t.Parallel()
 	anchors := runbookAnchors(t)
-	for _, section := range []string{"stuck-batch", "parked-batch", "cancel", "retry", "resume", "lost-worker", "database-down"} {
+	for _, section := range []string{"stuck-batch", "parked-batch", "cancel", "retry", "resume", "lost-worker", "database-down", "permission-denied"} {
 		require.True(t, anchors[section], "docs/runbook.md has no section %q", section)
 	}
 }
