@@ -59,11 +59,11 @@ func TestCredentialsFailClosedAndRotate(t *testing.T) {
 	pid := serve.cmd.Process.Pid
 	admin := "http://" + adminAddr(t, serve)
 
-	// bearerStatus is GET /v1/batches/999999 (no such batch) with token:
+	// bearerStatus is GET /v1/batches/999999?tenant_id=acme (no such batch) with token:
 	// 404 for a caller the door authenticates, 401 otherwise.
 	bearerStatus := func(token string) int {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, base+"/v1/batches/999999", nil)
+		req, err := http.NewRequest(http.MethodGet, base+"/v1/batches/999999?tenant_id=acme", nil)
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := httpClient.Do(req)

@@ -18,11 +18,11 @@ import (
 	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
-// batchStatus is the status of GET /v1/batches/999999 (no such batch) with
+// batchStatus is the status of GET /v1/batches/999999?tenant_id=t1 (no such batch) with
 // bearer: 404 for a caller the door authenticates, 401 for anyone else.
 func batchStatus(t *testing.T, f *fixture, bearer string) int {
 	t.Helper()
-	status, _ := f.get(t, "/v1/batches/999999", map[string]string{"Authorization": "Bearer " + bearer})
+	status, _ := f.get(t, "/v1/batches/999999?tenant_id=t1", map[string]string{"Authorization": "Bearer " + bearer})
 	return status
 }
 
