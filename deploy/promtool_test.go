@@ -40,13 +40,13 @@ func promtool(t *testing.T) string {
 
 // TestAlertRulesPassPromtool runs promtool check rules on the rules'
 // source and on the static file rendered from it, and promtool test rules
-// on every prometheus/alerts*_test.yaml (each names the source as its rule
-// file), and requires those tests to show every alert of the source both
+// on every prometheus/*_test.yaml (alerts_test.yaml, and a file per
+// group added later; each names the source as its rule file), and requires those tests to show every alert of the source both
 // firing (with its labels and rendered annotations) and silent.
 func TestAlertRulesPassPromtool(t *testing.T) {
 	t.Parallel()
 	bin := promtool(t)
-	testFiles, err := filepath.Glob("prometheus/alerts*_test.yaml")
+	testFiles, err := filepath.Glob("prometheus/*_test.yaml")
 	require.NoError(t, err)
 	require.Contains(t, testFiles, "prometheus/alerts_test.yaml")
 	runs := [][]string{{"check", "rules", "alerts.yaml"}, {"check", "rules", "../" + alertsSource}}
@@ -105,8 +105,8 @@ func TestAlertRulesPassPromtool(t *testing.T) {
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
 			n++
-			require.True(t, firing[r.Alert], "no prometheus/alerts*_test.yaml shows %s firing", r.Alert)
-			require.True(t, silent[r.Alert], "no prometheus/alerts*_test.yaml shows %s silent", r.Alert)
+			require.True(t, firing[r.Alert], "no prometheus/*_test.yaml shows %s firing", r.Alert)
+			require.True(t, silent[r.Alert], "no prometheus/*_test.yaml shows %s silent", r.Alert)
 		}
 	}
 	require.GreaterOrEqual(t, n, 21)

@@ -36,7 +36,7 @@ func everyComponentMonitored() map[string]any {
 
 // TestChartAlertsNameTheirRelease: every rule a release renders carries
 // the labels namespace and release (its own) and a summary that names
-// both; then every promtool test of deploy/prometheus (alerts*_test.yaml,
+// both; then every promtool test of deploy/prometheus (*_test.yaml,
 // written against the rules' source on series without those labels) is
 // run again against the rules of two releases rendered into one namespace,
 // each input series once per release and each expected alert once per
@@ -65,7 +65,7 @@ func TestChartAlertsNameTheirRelease(t *testing.T) {
 		ruleFiles = append(ruleFiles, file)
 	}
 
-	tests, err := filepath.Glob("../prometheus/alerts*_test.yaml")
+	tests, err := filepath.Glob("../prometheus/*_test.yaml")
 	require.NoError(t, err)
 	require.NotEmpty(t, tests)
 	bin := promtoolBin(t)
