@@ -45,6 +45,10 @@ const (
 	// OutcomeInvalidInput: ImportMany refused this request before writing
 	// anything for it (Field and Error say why).
 	OutcomeInvalidInput = "invalid_input"
+	// OutcomeSuperseded: a re-import of a given batch (ImportRequest.
+	// ReimportOf) found a newer batch of the folder (BatchID): another
+	// re-import of the same change came first; nothing was reserved.
+	OutcomeSuperseded = "superseded"
 )
 
 // InputError is a request refused before anything was written. Field names
@@ -77,6 +81,13 @@ type ImportRequest struct {
 	// succeeded, or is a failed publication that could be resumed.
 	// Without it such a request answers already_succeeded (resumable).
 	Reimport bool `json:"reimport,omitempty"`
+	// ReimportOf, with Reimport, is the Succeeded batch the caller found
+	// the folder's newest and differing from the folder (enqueue
+	// reconcile): the re-import is made only while that batch is still
+	// the newest, else it answers superseded (batch.Reservation.ReimportOf),
+	// so two scans that overlap import one change once. Not part of the
+	// HTTP API.
+	ReimportOf int64 `json:"-"`
 	// NoMarker opts out of the completion marker, for a producer that
 	// writes none: the worker loads the folder as it finds it. Without
 	// it, a folder without its marker fails before any warehouse write
@@ -238,6 +249,9 @@ func reservation(req ImportRequest, window time.Duration) (batch.Reservation, er
 		r.SkipIfResumable = cmp.Or(window, batch.DefaultPublicationWindow)
 	}
 	r.Details.RetryOf = req.retryOf
+	if req.Reimport {
+		r.ReimportOf = req.ReimportOf
+	}
 	r.Details.MarkerOptional = req.NoMarker
 	if req.MaxBadRecords < 0 || req.MaxBadRecords > folder.MaxBadRecordsCap {
 		return batch.Reservation{}, &InputError{Field: "max_bad_records", Reason: fmt.Sprintf("must be between 0 and %d", folder.MaxBadRecordsCap)}
@@ -319,6 +333,8 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 				results[i] = Result{Outcome: OutcomeConflict, RunningBatchID: rr.BatchID, RunningBatchUID: rr.BatchUID, SourceScope: scope}
 			case batch.AlreadySucceeded:
 				results[i] = Result{Outcome: OutcomeAlreadySucceeded, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope}
+			case batch.Superseded:
+				results[i] = Result{Outcome: OutcomeSuperseded, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope}
 			case batch.Resumable:
 				results[i] = Result{Outcome: OutcomeResumable, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope,
 					Status: string(batch.StatusFailed), Phase: string(batch.PhaseFailedPublication), Reason: ReasonResumeInstead}
