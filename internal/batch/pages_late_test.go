@@ -29,8 +29,9 @@ func TestAReservationThatCommitsLateIsOnNoPageOfTheWalk(t *testing.T) {
 	// 20 batches reserved a second apart, the newest a minute from now.
 	insertFinished(t, pool, "acme", scope, 20, time.Now().Add(time.Minute))
 
-	// A reservation begins 10.5 s before the newest of them (its
-	// transaction's time is its reservation time) and stays uncommitted.
+	// A reservation begins 2.5 s before the newest of them (its
+	// transaction's time is its reservation time: it sorts among the
+	// first page's five) and stays uncommitted.
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
@@ -39,7 +40,7 @@ func TestAReservationThatCommitsLateIsOnNoPageOfTheWalk(t *testing.T) {
 		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type,
 		                               pipeline_stage, status, details, source_scope, started_at)
 		VALUES ('company-1', 'acme', 'db', 'FileUpload', 'FleetS3', 'Fleet', 'Running', '{"version":1,"phase":"reserved"}', $1,
-		        (SELECT max(started_at) - interval '10.5 seconds' FROM ingestion_batches WHERE source_scope = $1))
+		        (SELECT max(started_at) - interval '2.5 seconds' FROM ingestion_batches WHERE source_scope = $1))
 		RETURNING id`, scope).Scan(&late))
 
 	walk := func(commitAfterFirst func()) map[int64]bool {
