@@ -29,9 +29,9 @@ func TestAReservationThatCommitsLateIsOnNoPageOfTheWalk(t *testing.T) {
 	// 20 batches reserved a second apart, the newest a minute from now.
 	insertFinished(t, pool, "acme", scope, 20, time.Now().Add(time.Minute))
 
-	// A reservation begins 2.5 s before the newest of them (its
-	// transaction's time is its reservation time: it sorts among the
-	// first page's five) and stays uncommitted.
+	// A reservation 2.5 s older than the newest of them (it sorts among
+	// the first page's five) stays uncommitted while the first page is
+	// read, as a burst's transaction still committing does.
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
