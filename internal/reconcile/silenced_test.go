@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"net/url"
 	"testing"
 	"time"
 
@@ -131,7 +132,11 @@ func TestReconcileIgnoresACheckpointMovedByAnotherLogin(t *testing.T) {
 	admin := pgtest.Pool(t, dbURL)
 	pgtest.ApplyRoles(t, admin)
 	door := pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, "fleet_enqueue"))
-	f := newFixtureOn(t, pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, "fleet_enqueue")), 5)
+	reconcileURL := pgtest.LoginAs(t, admin, dbURL, "fleet_enqueue")
+	f := newFixtureOn(t, pgtest.Pool(t, reconcileURL), 5)
+	u, err := url.Parse(reconcileURL)
+	require.NoError(t, err)
+	reconcileLogin := u.User.Username()
 	foreign := f.cfg.Metrics.ReconcileCheckpointsForeign
 
 	for i, application := range []string{"fleet-ingest-serve", reconcile.ApplicationName} {
@@ -139,17 +144,21 @@ func TestReconcileIgnoresACheckpointMovedByAnotherLogin(t *testing.T) {
 			if _, err := tx.Exec(ctx, `SELECT set_config('application_name', $1, true)`, application); err != nil {
 				return err
 			}
+			// It writes reconcile's login as the mover too: the trigger
+			// records its own.
 			_, err := tx.Exec(ctx, `
-				INSERT INTO ingest_reconcile_checkpoints AS c (bucket, prefix, start_after, pass_started_at, covered_since, last_run_at)
-				VALUES ($1, '', 'zzz', now(), now(), now() - interval '2 hours')
+				INSERT INTO ingest_reconcile_checkpoints AS c (bucket, prefix, start_after, pass_started_at, covered_since, last_run_at, moved_by)
+				VALUES ($1, '', 'zzz', now(), now(), now() - interval '2 hours', $2)
 				ON CONFLICT (bucket, prefix) DO UPDATE
-				SET start_after = 'zzz', pass_started_at = now(), covered_since = now(), last_run_at = now() - interval '2 hours'`, bucket)
+				SET start_after = 'zzz', pass_started_at = now(), covered_since = now(), last_run_at = now() - interval '2 hours',
+				    moved_by = $2, moved_application = $3`, bucket, reconcileLogin, reconcile.ApplicationName)
 			return err
 		}), application)
 		var movedBy, movedApp string
 		require.NoError(t, admin.QueryRow(ctx, `SELECT moved_by, moved_application FROM ingest_reconcile_checkpoints`).Scan(&movedBy, &movedApp))
 		require.Equal(t, application, movedApp)
 		require.Contains(t, movedBy, "test_fleet_enqueue_")
+		require.NotEqual(t, reconcileLogin, movedBy, "the door forged the mover")
 
 		p, err := reconcile.RunPeriod(ctx, f.cfg, time.Hour)
 		require.NoError(t, err, application)
