@@ -39,8 +39,8 @@ func TestAReservationThatCommitsLateIsOnNoPageOfTheWalk(t *testing.T) {
 	require.NoError(t, tx.QueryRow(ctx, `
 		INSERT INTO ingestion_batches (company_id, tenant_id, tenant_database, ingestion_mode, source_type,
 		                               pipeline_stage, status, details, source_scope, started_at)
-		VALUES ('company-1', 'acme', 'db', 'FileUpload', 'FleetS3', 'Fleet', 'Running', '{"version":1,"phase":"reserved"}', $1,
-		        (SELECT max(started_at) - interval '2.5 seconds' FROM ingestion_batches WHERE source_scope = $1))
+		VALUES ('company-1', 'acme', 'db', 'FileUpload', 'FleetS3', 'Fleet', 'Running', '{"version":1,"phase":"reserved"}', $1::text,
+		        (SELECT max(started_at) - interval '2.5 seconds' FROM ingestion_batches WHERE source_scope = $1::text))
 		RETURNING id`, scope).Scan(&late))
 
 	walk := func(commitAfterFirst func()) map[int64]bool {
