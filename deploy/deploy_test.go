@@ -173,7 +173,7 @@ func TestAlertRulesReferenceExportedMetrics(t *testing.T) {
 	}
 	for _, want := range []string{"FleetIngestStuckBatch", "FleetIngestLeaseRenewalsFailing", "FleetIngestTakeoverRateHigh", "FleetIngestQueueBacklogGrowing",
 		"FleetIngestNoLiveWorker", "FleetIngestFailedBatchRateHigh", "FleetIngestParkedBatch",
-		"FleetIngestSQSMessagesFailing", "FleetIngestSQSReceiveFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing", "FleetIngestReconcileCheckpointAhead",
+		"FleetIngestSQSMessagesFailing", "FleetIngestSQSReceiveFailing", "FleetIngestSQSConsumerBehind", "FleetIngestReconcileFoundMissedUploads", "FleetIngestReconcileFailing", "FleetIngestReconcileCheckpointAhead", "FleetIngestReconcileSilenced",
 		"FleetIngestDoorDown", "FleetIngestDoorErrors", "FleetIngestDatabaseUnreachable", "FleetIngestDatabaseStatsFailing",
 		"FleetIngestNotificationsGivenUp", "FleetIngestNotificationsFailing", "FleetIngestNotificationDestinationsInvalid"} {
 		require.True(t, alerts[want], "missing alert %s", want)
