@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,6 +96,11 @@ func TestChartAlertsNameTheirRelease(t *testing.T) {
 // naming it. It returns the file and the number of expected alerts in it.
 func perRelease(t *testing.T, raw []byte, ruleFiles []string) ([]byte, int) {
 	t.Helper()
+	// YAML reads an unquoted 0x110 (110 zeros to promtool) as the
+	// hexadecimal number 272: such values must be quoted to survive here.
+	if m := unquotedHex.Find(raw); m != nil {
+		t.Fatalf("%q: quote the values (YAML reads 0x... as a hexadecimal number)", m)
+	}
 	var doc map[string]any
 	require.NoError(t, yaml.Unmarshal(raw, &doc))
 	doc["rule_files"] = ruleFiles
@@ -166,6 +172,8 @@ func perRelease(t *testing.T, raw []byte, ruleFiles []string) ([]byte, int) {
 	require.NoError(t, err)
 	return out, n
 }
+
+var unquotedHex = regexp.MustCompile(`(?m)values:[ \t]*0x[0-9]+[ \t]*$`)
 
 func asList(v any) []any {
 	l, _ := v.([]any)
