@@ -152,11 +152,16 @@ func unstorableEscape(b []byte) (unstorable, bool) {
 }
 
 // unstorableNumber locates the first number of the valid JSON text b that
-// numeric cannot hold or refuse refuses. Strings are skipped by their
-// closing quote (one an even run of backslashes precedes); numbers are
-// parsed only when written with an exponent or at least longNumber bytes
-// long.
+// numeric cannot hold or refuse refuses. A record shorter than longNumber
+// without an exponent (an e between a digit and a digit or sign, in a
+// string or not) holds no number that may be out of range, and is not
+// scanned. Otherwise strings are skipped by their closing quote (one an
+// even run of backslashes precedes), and numbers are parsed only when
+// written with an exponent or at least longNumber bytes long.
 func unstorableNumber(b []byte, refuse RefuseNumber) (unstorable, bool) {
+	if len(b) < longNumber && !mayHoldExponent(b, 'e') && !mayHoldExponent(b, 'E') {
+		return unstorable{}, false
+	}
 	for i := 0; i < len(b); {
 		c := b[i]
 		switch {
@@ -206,6 +211,23 @@ func unstorableNumber(b []byte, refuse RefuseNumber) (unstorable, bool) {
 		}
 	}
 	return unstorable{}, false
+}
+
+// mayHoldExponent reports whether b holds e (e or E) between a digit and
+// a digit or sign, as an exponent is written.
+func mayHoldExponent(b []byte, e byte) bool {
+	for off := 1; off < len(b); {
+		i := bytes.IndexByte(b[off:], e)
+		if i < 0 {
+			return false
+		}
+		i += off
+		if i+1 < len(b) && isDigit(b[i-1]) && (isDigit(b[i+1]) || b[i+1] == '-' || b[i+1] == '+') {
+			return true
+		}
+		off = i + 1
+	}
+	return false
 }
 
 // numericRefusal returns why PostgreSQL's numeric cannot hold the valid
