@@ -58,6 +58,8 @@ var numberCases = []struct {
 	{"1e400", true}, // beyond DOUBLE PRECISION, within numeric
 	{"-0", true},
 	{"1E+5", true},
+	{"1E+1000000", false}, // a capital E, a sign
+	{"-2.5E-16384", false},
 	{"1e+0", true},
 	{"0.5", true},
 }
