@@ -363,7 +363,7 @@ func (r *RecordReader) read() (bool, error) {
 		}
 		var bad *BadRecord
 		if b[0] != '{' || !jsonValid(b) {
-			bad = &BadRecord{ObjectKey: r.key, Line: r.line, Reason: "not a JSON object", Excerpt: Excerpt(b)}
+			bad = &BadRecord{ObjectKey: r.key, Line: r.line, Reason: notAnObject(b), Excerpt: Excerpt(b)}
 		} else if u, found := checkValues(b, r.refuse); found {
 			bad = r.badValue(raw, b, u)
 		}

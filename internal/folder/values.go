@@ -316,6 +316,35 @@ func hex4(b []byte) rune {
 	return r
 }
 
+// maxNesting is the deepest nesting encoding/json parses, and so the
+// reader (PostgreSQL's jsonb stores 10,000 levels with its default
+// max_stack_depth of 2 MB).
+const maxNesting = 10_000
+
+// notAnObject returns the reason an NDJSON line json.Valid refuses is a
+// bad record: "not a JSON object", and why when it is one nested deeper
+// than maxNesting.
+func notAnObject(b []byte) string {
+	const why = "not a JSON object"
+	if b[0] != '{' {
+		return why
+	}
+	depth := 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			i = stringEnd(b, i) - 1
+		case '{', '[':
+			if depth++; depth > maxNesting {
+				return fmt.Sprintf("%s: nested more than %d levels deep", why, maxNesting)
+			}
+		case '}', ']':
+			depth--
+		}
+	}
+	return why
+}
+
 // badValue returns the bad record of the NDJSON line raw (whose trimmed
 // record is b, valid JSON) for its unstorable value u: the column is the
 // 1-based byte where the value starts in the line, the reason names its

@@ -249,6 +249,28 @@ func TestRefuseNumbersIsAskedOnlyAboutNumbersThatMayBeOutOfRange(t *testing.T) {
 	require.Contains(t, bad[2].Reason, "PostgreSQL's numeric")
 }
 
+// TestNestingBeyondTheParserIsNamed: a record nested 10,000 levels deep is
+// read (and jsonb stores it), one nested deeper is a bad record saying so.
+func TestNestingBeyondTheParserIsNamed(t *testing.T) {
+	t.Parallel()
+	nested := func(n int) string {
+		return strings.Repeat(`{"a":`, n) + `"x{["` + strings.Repeat("}", n)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT octet_length($1::text::jsonb::text)`, nested(maxNesting)).Scan(&n))
+
+	recs, bad, err := readTolerant(t, 1, map[string]string{"f/a.ndjson": nested(maxNesting) + "\n" + nested(maxNesting+1) + "\n"})
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	require.Len(t, bad, 1)
+	require.EqualValues(t, 2, bad[0].Line)
+	require.Equal(t, "not a JSON object: nested more than 10000 levels deep", bad[0].Reason)
+}
+
 // TestLocateNamesThePath: the JSON path of a value, of a key, through
 // arrays and keys that are not plain names, cut when very long.
 func TestLocateNamesThePath(t *testing.T) {
