@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -71,4 +74,53 @@ func TestAnUnstorableNumberIsABadRecord(t *testing.T) {
 		require.Equal(t, "the value at $.km: the number has 1000001 digits before the decimal point, more than the 131072 PostgreSQL's numeric holds", reason, c.name)
 		require.Equal(t, `"1e1000000"`, excerpt, c.name)
 	}
+}
+
+// TestAnUnstorableNumberIsABadRecordInRedshift: the same through the
+// Redshift warehouse (the Data API double): a worker loading a folder with
+// 1e400 (within numeric, beyond DOUBLE PRECISION, which no number of a
+// SUPER value holds) and 1e1000000 with --max-bad-records 2 stages
+// neither, ends Succeeded, and Redshift's errors table names both.
+func TestAnUnstorableNumberIsABadRecordInRedshift(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	double, env, migrateFlags, workerFlags := redshiftDouble(t)
+	migrate := exec.Command(filepath.Join(binDir, "worker"), append([]string{"migrate", "--log-level", "warn"}, migrateFlags...)...)
+	migrate.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL), env...)
+	migrated, err := migrate.CombinedOutput()
+	require.NoError(t, err, string(migrated))
+	startWorkerEnv(t, dbURL, env, append(append([]string(nil), workerFlags...), fastLease...)...)
+
+	url := writeFolder(t, map[string]string{"_SUCCESS": "", "trips.ndjson": `{"vehicle":"V1","km":1.5}` + "\n" +
+		`{"vehicle":"VX","km":1e400}` + "\n" + `{"vehicle":"VY","km":1e1000000}` + "\n" + `{"vehicle":"V2","km":2e300}` + "\n"})
+	out, code := runEnqueue(t, dbURL, append(importArgs("tenant-values", url), "--max-bad-records", "2")...)
+	require.Equal(t, 0, code, out)
+	id := int64(outcome(t, out)["batch_id"].(float64))
+	waitStatus(t, pool, id, batch.StatusSucceeded, 90*time.Second)
+
+	var n int
+	require.NoError(t, double.Pool.QueryRow(t.Context(), `SELECT count(*) FROM curated.fleet_records WHERE batch_id = $1`, id).Scan(&n))
+	require.Equal(t, 2, n, "V1 and V2")
+	rows, err := double.Pool.Query(t.Context(), `
+		SELECT line_number, column_number, reason, raw_excerpt FROM curated.fleet_load_errors WHERE batch_id = $1 ORDER BY ordinal`, id)
+	require.NoError(t, err)
+	type loadError struct {
+		Line    int64
+		Column  int
+		Reason  string
+		Excerpt string
+	}
+	var got []loadError
+	for rows.Next() {
+		var e loadError
+		require.NoError(t, rows.Scan(&e.Line, &e.Column, &e.Reason, &e.Excerpt))
+		got = append(got, e)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, got, 2, "%+v", got)
+	require.Equal(t, loadError{2, 22, "the value at $.km: the number is beyond DOUBLE PRECISION's range (about ±1.8e308), the widest number a Redshift SUPER value holds", `"1e400"`}, got[0])
+	require.Equal(t, int64(3), got[1].Line)
+	require.Equal(t, 22, got[1].Column)
+	require.Contains(t, got[1].Reason, "PostgreSQL's numeric")
 }
