@@ -111,7 +111,7 @@ var SQSLeftReasons = []string{"malformed", "unmapped", "bucket_not_allowed", "in
 
 // ReconcileOutcomes label ingest_reconcile_folders_total: what reconcile
 // found for each completed folder.
-var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "resumable", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue", "reimported", "would_reimport"}
+var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "resumable", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue", "reimported", "would_reimport", "superseded"}
 
 // ReconcileChangeReasons label ingest_reconcile_changed_total: how a
 // published folder differs from its newest batch's load.
@@ -158,8 +158,13 @@ type Metrics struct {
 	HTTPRequests     *prometheus.CounterVec
 	SNSConfirmations *prometheus.CounterVec
 	// TenantTokenReloadFailures counts reloads of enqueue serve's tenant
-	// tokens file that did not parse (the tokens last read stay).
+	// tokens file that could not read it (no tenant token is accepted) or
+	// refused a line (its token is not accepted).
 	TenantTokenReloadFailures prometheus.Counter
+	// TenantTokensRefusedLines and SecretFileReloadFailures: the
+	// credential files' (credentials.go).
+	TenantTokensRefusedLines prometheus.Gauge
+	SecretFileReloadFailures *prometheus.CounterVec
 	// QueueWait is how long jobs waited in the queue: from the job's
 	// insertion to its first attempt (observed by the worker).
 	QueueWait prometheus.Histogram
@@ -225,6 +230,12 @@ type Metrics struct {
 	// ReconcileCheckpointsIgnored counts checkpoints a period ignored
 	// because they were dated after the database clock.
 	ReconcileCheckpointsIgnored prometheus.Counter
+	// ReconcileCheckpointsForeign counts checkpoints a period ignored
+	// because someone other than reconcile moved them last (migration
+	// 00115); ReconcileSkippedConsecutive is how many periods in a row
+	// this replica skipped (0 after a scan).
+	ReconcileCheckpointsForeign prometheus.Counter
+	ReconcileSkippedConsecutive prometheus.Gauge
 	// ReconcileChanged counts published folders found changed since their
 	// newest batch's load, by reason; ReconcileUnsummarized those not
 	// compared because that batch records no summary (an older build).
@@ -293,7 +304,8 @@ func NewWorker() *Metrics {
 // created but not registered.
 func NewServe() *Metrics {
 	m, _ := build()
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.EventsIgnored, m.TenantTokenReloadFailures, m.RiverUIRequests} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.EventsIgnored, m.TenantTokenReloadFailures, m.RiverUIRequests,
+		m.TenantTokensRefusedLines, m.SecretFileReloadFailures} {
 		m.Registry.MustRegister(c)
 	}
 	m.LateObjectEvents.DeleteLabelValues(DoorSQS) // enqueue sqs's door
@@ -419,7 +431,7 @@ func build() (*Metrics, []prometheus.Collector) {
 
 	m.TenantTokenReloadFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_tenant_tokens_reload_failures_total",
-		Help: "Reloads of enqueue serve's tenant tokens file (--tenant-tokens-file) that could not read or parse it; the tokens last read stay in force.",
+		Help: "Reloads of enqueue serve's tenant tokens file (--tenant-tokens-file) that could not read it (then no tenant token is accepted) or refused a line (its token is not accepted; ingest_tenant_tokens_refused_lines counts them).",
 	})
 	m.SNSConfirmations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_sns_subscription_confirmations_total",
@@ -431,6 +443,7 @@ func build() (*Metrics, []prometheus.Collector) {
 	m.newFairness(f)
 	m.newNotifications(f)
 	m.newRiverUI()
+	m.newCredentials()
 	m.SupersededJobs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_superseded_jobs_finalized_total",
 		Help: "River jobs left running by a delivery whose lease was taken over (a killed or paused worker), finalized as cancelled by the sweeper.",
@@ -577,10 +590,16 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 		Buckets: prometheus.ExponentialBuckets(0.1, 3, 10),
 	})
 	m.ReconcileScans = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_reconcile_scans_total", Help: "Reconcile periods by outcome (scanned; skipped: another replica holds the lock or scanned this period; failed).",
+		Name: "ingest_reconcile_scans_total", Help: "Reconcile periods by outcome (scanned; skipped: another session holds the checkpoint row or a replica scanned this period; failed).",
 	}, []string{"outcome"})
 	m.ReconcileCheckpointsIgnored = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_reconcile_checkpoints_ignored_total", Help: "Reconcile checkpoints ignored because they were dated after the database clock (no pass writes one: a login wrote it, or the clock stepped back); the pass started over.",
+	})
+	m.ReconcileCheckpointsForeign = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_reconcile_checkpoints_foreign_total", Help: "Reconcile checkpoints ignored because someone other than reconcile moved them last (moved_by/moved_application, migration 00115: a login that could hide missed folders); the pass started over.",
+	})
+	m.ReconcileSkippedConsecutive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ingest_reconcile_periods_skipped_consecutive", Help: "Reconcile periods this replica skipped in a row (the checkpoint row locked by another session, or a replica ran this period); 0 after a period that scanned. The minimum over an install's replicas stays at 0 while any of them works.",
 	})
 	m.ReconcileChanged = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_reconcile_changed_total", Help: "Published folders reconcile found changed since their newest batch's load, by reason (added, removed, changed: an object's ETag; marker_rewritten), each imported again: files that arrived or changed late.",
@@ -588,7 +607,7 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 	m.ReconcileUnsummarized = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_reconcile_unsummarized_total", Help: "Published folders reconcile could not compare with their load because their batch records no summary of the objects it loaded (loaded by a build before the summary); not imported again.",
 	})
-	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans, m.ReconcileCheckpointsIgnored, m.ReconcileChanged, m.ReconcileUnsummarized}
+	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans, m.ReconcileCheckpointsIgnored, m.ReconcileCheckpointsForeign, m.ReconcileSkippedConsecutive, m.ReconcileChanged, m.ReconcileUnsummarized}
 	for _, c := range m.reconcile {
 		f(c)
 	}

@@ -34,7 +34,7 @@ func (s *Server) operatorRefusal(r *http.Request, basic bool) (status int, why s
 	if hasBearer && tokenEqual(bearer, s.cfg.OperatorToken) || basic && hasBasic && tokenEqual(password, s.cfg.OperatorToken) {
 		return 0, ""
 	}
-	if hasBearer && tokenEqual(bearer, s.cfg.AuthToken) || hasBasic && tokenEqual(password, s.cfg.AuthToken) {
+	if hasBearer && s.isImportToken(bearer) || hasBasic && s.isImportToken(password) {
 		return http.StatusForbidden, "the import token does not authorise operator actions: use the operator token"
 	}
 	if basic {
