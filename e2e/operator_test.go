@@ -53,7 +53,7 @@ func TestCancelStopsTheWorkerAndFreesTheScope(t *testing.T) {
 	// saying in one line who cancelled the batch and why.
 	var cancelLine map[string]any
 	require.NoError(t, json.Unmarshal([]byte(w.waitLog(`"msg":"batch cancelled by an operator: stopped without further writes"`, 30*time.Second)), &cancelLine))
-	require.Equal(t, "alice", cancelLine["cancelled_by"])
+	require.Equal(t, "cli:"+loginName(t, dbURL), cancelLine["cancelled_by"], "who is the database login; --by is a note")
 	require.Equal(t, "wrong upload", cancelLine["reason"])
 	require.Equal(t, "tenant-a", cancelLine["tenant_id"])
 	require.Equal(t, float64(id), cancelLine["batch_id"])
