@@ -72,7 +72,7 @@ func (p *pruneCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err := cfg.Validate(); errors.As(err, &in) {
 		return invalid(e, &jobs.InputError{Field: in.Field, Reason: in.Reason})
 	}
-	if err := p.validate(); err != nil {
+	if err := p.checkOperator(); err != nil {
 		return invalid(e, err)
 	}
 	pool, err := connect(c, e)

@@ -382,7 +382,7 @@ type resumeCmd struct {
 
 func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	req := jobs.ResumeRequest{BatchID: r.BatchID, TenantID: r.TenantID, Folder: r.Folder, Reason: r.Reason}
-	if err := r.validate(); err != nil {
+	if err := r.checkOperator(); err != nil {
 		return invalid(e, err)
 	}
 	if err := jobs.ValidateResume(req); err != nil {
@@ -430,7 +430,7 @@ type retryCmd struct {
 
 func (r *retryCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	req := jobs.RetryRequest{BatchID: r.BatchID, TenantID: r.TenantID, Reason: r.Reason}
-	if err := r.validate(); err != nil {
+	if err := r.checkOperator(); err != nil {
 		return invalid(e, err)
 	}
 	if err := jobs.ValidateRetry(req); err != nil {
@@ -476,8 +476,8 @@ type operator struct {
 	By     string `name:"by" env:"ENQUEUE_OPERATOR" help:"A name to note beside the action (free text, in the audit's note with the OS user). Who acts is the database login, not this."`
 }
 
-// validate checks --by and --reason as a cancel records them.
-func (o operator) validate() error {
+// checkOperator checks --by and --reason as a cancel records them.
+func (o operator) checkOperator() error {
 	if err := batch.ValidateOperator(cmp.Or(o.By, "unnamed"), o.Reason); err != nil {
 		var v *batch.ValidationError
 		if errors.As(err, &v) {
@@ -508,7 +508,7 @@ func (o operator) actor(ctx context.Context, pool *pgxpool.Pool) (audit.Actor, e
 
 func (k *cancelCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	req := jobs.CancelRequest{BatchID: k.BatchID, TenantID: k.TenantID, Reason: k.Reason, Actor: audit.Actor{Door: audit.DoorCLI}}
-	if err := k.validate(); err != nil {
+	if err := k.checkOperator(); err != nil {
 		return invalid(e, err)
 	}
 	if err := jobs.ValidateCancel(req); err != nil {

@@ -182,6 +182,9 @@ func LoadOperatorTokens(path string, logger *slog.Logger) (*OperatorTokens, erro
 		}
 		return nil, fmt.Errorf("operator tokens file %s: %w", path, err)
 	}
+	if err != nil && logger != nil {
+		logger.Error("operator tokens file: refused its malformed lines, applied the rest", "path", path, "error", err)
+	}
 	return o, nil
 }
 
