@@ -93,7 +93,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		s.reply(w, routeCancel, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
 		return
 	}
-	status := http.StatusOK
+	status = http.StatusOK
 	switch res.Outcome {
 	case jobs.OutcomeNotFound:
 		status = http.StatusNotFound

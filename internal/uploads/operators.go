@@ -90,8 +90,8 @@ func OperatorTokenLine(name, token string) string {
 	return name + " " + tenantTokenHashPrefix + hex.EncodeToString(sum[:])
 }
 
-// operatorToken is one operator token: its hash and its operator.
-type operatorToken struct {
+// operatorEntry is one operator token of the file: its hash and its operator.
+type operatorEntry struct {
 	hash [sha256.Size]byte
 	name string
 }
@@ -100,7 +100,7 @@ type operatorToken struct {
 // tokens of the lines that parse, and one error per line that does not
 // (naming its number and why). legacy is true when the file is the former
 // format (one line, the token itself): its token is LegacyOperatorName's.
-func ParseOperatorTokens(raw []byte) (tokens []operatorToken, lineErrs []error, legacy bool) {
+func ParseOperatorTokens(raw []byte) (tokens []operatorEntry, lineErrs []error, legacy bool) {
 	type line struct {
 		n    int
 		text string
@@ -121,7 +121,7 @@ func ParseOperatorTokens(raw []byte) (tokens []operatorToken, lineErrs []error, 
 		lineErrs = append(lineErrs, fmt.Errorf("line %d: %w", n+1, err))
 	}
 	if len(lines) == 1 && len(strings.Fields(lines[0].text)) == 1 && !strings.HasPrefix(lines[0].text, tenantTokenHashPrefix) {
-		return []operatorToken{{hash: sha256.Sum256([]byte(lines[0].text)), name: LegacyOperatorName}}, lineErrs, true
+		return []operatorEntry{{hash: sha256.Sum256([]byte(lines[0].text)), name: LegacyOperatorName}}, lineErrs, true
 	}
 	seen := map[[sha256.Size]byte]int{}
 	for _, l := range lines {
@@ -140,7 +140,7 @@ func ParseOperatorTokens(raw []byte) (tokens []operatorToken, lineErrs []error, 
 			lineErrs = append(lineErrs, fmt.Errorf("line %d: the second field must be sha256:<64 hex digits of the token's SHA-256>, not a token (enqueue token operator prints the line)", l.n))
 			continue
 		}
-		t := operatorToken{name: fields[0]}
+		t := operatorEntry{name: fields[0]}
 		copy(t.hash[:], sum)
 		if first, dup := seen[t.hash]; dup {
 			lineErrs = append(lineErrs, fmt.Errorf("line %d: the same token hash as line %d", l.n, first))
@@ -159,14 +159,14 @@ type OperatorTokens struct {
 	logger *slog.Logger
 
 	mu     sync.RWMutex
-	tokens []operatorToken
+	tokens []operatorEntry
 	raw    []byte // the file as last read; nil: not read, or unreadable
 }
 
 // StaticOperatorToken returns the one operator token token, of operator
 // name (ENQUEUE_OPERATOR_TOKEN is LegacyOperatorName's).
 func StaticOperatorToken(name, token string) *OperatorTokens {
-	return &OperatorTokens{tokens: []operatorToken{{hash: sha256.Sum256([]byte(token)), name: name}}}
+	return &OperatorTokens{tokens: []operatorEntry{{hash: sha256.Sum256([]byte(token)), name: name}}}
 }
 
 // LoadOperatorTokens reads the operator tokens file at path. A file that
@@ -252,7 +252,7 @@ func (o *OperatorTokens) Watch(ctx context.Context, every time.Duration, failed 
 	}
 }
 
-func (o *OperatorTokens) current() []operatorToken {
+func (o *OperatorTokens) current() []operatorEntry {
 	if o == nil {
 		return nil
 	}
