@@ -79,7 +79,7 @@ func TestCancelStopsTheWorkerAndFreesTheScope(t *testing.T) {
 	require.Equal(t, batch.StatusFailed, b.Status)
 	require.Equal(t, batch.PhaseCancelled, d.Phase)
 	require.Equal(t, held.LeaseGeneration+1, b.LeaseGeneration)
-	require.Equal(t, "cancelled by alice: wrong upload", d.LastError.Message)
+	require.Equal(t, "cancelled by cli:"+loginName(t, dbURL)+": wrong upload", d.LastError.Message)
 	for _, wr := range d.Writes {
 		require.False(t, wr.At.After(*b.CancelledAt), "no write landed after the cancel")
 	}
