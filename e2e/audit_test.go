@@ -259,6 +259,19 @@ func TestOperatorTokensRotateWithoutRestart(t *testing.T) {
 	status, out := cancel("alice-new")
 	require.Equal(t, http.StatusOK, status, "the new token still works: %v", out)
 
+	// A token pasted instead of its hash: that line is refused and counted,
+	// the others still apply.
+	require.NoError(t, os.WriteFile(tokens+".new", []byte(uploads.OperatorTokenLine("alice-2026", "alice-new")+"\nbob bobs-raw-token\n"), 0o600))
+	require.NoError(t, os.Rename(tokens+".new", tokens))
+	require.Eventually(t, func() bool {
+		return strings.Contains(httpGet(t, adminURL+"/metrics"), `ingest_secret_file_reload_failures_total{file="operator-tokens"} `) &&
+			!strings.Contains(httpGet(t, adminURL+"/metrics"), `ingest_secret_file_reload_failures_total{file="operator-tokens"} 0`)
+	}, 30*time.Second, 200*time.Millisecond, "the malformed line is counted")
+	require.Contains(t, serve.waitLog(`"msg":"reloading operator tokens: refused what is wrong, applied the rest"`, 10*time.Second), "line 2")
+	require.NotContains(t, serve.logs.String(), "bobs-raw-token", "never the line's content")
+	status, out = cancel("alice-new")
+	require.Equal(t, http.StatusOK, status, "the valid line still applies: %v", out)
+
 	var actors []string
 	rows, err := pool.Query(context.Background(), `SELECT actor FROM ingest_operator_actions WHERE outcome = 'cancelled' ORDER BY id`)
 	require.NoError(t, err)
