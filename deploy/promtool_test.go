@@ -39,13 +39,20 @@ func promtool(t *testing.T) string {
 }
 
 // TestAlertRulesPassPromtool runs promtool check rules and promtool test
-// rules on prometheus/alerts_test.yaml, and requires that test file to show
-// every alert of alerts.yaml both firing (with its labels and rendered
-// annotations) and silent.
+// rules on every prometheus/*_test.yaml (alerts_test.yaml, and a file per
+// group added later), and requires those test files to show every alert
+// of alerts.yaml both firing (with its labels and rendered annotations)
+// and silent.
 func TestAlertRulesPassPromtool(t *testing.T) {
 	t.Parallel()
 	bin := promtool(t)
-	for _, args := range [][]string{{"check", "rules", "alerts.yaml"}, {"test", "rules", "alerts_test.yaml"}} {
+	testFiles, err := filepath.Glob("prometheus/*_test.yaml")
+	require.NoError(t, err)
+	require.Contains(t, testFiles, "prometheus/alerts_test.yaml")
+	for i, f := range testFiles {
+		testFiles[i] = filepath.Base(f)
+	}
+	for _, args := range [][]string{{"check", "rules", "alerts.yaml"}, append([]string{"test", "rules"}, testFiles...)} {
 		cmd := exec.Command(bin, args...)
 		cmd.Dir = "prometheus"
 		out, err := cmd.CombinedOutput()
@@ -70,16 +77,19 @@ func TestAlertRulesPassPromtool(t *testing.T) {
 			} `json:"alert_rule_test"`
 		} `json:"tests"`
 	}
-	raw, err = os.ReadFile("prometheus/alerts_test.yaml")
-	require.NoError(t, err)
-	require.NoError(t, yaml.Unmarshal(raw, &tests))
 	firing, silent := map[string]bool{}, map[string]bool{}
-	for _, tc := range tests.Tests {
-		for _, at := range tc.AlertRuleTest {
-			if len(at.ExpAlerts) > 0 {
-				firing[at.Alertname] = true
-			} else {
-				silent[at.Alertname] = true
+	for _, f := range testFiles {
+		raw, err = os.ReadFile(filepath.Join("prometheus", f))
+		require.NoError(t, err)
+		tests.Tests = nil
+		require.NoError(t, yaml.Unmarshal(raw, &tests))
+		for _, tc := range tests.Tests {
+			for _, at := range tc.AlertRuleTest {
+				if len(at.ExpAlerts) > 0 {
+					firing[at.Alertname] = true
+				} else {
+					silent[at.Alertname] = true
+				}
 			}
 		}
 	}
@@ -87,8 +97,8 @@ func TestAlertRulesPassPromtool(t *testing.T) {
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
 			n++
-			require.True(t, firing[r.Alert], "prometheus/alerts_test.yaml never shows %s firing", r.Alert)
-			require.True(t, silent[r.Alert], "prometheus/alerts_test.yaml never shows %s silent", r.Alert)
+			require.True(t, firing[r.Alert], "prometheus/*_test.yaml never shows %s firing", r.Alert)
+			require.True(t, silent[r.Alert], "prometheus/*_test.yaml never shows %s silent", r.Alert)
 		}
 	}
 	require.GreaterOrEqual(t, n, 21)

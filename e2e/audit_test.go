@@ -264,8 +264,8 @@ func TestOperatorTokensRotateWithoutRestart(t *testing.T) {
 	require.NoError(t, os.WriteFile(tokens+".new", []byte(uploads.OperatorTokenLine("alice-2026", "alice-new")+"\nbob bobs-raw-token\n"), 0o600))
 	require.NoError(t, os.Rename(tokens+".new", tokens))
 	require.Eventually(t, func() bool {
-		return strings.Contains(httpGet(t, adminURL+"/metrics"), `ingest_secret_file_reload_failures_total{file="operator-tokens"} `) &&
-			!strings.Contains(httpGet(t, adminURL+"/metrics"), `ingest_secret_file_reload_failures_total{file="operator-tokens"} 0`)
+		return strings.Contains(httpGet(t, adminURL+"/metrics"), `ingest_secret_file_reload_failures_total{file="operator_token_file"} `) &&
+			!strings.Contains(httpGet(t, adminURL+"/metrics"), `ingest_secret_file_reload_failures_total{file="operator_token_file"} 0`)
 	}, 30*time.Second, 200*time.Millisecond, "the malformed line is counted")
 	require.Contains(t, serve.waitLog(`"msg":"reloading operator tokens: refused what is wrong, applied the rest"`, 10*time.Second), "line 2")
 	require.NotContains(t, serve.logs.String(), "bobs-raw-token", "never the line's content")

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/pprof"
-	"os"
 	"strings"
 	"time"
 
@@ -24,12 +23,13 @@ import (
 type serveCmd struct {
 	Listen            string        `name:"listen" env:"LISTEN_ADDR" default:":8080" help:"Address to listen on."`
 	AdminListen       string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" default:":8081" help:"Address of the admin listener, inside the cluster only: /healthz, /readyz and /metrics for kubelet probes and Prometheus (they refuse request bodies), and the operator surfaces, served nowhere else: POST /v1/batches/{id}/cancel, the River UI at /riverui/ and pprof at /debug/pprof/ (all with the operator token). A port of its own, so no client of --listen can starve it. Empty: no admin listener, and no cancel route, River UI or pprof."`
-	AuthTokenFile     string        `name:"auth-token-file" env:"ENQUEUE_AUTH_TOKEN_FILE" help:"File holding the import token: the bearer token import requests must carry."`
+	AuthTokenFile     string        `name:"auth-token-file" env:"ENQUEUE_AUTH_TOKEN_FILE" help:"File of the import tokens, the bearer tokens import requests must carry: one per line (blank lines and lines starting with # skipped), every one accepted, so the token rotates without a cut-over (add the new line, move the clients, remove the old line). Read again every --secrets-reload; while it cannot be read or holds no token, no import token is accepted."`
 	AuthToken         string        `name:"auth-token" env:"ENQUEUE_AUTH_TOKEN" hidden:"" help:"Import token (environment only; a flag value would show in ps)."`
 	OperatorTokenFile string        `name:"operator-token-file" env:"ENQUEUE_OPERATOR_TOKEN_FILE" help:"File of operator tokens, the only credentials of POST /v1/batches/{id}/cancel and the River UI (which act on any tenant's work; the import token never opens them), one per line: \"<operator name> sha256:<hex>\", the SHA-256 of the token (enqueue token operator --name prints a token and its line). The name is who acts in the operators' audit (enqueue audit). Reloaded every --operator-tokens-reload, line by line: a line added works, a line removed stops working, a malformed line is refused (the others apply), a missing file accepts no operator token. A file holding one token itself (the former format) is still read, as operator \"operator\" (deprecated). Without it the operator surfaces are not served. No operator token may be the import token."`
 	OperatorToken     string        `name:"operator-token" env:"ENQUEUE_OPERATOR_TOKEN" hidden:"" help:"One operator token, of operator \"operator\" (environment only; deprecated: use --operator-token-file)."`
 	InsecureNoAuth    bool          `name:"insecure-no-auth" help:"Accept import requests without authentication. Never in production. Operator routes still need the operator token."`
-	HMACSecretFile    string        `name:"hmac-secret-file" env:"ENQUEUE_HMAC_SECRET_FILE" help:"File holding a shared secret; /v1/events/s3 then also accepts requests signed with X-Fleet-Timestamp and X-Fleet-Signature."`
+	HMACSecretFile    string        `name:"hmac-secret-file" env:"ENQUEUE_HMAC_SECRET_FILE" help:"File of shared secrets, one per line (as --auth-token-file); /v1/events/s3 then also accepts requests signed with X-Fleet-Timestamp and X-Fleet-Signature by any one of them. Read again every --secrets-reload; while it cannot be read or holds no secret, no signature is accepted."`
+	SecretsEvery      time.Duration `name:"secrets-reload" env:"ENQUEUE_SECRETS_RELOAD" default:"10s" help:"How often --auth-token-file and --hmac-secret-file are read again."`
 	Marker            string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"Object name whose creation completes a folder."`
 	MaxBadRecords     int           `name:"max-bad-records" env:"MAX_BAD_RECORDS" default:"0" help:"Tolerance of bad records of the imports this door makes, unless a request says (max_bad_records): up to this many records that cannot be stored are skipped, each recorded with the slice in the warehouse's errors table; one more fails the batch. 0 to 10000; 0: the first fails it."`
 	TenantTokensFile  string        `name:"tenant-tokens-file" env:"ENQUEUE_TENANT_TOKENS_FILE" help:"File of tenant tokens, one per line: \"<tenant id> sha256:<hex>\", the SHA-256 of the token, never the token (enqueue token mint prints a token and its line). A tenant token imports only its tenant's folders (POST /v1/imports; another's is 403) and reads only its tenant's batches (GET /v1/batches/{id}; another's is 404). Reloaded every --tenant-tokens-reload: a token added works, a token removed stops working, without a restart."`
@@ -62,18 +62,6 @@ type serveCmd struct {
 	GroupMax    int           `name:"group-max" env:"GROUP_MAX" default:"100" help:"Most folders one group-commit transaction imports (1 to 1000); a request of more is imported alone."`
 
 	cli.DatabaseProbeFlags
-}
-
-func readSecret(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	s := strings.TrimSpace(string(b))
-	if s == "" {
-		return "", fmt.Errorf("%s is empty", path)
-	}
-	return s, nil
 }
 
 // settingFields names the flag (as an invalid_input field) behind each
@@ -152,34 +140,31 @@ func startDatabaseProbe(e *cli.Env, m *metrics.Metrics, pool *pgxpool.Pool, f cl
 // and starting nothing; the listener's Enqueuer, Pool and Metrics are left
 // for Run to fill in.
 func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
-	secret := func(value, file, field string) (string, error) {
-		if file == "" {
-			return value, nil
-		}
-		v, err := readSecret(file)
-		if err != nil {
-			return "", refuseSetting(e, field, fmt.Errorf("--%s: %w", strings.ReplaceAll(field, "_", "-"), err))
-		}
-		return v, nil
-	}
-	token, err := secret(s.AuthToken, s.AuthTokenFile, "auth_token_file")
-	if err != nil {
-		return uploads.Config{}, err
-	}
 	operators, err := s.operatorTokens(e)
 	if err != nil {
 		return uploads.Config{}, err
 	}
-	hmacSecret, err := secret("", s.HMACSecretFile, "hmac_secret_file")
+	if s.SecretsEvery <= 0 {
+		return uploads.Config{}, refuseSetting(e, "secrets_reload", errors.New("--secrets-reload must be positive"))
+	}
+	importTokens, err := loadSecrets(e, s.AuthTokenFile, "auth_token_file")
 	if err != nil {
 		return uploads.Config{}, err
+	}
+	hmacSecrets, err := loadSecrets(e, s.HMACSecretFile, "hmac_secret_file")
+	if err != nil {
+		return uploads.Config{}, err
+	}
+	token := s.AuthToken // ENQUEUE_AUTH_TOKEN, one fixed value, unless the file is given
+	if importTokens != nil {
+		token = ""
 	}
 	var sns *uploads.SNSConfig
 	if len(s.SNSTopicARNs) > 0 {
 		sns = &uploads.SNSConfig{TopicARNs: s.SNSTopicARNs, AutoConfirm: s.SNSAutoConfirm}
 	}
 	switch {
-	case token == "" && !s.InsecureNoAuth:
+	case token == "" && importTokens == nil && !s.InsecureNoAuth:
 		return uploads.Config{}, refuseSetting(e, "auth_token_file",
 			errors.New("refusing to serve without authentication: set --auth-token-file or ENQUEUE_AUTH_TOKEN, or pass --insecure-no-auth"))
 	case c.DatabaseURL == "":
@@ -223,13 +208,19 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		}
 	}
 	cfg := uploads.Config{
-		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorTokens: operators, HMACSecret: []byte(hmacSecret), SNS: sns,
+		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorTokens: operators, SNS: sns,
 		TenantTokens:      tenants,
 		AllowLocalFolders: s.DevLocal, ImportsWithoutMarker: s.ImportsNoMarker, MaxBadRecords: s.MaxBadRecords,
 		Marker: s.Marker, Mapping: s.mapping(),
 		MaxBodyBytes: s.MaxBodyBytes, RequestTimeout: c.Timeout, Logger: e.Logger,
 		SignedMaxBodyBytes: s.SignedMaxBodyBytes, RateLimit: s.RateLimit, RateBurst: s.RateBurst,
 		GroupLinger: s.GroupLinger, GroupMax: s.GroupMax,
+	}
+	if importTokens != nil { // never a nil *reloadfile.Secrets in the interface
+		cfg.ImportTokens = importTokens
+	}
+	if hmacSecrets != nil {
+		cfg.HMACSecrets = hmacSecrets
 	}
 	if err := cfg.Validate(); err != nil {
 		var ce *uploads.ConfigError
@@ -320,14 +311,19 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	defer stopPruning()
 	go srv.PruneReplays(pruneCtx, time.Minute)
 	if cfg.TenantTokens != nil {
-		go cfg.TenantTokens.Watch(pruneCtx, s.TenantTokensEvery, cfg.Metrics.TenantTokenReloadFailures.Inc)
+		go cfg.TenantTokens.Watch(pruneCtx, s.TenantTokensEvery, func(refused int, err error) {
+			cfg.Metrics.TenantTokensRefusedLines.Set(float64(refused))
+			if err != nil {
+				cfg.Metrics.TenantTokenReloadFailures.Inc()
+			}
+		})
 	}
-	go cfg.OperatorTokens.Watch(pruneCtx, s.OperatorTokenEvery,
-		metrics.SecretFileReloadFailures(cfg.Metrics.Registry).WithLabelValues(metrics.SecretFileOperatorTokens).Inc)
+	watchSecrets(pruneCtx, cfg, s.SecretsEvery, e)
+	go cfg.OperatorTokens.Watch(pruneCtx, s.OperatorTokenEvery, cfg.Metrics.SecretFileReloadFailures.WithLabelValues(metrics.SecretFileOperatorTokens).Inc)
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
-	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", cfg.AuthToken != "", "operator", cfg.OperatorTokens != nil, "hmac", len(cfg.HMACSecret) > 0,
+	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", cfg.AuthToken != "" || cfg.ImportTokens != nil, "operator", cfg.OperatorTokens != nil, "hmac", cfg.HMACSecrets != nil,
 		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "rate_limit", s.RateLimit, "rate_burst", s.RateBurst, "group_linger_seconds", s.GroupLinger.Seconds(), "group_max", s.GroupMax, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
 
 	select {

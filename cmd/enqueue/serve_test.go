@@ -32,6 +32,7 @@ func TestServeChecksEverySettingBeforeStarting(t *testing.T) {
 	operatorToken := file("operator", "operator-token-2\n")
 	hmacSecret := file("hmac", "operator-token-2")
 	empty := file("empty", " \n")
+	operatorAmongImport := file("both", "import-token-1\n# rotation\noperator-token-2\n")
 	const unreachable = "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=1"
 	base := []string{"serve", "--listen", "127.0.0.1:0", "--auth-token-file", importToken, "--operator-token-file", operatorToken}
 
@@ -45,6 +46,10 @@ func TestServeChecksEverySettingBeforeStarting(t *testing.T) {
 		"empty operator token file":          {[]string{"serve", "--auth-token-file", importToken, "--operator-token-file", empty}, "operator_token_file", "holds no operator token"},
 		"missing operator token file":        {[]string{"serve", "--auth-token-file", importToken, "--operator-token-file", filepath.Join(dir, "nope")}, "operator_token_file", "no such file"},
 		"no import token":                    {[]string{"serve", "--operator-token-file", operatorToken}, "auth_token_file", "refusing to serve without authentication"},
+		"empty import token file":            {[]string{"serve", "--auth-token-file", empty}, "auth_token_file", "holds no value"},
+		"operator token among import tokens": {[]string{"serve", "--auth-token-file", operatorAmongImport, "--operator-token-file", operatorToken}, "operator_token_file", "must differ from the import token"},
+		"missing HMAC secret file":           {append(base, "--hmac-secret-file", filepath.Join(dir, "nope")), "hmac_secret_file", "no such file"},
+		"secrets reload":                     {append(base, "--secrets-reload", "0s"), "secrets_reload", "positive"},
 		"max-http-conns":                     {append(base, "--max-http-conns", "0"), "max_http_conns", "at least 1"},
 		"max-conns":                          {append(base, "--max-conns", "0"), "max_conns", "at least 1"},
 		"timeout":                            {append(base, "--timeout", "0s"), "timeout", "positive"},

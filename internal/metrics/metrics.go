@@ -152,8 +152,13 @@ type Metrics struct {
 	HTTPRequests     *prometheus.CounterVec
 	SNSConfirmations *prometheus.CounterVec
 	// TenantTokenReloadFailures counts reloads of enqueue serve's tenant
-	// tokens file that did not parse (the tokens last read stay).
+	// tokens file that could not read it (no tenant token is accepted) or
+	// refused a line (its token is not accepted).
 	TenantTokenReloadFailures prometheus.Counter
+	// TenantTokensRefusedLines and SecretFileReloadFailures: the
+	// credential files' (credentials.go).
+	TenantTokensRefusedLines prometheus.Gauge
+	SecretFileReloadFailures *prometheus.CounterVec
 	// QueueWait is how long jobs waited in the queue: from the job's
 	// insertion to its first attempt (observed by the worker).
 	QueueWait prometheus.Histogram
@@ -284,7 +289,8 @@ func NewWorker() *Metrics {
 // created but not registered.
 func NewServe() *Metrics {
 	m, _ := build()
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures, m.RiverUIRequests} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures, m.RiverUIRequests,
+		m.TenantTokensRefusedLines, m.SecretFileReloadFailures} {
 		m.Registry.MustRegister(c)
 	}
 	m.LateObjectEvents.DeleteLabelValues(DoorSQS) // enqueue sqs's door
@@ -408,7 +414,7 @@ func build() (*Metrics, []prometheus.Collector) {
 
 	m.TenantTokenReloadFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_tenant_tokens_reload_failures_total",
-		Help: "Reloads of enqueue serve's tenant tokens file (--tenant-tokens-file) that could not read or parse it; the tokens last read stay in force.",
+		Help: "Reloads of enqueue serve's tenant tokens file (--tenant-tokens-file) that could not read it (then no tenant token is accepted) or refused a line (its token is not accepted; ingest_tenant_tokens_refused_lines counts them).",
 	})
 	m.SNSConfirmations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_sns_subscription_confirmations_total",
@@ -420,6 +426,7 @@ func build() (*Metrics, []prometheus.Collector) {
 	m.newFairness(f)
 	m.newNotifications(f)
 	m.newRiverUI()
+	m.newCredentials()
 	m.SupersededJobs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_superseded_jobs_finalized_total",
 		Help: "River jobs left running by a delivery whose lease was taken over (a killed or paused worker), finalized as cancelled by the sweeper.",

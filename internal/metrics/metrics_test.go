@@ -41,7 +41,7 @@ func TestEachBinaryExportsItsOwnMetrics(t *testing.T) {
 	// reconcile's real ones.
 	for family := range worker {
 		for _, door := range []string{"ingest_http_", "ingest_sqs_", "ingest_reconcile_", "ingest_sns_", "ingest_reservations_",
-			"ingest_late_object_events_", "ingest_tenant_tokens_", "ingest_import_group_"} {
+			"ingest_late_object_events_", "ingest_tenant_tokens_", "ingest_import_group_", "ingest_secret_file_"} {
 			require.False(t, strings.HasPrefix(family, door), "the worker exports %s", family)
 		}
 	}

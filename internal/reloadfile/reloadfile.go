@@ -1,6 +1,15 @@
 // Package reloadfile holds a file parsed into a value and read again when
-// it changes: the notification destinations file of a worker and the
-// tenant tokens file of enqueue serve.
+// it changes: the notification destinations file of a worker, and enqueue
+// serve's credential files (tenant tokens, import tokens, HMAC secrets).
+//
+// A File made by New keeps the value last read while its file does not
+// read or parse: a worker goes on sending to the destinations it knew. A
+// credential must not outlive the file that grants it, so a File made by
+// NewFailClosed has its closed value (no credential) whenever its file
+// cannot be read, and takes what its parse returns even with an error (the
+// lines that parse, the others refused and reported): a line removed from
+// the file is out of force at the next reload whatever else is wrong with
+// the file. Secrets is such a file of secret values, one per line.
 package reloadfile
 
 import (
@@ -18,17 +27,23 @@ var ErrNoFile = errors.New("no file")
 
 // File is a file at Path parsed into a T, read again by Reload (once) or
 // Watch (every interval). A file that no longer reads or parses keeps the
-// value last read. A nil *File has no file: Current is the zero T, Path
-// "", Reload ErrNoFile, and Watch returns at once.
+// value last read (New) or fails closed (NewFailClosed). A nil *File has
+// no file: Current is the zero T, Path "", Reload ErrNoFile, and Watch
+// returns at once.
 type File[T any] struct {
 	path   string
 	name   string
 	parse  func(raw []byte) (T, error)
 	loaded func(T)
+	// failClosed: an unreadable file puts closed in force, and a parse's
+	// value is taken with its error (NewFailClosed).
+	failClosed bool
+	closed     T
 
-	mu  sync.RWMutex
-	cur T
-	raw []byte // the file as last read, to tell a change
+	mu      sync.RWMutex
+	cur     T
+	raw     []byte // the file as last read, to tell a change
+	lastErr error  // the parse error of raw (fail closed only), returned again while it is unchanged
 }
 
 // New returns the File at path holding initial until a Reload reads it.
@@ -38,6 +53,18 @@ type File[T any] struct {
 // force (to log it).
 func New[T any](path, name string, initial T, parse func(raw []byte) (T, error), loaded func(T)) *File[T] {
 	return &File[T]{path: path, name: name, parse: parse, loaded: loaded, cur: initial}
+}
+
+// NewFailClosed returns the File at path holding closed until a Reload
+// reads it, and again whenever a Reload cannot read it (missing,
+// unreadable): a credential file's value never outlives the file. parse
+// returns the value of what it could read with an error for what it could
+// not (a file of lines: the lines that parse, and which did not); the
+// value is put in force either way, and Reload returns the error, again at
+// every Reload while the file is unchanged, so it is reported until fixed.
+// name and loaded are as for New; loaded is called for a changed file only.
+func NewFailClosed[T any](path, name string, closed T, parse func(raw []byte) (T, error), loaded func(T)) *File[T] {
+	return &File[T]{path: path, name: name, parse: parse, loaded: loaded, failClosed: true, closed: closed, cur: closed}
 }
 
 // Path is the file read.
@@ -50,32 +77,39 @@ func (f *File[T]) Path() string {
 
 // Reload reads the file again and, if it changed and parses, replaces the
 // value. It returns the error of a file that cannot be read or parsed,
-// keeping the value it had.
+// keeping the value it had (New), or, for a File of NewFailClosed, putting
+// closed in force for a file it cannot read and what the parse returned
+// for one it read.
 func (f *File[T]) Reload() error {
 	if f == nil {
 		return ErrNoFile
 	}
 	raw, err := os.ReadFile(f.path)
 	if err != nil {
+		if f.failClosed {
+			f.mu.Lock()
+			f.cur, f.raw, f.lastErr = f.closed, nil, nil
+			f.mu.Unlock()
+		}
 		return fmt.Errorf("%s: %w", f.name, err)
 	}
 	f.mu.RLock()
-	same := f.raw != nil && bytes.Equal(raw, f.raw)
+	same, lastErr := f.raw != nil && bytes.Equal(raw, f.raw), f.lastErr
 	f.mu.RUnlock()
 	if same {
-		return nil
+		return lastErr
 	}
 	v, err := f.parse(raw)
-	if err != nil {
+	if err != nil && !f.failClosed {
 		return err
 	}
 	f.mu.Lock()
-	f.cur, f.raw = v, raw
+	f.cur, f.raw, f.lastErr = v, raw, err
 	f.mu.Unlock()
 	if f.loaded != nil {
 		f.loaded(v)
 	}
-	return nil
+	return err
 }
 
 // Watch reloads the file every interval until ctx ends (Kubernetes updates

@@ -38,20 +38,23 @@ func (s *Server) importCallerOf(r *http.Request) (importCaller, bool) {
 	return importCaller{}, false
 }
 
+// bearerOK reports whether r carries one of the import tokens in force
+// (any request does with InsecureNoAuth and no import token configured;
+// a configured set with no value in force opens nothing).
 func (s *Server) bearerOK(r *http.Request) bool {
-	if s.cfg.InsecureNoAuth && s.cfg.AuthToken == "" {
+	if s.cfg.InsecureNoAuth && s.cfg.ImportTokens == nil {
 		return true
 	}
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && tokenEqual(token, s.cfg.AuthToken)
+	return ok && s.isImportToken(token)
 }
 
-// hmacOK verifies an HMAC signature over timestamp "." body, within the
-// allowed age. It returns the replay key of a valid signature, or why it
-// is not valid.
+// hmacOK verifies an HMAC signature over timestamp "." body by one of the
+// HMAC secrets in force, within the allowed age. It returns the replay key
+// of a valid signature, or why it is not valid.
 func (s *Server) hmacOK(r *http.Request, body []byte) (key, why string) {
 	sig, ts := r.Header.Get(SignatureHeader), r.Header.Get(TimestampHeader)
-	if len(s.cfg.HMACSecret) == 0 || sig == "" || ts == "" {
+	if len(currentValues(s.cfg.HMACSecrets)) == 0 || sig == "" || ts == "" {
 		return "", "missing credentials"
 	}
 	sec, err := strconv.ParseInt(ts, 10, 64)
@@ -62,11 +65,7 @@ func (s *Server) hmacOK(r *http.Request, body []byte) (key, why string) {
 	if age > s.cfg.SignatureMaxAge || age < -time.Minute {
 		return "", "signature expired"
 	}
-	mac := hmac.New(sha256.New, s.cfg.HMACSecret)
-	mac.Write([]byte(ts + "."))
-	mac.Write(body)
-	want := "sha256=" + hex.EncodeToString(mac.Sum(nil))
-	if !hmac.Equal([]byte(sig), []byte(want)) {
+	if !s.hmacSignatureOK(sig, ts, body) {
 		return "", "bad signature"
 	}
 	return "hmac:" + sig, ""

@@ -39,7 +39,7 @@ func (s *Server) operatorRefusal(r *http.Request, basic bool) (operator string, 
 	if name, ok := s.cfg.OperatorTokens.Operator(password); basic && hasBasic && ok {
 		return name, 0, ""
 	}
-	if hasBearer && tokenEqual(bearer, s.cfg.AuthToken) || hasBasic && tokenEqual(password, s.cfg.AuthToken) {
+	if hasBearer && s.isImportToken(bearer) || hasBasic && s.isImportToken(password) {
 		return "", http.StatusForbidden, "the import token does not authorise operator actions: use the operator token"
 	}
 	if basic {

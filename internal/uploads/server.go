@@ -91,8 +91,8 @@ type Config struct {
 	// Enqueuer.
 	Operator *jobs.Enqueuer
 	// Pool is pinged by /readyz (unless Reachable is set) and holds the
-	// replay records of signed requests. Required when HMACSecret or SNS
-	// is set.
+	// replay records of signed requests. Required when HMACSecret,
+	// HMACSecrets or SNS is set.
 	Pool *pgxpool.Pool
 	// Reachable, if set, is asked by /readyz instead of pinging Pool
 	// whether the database is reached: the process's cached answer
@@ -106,8 +106,15 @@ type Config struct {
 	// its imports would fail.
 	Schema func(context.Context) error
 	// AuthToken is the import token: the bearer token every /v1 import
-	// request must carry. Required unless InsecureNoAuth.
-	AuthToken      string
+	// request must carry. It or ImportTokens is required unless
+	// InsecureNoAuth.
+	AuthToken string
+	// ImportTokens, in place of AuthToken, are the import tokens in force,
+	// every one accepted: old and new during a rotation, read again from
+	// a file by enqueue serve (--auth-token-file). With none in force
+	// (a file that cannot be read) no import token is accepted, even with
+	// InsecureNoAuth.
+	ImportTokens   SecretValues
 	InsecureNoAuth bool
 	// OperatorTokens are the only credentials of the operator routes (POST
 	// /v1/batches/{id}/cancel, the River UI), which act on any tenant's
@@ -121,6 +128,11 @@ type Config struct {
 	// HMACSecret, if set, also authenticates /v1/events/s3 requests signed
 	// with SignatureHeader and TimestampHeader.
 	HMACSecret []byte
+	// HMACSecrets, in place of HMACSecret, are the HMAC secrets in force:
+	// a signature by any one is accepted (old and new during a rotation;
+	// enqueue serve's --hmac-secret-file, read again). With none in force
+	// signed requests are refused.
+	HMACSecrets SecretValues
 	// SignatureMaxAge bounds the age of an HMAC signature, which is
 	// accepted once. Defaults to 5 minutes.
 	SignatureMaxAge time.Duration
@@ -216,10 +228,15 @@ func (c Config) operators() *OperatorTokens {
 	return c.OperatorTokens
 }
 
-// operatorTokenIs says whether secret is one of ops.
-func operatorTokenIs(ops *OperatorTokens, secret string) bool {
-	_, ok := ops.Operator(secret)
-	return ok
+// anyOperatorToken says whether a value of set is one of ops.
+func anyOperatorToken(ops *OperatorTokens, set SecretValues) bool {
+	found := false
+	for _, v := range currentValues(set) {
+		if _, ok := ops.Operator(string(v)); ok {
+			found = true
+		}
+	}
+	return found
 }
 
 // ConfigError is a Config that Validate refuses; Setting names the field.
@@ -236,13 +253,17 @@ func (e *ConfigError) Error() string { return "uploads: " + e.Setting + ": " + e
 func (c Config) Validate() error {
 	refuse := func(setting, reason string) error { return &ConfigError{Setting: setting, Reason: reason} }
 	switch {
-	case c.AuthToken == "" && !c.InsecureNoAuth:
+	case c.AuthToken == "" && c.ImportTokens == nil && !c.InsecureNoAuth:
 		return refuse("AuthToken", "an auth token is required (or explicitly allow no auth)")
+	case c.AuthToken != "" && c.ImportTokens != nil:
+		return refuse("AuthToken", "set AuthToken or ImportTokens, not both")
+	case len(c.HMACSecret) > 0 && c.HMACSecrets != nil:
+		return refuse("HMACSecret", "set HMACSecret or HMACSecrets, not both")
 	case c.MaxBadRecords < 0 || c.MaxBadRecords > folder.MaxBadRecordsCap:
 		return refuse("MaxBadRecords", fmt.Sprintf("the tolerance of bad records must be between 0 and %d", folder.MaxBadRecordsCap))
-	case operatorTokenIs(c.operators(), c.AuthToken):
+	case anyOperatorToken(c.operators(), c.importTokens()):
 		return refuse("OperatorToken", "the operator token must differ from the import token")
-	case operatorTokenIs(c.operators(), string(c.HMACSecret)):
+	case anyOperatorToken(c.operators(), c.hmacSecrets()):
 		return refuse("OperatorToken", "the operator token must differ from the HMAC secret")
 	case strings.Contains(c.Marker, "/"):
 		return refuse("Marker", "the marker must be an object name, not a path")
@@ -275,12 +296,15 @@ func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Enqueuer == nil:
 		return nil, errors.New("uploads: Enqueuer is required")
-	case (len(cfg.HMACSecret) > 0 || cfg.SNS != nil) && cfg.Pool == nil:
+	case (len(cfg.HMACSecret) > 0 || cfg.HMACSecrets != nil || cfg.SNS != nil) && cfg.Pool == nil:
 		return nil, errors.New("uploads: signed requests need the database (Pool) for replay protection")
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// From here on the credentials are their sets: ImportTokens and
+	// HMACSecrets (nil: not configured).
+	cfg.ImportTokens, cfg.HMACSecrets = cfg.importTokens(), cfg.hmacSecrets()
 	if cfg.Marker == "" {
 		cfg.Marker = MarkerDefault
 	}
@@ -631,7 +655,7 @@ func (s *Server) handleS3Event(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case hasBearer:
 			why = "missing or wrong bearer token"
-		case signedHMAC && len(s.cfg.HMACSecret) == 0:
+		case signedHMAC && s.cfg.HMACSecrets == nil:
 			why = "unauthenticated: HMAC signatures are not accepted (no --hmac-secret-file)"
 		case !signedHMAC && s.sns == nil:
 			why = "missing or wrong bearer token"
@@ -818,7 +842,7 @@ func (s *Server) findLateObjects(ctx context.Context, plans []s3events.Planned) 
 // bearerCredential names the credential of a request that passed
 // bearerOK, for the rate limit.
 func (s *Server) bearerCredential() string {
-	if s.cfg.AuthToken == "" {
+	if s.cfg.ImportTokens == nil {
 		return "no_auth"
 	}
 	return "import_token"

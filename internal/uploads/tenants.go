@@ -1,16 +1,16 @@
 package uploads
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -59,113 +59,235 @@ type tenantToken struct {
 	tenant string
 }
 
-// ParseTenantTokens reads a tokens file: one entry per line, "<tenant id>
-// sha256:<64 hex digits>" (the SHA-256 of the token), blank lines and lines
-// starting with # skipped. A tenant may have several tokens (rotation: the
-// new one is added, the old one removed once unused); a hash may appear
-// once. An error names the line and why, never the line's content (it
-// could be a token pasted by mistake).
-func ParseTenantTokens(raw []byte) ([]tenantToken, error) {
+// RefusedLine is a line of a tokens file that is not applied: its number
+// and why, never its content (it could be a token pasted by mistake).
+type RefusedLine struct {
+	Line   int    `json:"line"`
+	Reason string `json:"reason"`
+}
+
+func (r RefusedLine) String() string { return fmt.Sprintf("line %d: %s", r.Line, r.Reason) }
+
+// tenantTokenSet is what a tokens file grants: the entries of its lines
+// that parse, and the lines refused.
+type tenantTokenSet struct {
+	entries []tenantToken
+	refused []RefusedLine
+}
+
+// TenantTokensCheck is what a tokens file holds (enqueue token check): the
+// tokens and tenants of the lines that are applied, and the lines refused.
+type TenantTokensCheck struct {
+	Tokens  int           `json:"tokens"`
+	Tenants int           `json:"tenants"`
+	Refused []RefusedLine `json:"refused_lines"`
+}
+
+// CheckTenantTokens reads a tokens file as enqueue serve applies it (see
+// parseTenantTokens).
+func CheckTenantTokens(raw []byte) TenantTokensCheck {
+	set := parseTenantTokens(raw)
+	return TenantTokensCheck{Tokens: len(set.entries), Tenants: set.tenants(), Refused: set.refused}
+}
+
+func (s tenantTokenSet) tenants() int {
+	tenants := map[string]bool{}
+	for _, e := range s.entries {
+		tenants[e.tenant] = true
+	}
+	return len(tenants)
+}
+
+// parseTenantTokens reads a tokens file line by line: one entry per line,
+// "<tenant id> sha256:<64 hex digits>" (the SHA-256 of the token), blank
+// lines and lines starting with # skipped. A tenant may have several
+// tokens (rotation: the new one is added, the old one removed once
+// unused). Each line stands alone: a line that does not parse is refused
+// (its token, if any, is not accepted) and the others are applied, so an
+// edit that removes one line and garbles another still removes the first.
+// A hash given again for the same tenant is refused (the first line
+// stands); a hash given for two tenants is ambiguous, and every line of it
+// is refused. A refusal names the line and why, never its content.
+func parseTenantTokens(raw []byte) tenantTokenSet {
+	type first struct {
+		line   int
+		tenant string
+	}
+	type candidate struct {
+		line  int
+		entry tenantToken
+	}
 	var (
-		out  []tenantToken
-		seen = map[[sha256.Size]byte]int{}
-		sc   = bufio.NewScanner(bytes.NewReader(raw))
-		n    int
+		set        tenantTokenSet
+		candidates []candidate
+		seen       = map[[sha256.Size]byte]first{}
+		ambiguous  = map[[sha256.Size]byte]bool{}
 	)
-	sc.Buffer(make([]byte, 0, 4096), 64<<10)
-	for sc.Scan() {
-		n++
-		line := strings.TrimSpace(sc.Text())
+	for i, line := range strings.Split(string(raw), "\n") {
+		n := i + 1
+		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		fields := strings.Fields(line)
-		if len(fields) != 2 {
-			return nil, fmt.Errorf("line %d: want \"<tenant id> sha256:<hex>\" (%d fields)", n, len(fields))
+		e, why := parseTenantTokenLine(line)
+		if why != "" {
+			set.refused = append(set.refused, RefusedLine{Line: n, Reason: why})
+			continue
 		}
-		tenant, h := fields[0], fields[1]
-		if err := batch.ValidateTenantID(tenant); err != nil {
-			return nil, fmt.Errorf("line %d: %w", n, err)
+		if f, dup := seen[e.hash]; dup {
+			why := fmt.Sprintf("the same token hash as line %d", f.line)
+			if f.tenant != e.tenant {
+				ambiguous[e.hash] = true
+				why += ", for another tenant: neither line is applied"
+			}
+			set.refused = append(set.refused, RefusedLine{Line: n, Reason: why})
+			continue
 		}
-		hexSum, ok := strings.CutPrefix(h, tenantTokenHashPrefix)
-		if !ok {
-			return nil, fmt.Errorf("line %d: the second field must be sha256:<hex of the token's SHA-256>, not a token (enqueue token mint prints the line)", n)
-		}
-		sum, err := hex.DecodeString(hexSum)
-		if err != nil || len(sum) != sha256.Size {
-			return nil, fmt.Errorf("line %d: sha256: wants 64 hex digits", n)
-		}
-		e := tenantToken{tenant: tenant}
-		copy(e.hash[:], sum)
-		if first, dup := seen[e.hash]; dup {
-			return nil, fmt.Errorf("line %d: the same token hash as line %d", n, first)
-		}
-		seen[e.hash] = n
-		out = append(out, e)
+		seen[e.hash] = first{line: n, tenant: e.tenant}
+		candidates = append(candidates, candidate{line: n, entry: e})
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("line %d: %w", n+1, err)
+	for _, c := range candidates {
+		if ambiguous[c.entry.hash] {
+			set.refused = append(set.refused, RefusedLine{Line: c.line, Reason: "the same token hash as a later line for another tenant: neither line is applied"})
+			continue
+		}
+		set.entries = append(set.entries, c.entry)
 	}
-	return out, nil
+	slices.SortFunc(set.refused, func(a, b RefusedLine) int { return a.Line - b.Line })
+	return set
+}
+
+// parseTenantTokenLine parses one line of a tokens file, or says why not
+// (never quoting it).
+func parseTenantTokenLine(line string) (tenantToken, string) {
+	fields := strings.Fields(line)
+	if len(fields) != 2 {
+		return tenantToken{}, fmt.Sprintf("want \"<tenant id> sha256:<hex>\" (%d fields)", len(fields))
+	}
+	tenant, h := fields[0], fields[1]
+	if err := batch.ValidateTenantID(tenant); err != nil {
+		return tenantToken{}, err.Error()
+	}
+	hexSum, ok := strings.CutPrefix(h, tenantTokenHashPrefix)
+	if !ok {
+		return tenantToken{}, "the second field must be sha256:<hex of the token's SHA-256>, not a token (enqueue token mint prints the line)"
+	}
+	sum, err := hex.DecodeString(hexSum)
+	if err != nil || len(sum) != sha256.Size {
+		return tenantToken{}, "sha256: wants 64 hex digits"
+	}
+	e := tenantToken{tenant: tenant}
+	copy(e.hash[:], sum)
+	return e, ""
+}
+
+// RefusedLinesError is the error of a tokens file some lines of which are
+// refused; the other lines are in force.
+type RefusedLinesError struct {
+	Path  string
+	Lines []RefusedLine
+}
+
+func (e *RefusedLinesError) Error() string {
+	parts := make([]string, len(e.Lines))
+	for i, l := range e.Lines {
+		parts[i] = l.String()
+	}
+	return fmt.Sprintf("tenant tokens file %s: %d line(s) refused, their tokens are not accepted: %s", e.Path, len(e.Lines), strings.Join(parts, "; "))
 }
 
 // TenantTokens are the tenant tokens of a tokens file, reloaded when the
 // file changes (Watch): a token added to the file works, and one removed
-// stops working, within the reload interval, without a restart. A file
-// that no longer parses keeps the tokens last read (logged, counted). The
-// zero value knows no token.
+// stops working, within the reload interval, without a restart. They fail
+// closed: the file is applied line by line (a line that does not parse is
+// refused, reported by number, and the others are in force), and a file
+// that cannot be read (deleted, unreadable) grants no token at all, never
+// the tokens last read. The zero value knows no token.
 type TenantTokens struct {
 	logger *slog.Logger
-	file   *reloadfile.File[[]tenantToken]
+	file   *reloadfile.File[tenantTokenSet]
 }
 
-// LoadTenantTokens reads the tokens file at path. An unreadable or invalid
-// file is an error: a door does not start without the tokens it was told
-// to accept.
+// LoadTenantTokens reads the tokens file at path. A file that cannot be
+// read is an error: a door does not start without the tokens it was told
+// to accept. Refused lines are not: they are logged, the other lines are
+// in force, and RefusedLines counts them.
 func LoadTenantTokens(path string, logger *slog.Logger) (*TenantTokens, error) {
-	parse := func(raw []byte) ([]tenantToken, error) {
-		entries, err := ParseTenantTokens(raw)
-		if err != nil {
-			return nil, fmt.Errorf("tenant tokens file %s: %w", path, err)
+	parse := func(raw []byte) (tenantTokenSet, error) {
+		set := parseTenantTokens(raw)
+		if len(set.refused) > 0 {
+			return set, &RefusedLinesError{Path: path, Lines: set.refused}
 		}
-		return entries, nil
+		return set, nil
 	}
-	loaded := func(entries []tenantToken) {
-		tenants := map[string]bool{}
-		for _, e := range entries {
-			tenants[e.tenant] = true
-		}
+	loaded := func(set tenantTokenSet) {
 		if logger != nil {
-			logger.Info("tenant tokens loaded", "path", path, "tokens", len(entries), "tenants", len(tenants))
+			logger.Info("tenant tokens loaded", "path", path, "tokens", len(set.entries), "tenants", set.tenants(), "refused_lines", len(set.refused))
 		}
 	}
-	t := &TenantTokens{logger: logger, file: reloadfile.New(path, "tenant tokens file", nil, parse, loaded)}
-	if err := t.Reload(); err != nil {
+	t := &TenantTokens{logger: logger, file: reloadfile.NewFailClosed(path, "tenant tokens file", tenantTokenSet{}, parse, loaded)}
+	err := t.Reload()
+	var refused *RefusedLinesError
+	switch {
+	case errors.As(err, &refused):
+		if logger != nil {
+			logger.Error("tenant tokens file: lines refused", "error", err)
+		}
+	case err != nil:
 		return nil, err
 	}
 	return t, nil
 }
 
-// Reload reads the file again and, if it changed and parses, replaces the
-// tokens. It returns the error of a file that cannot be read or parsed,
-// keeping the tokens it had.
+// Reload reads the file again and applies it: the lines that parse are
+// the tokens in force. It returns a *RefusedLinesError for a file with
+// refused lines (at every reload while it is unchanged), or the error of a
+// file that cannot be read, and then no token is in force.
 func (t *TenantTokens) Reload() error {
 	return t.file.Reload()
 }
 
+// RefusedLines is the number of lines of the file in force that are
+// refused (0 while the file cannot be read: then no line is in force).
+func (t *TenantTokens) RefusedLines() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.file.Current().refused)
+}
+
 // Watch reloads the file every interval until ctx ends (Kubernetes
 // updates a mounted Secret by swapping a symlink: reading the file again
-// sees it, where a watch on the old inode would not), calling failed, if
-// not nil, after a reload that could not read or parse it.
-func (t *TenantTokens) Watch(ctx context.Context, every time.Duration, failed func()) {
-	t.file.Watch(ctx, every, func(err error) {
-		if t.logger != nil {
-			t.logger.Error("reloading tenant tokens failed: keeping the tokens last read", "error", err)
+// sees it, where a watch on the old inode would not). It calls reloaded,
+// if not nil, once at once and after every reload, with the lines refused
+// in force and the reload's error (nil at once): a file with refused lines
+// or one that cannot be read is an error at every reload until fixed, and
+// is logged.
+func (t *TenantTokens) Watch(ctx context.Context, every time.Duration, reloaded func(refusedLines int, err error)) {
+	if reloaded != nil {
+		reloaded(t.RefusedLines(), nil)
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
-		if failed != nil {
-			failed()
+		err := t.Reload()
+		if err != nil && t.logger != nil {
+			var refused *RefusedLinesError
+			if errors.As(err, &refused) {
+				t.logger.Error("reloading tenant tokens: lines refused, the others are in force", "error", err)
+			} else {
+				t.logger.Error("reloading tenant tokens failed: no tenant token is accepted until the file reads", "error", err)
+			}
 		}
-	})
+		if reloaded != nil {
+			reloaded(t.RefusedLines(), err)
+		}
+	}
 }
 
 // Tenant returns the tenant whose token token is, comparing its SHA-256
@@ -176,7 +298,7 @@ func (t *TenantTokens) Tenant(token string) (string, bool) {
 	}
 	sum := sha256.Sum256([]byte(token))
 	found := ""
-	for _, e := range t.file.Current() {
+	for _, e := range t.file.Current().entries {
 		if subtle.ConstantTimeCompare(sum[:], e.hash[:]) == 1 {
 			found = e.tenant
 		}
