@@ -7,6 +7,9 @@
 #               test-deps) and points the tests at them
 #   make test-deps   only that set-up (Debian: apt-get prometheus pgbouncer
 #               chromium; npm local-aws-sqs; go install goaws)
+#   make -s alerts-static RELEASE=prod NAMESPACE=fleet VALUES=values.yaml
+#               print the alert rules file of one install, for a Prometheus
+#               without the Operator (scripts/alerts-static.sh)
 #   make redshift-live   the opt-in test against a real Redshift Serverless
 #               workgroup (REDSHIFT_TEST_* settings; it says what is missing)
 
@@ -19,7 +22,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/fleet/ingest/internal/buildinfo.version=$(VERSION)
 
-.PHONY: redshift-live all build test test-deps local-aws-sqs test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
+.PHONY: alerts-static redshift-live all build test test-deps local-aws-sqs test-short lint fmt vet staticcheck migrate bench bench-store bench-load chaos demo demo-clean clean
 
 all: lint test
 
@@ -54,6 +57,16 @@ test-deps:
 local-aws-sqs:
 	@test -f "$(LOCAL_AWS_SQS_DIR)/node_modules/local-aws-sqs/package.json" || \
 		npm install --prefix "$(LOCAL_AWS_SQS_DIR)" --no-audit --no-fund local-aws-sqs@2.0.2
+
+# The Prometheus rules file of one install (scripts/alerts-static.sh: the
+# chart's PrometheusRule rendered by helm template for RELEASE in NAMESPACE
+# with VALUES, comma-separated files). With the defaults it prints
+# deploy/prometheus/alerts.yaml: make -s alerts-static > deploy/prometheus/alerts.yaml
+RELEASE ?= fleet-ingest
+NAMESPACE ?= fleet
+VALUES ?=
+alerts-static:
+	@RELEASE="$(RELEASE)" NAMESPACE="$(NAMESPACE)" VALUES="$(VALUES)" bash scripts/alerts-static.sh
 
 test-short:
 	$(GO) test -short ./...

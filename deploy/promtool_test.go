@@ -38,21 +38,30 @@ func promtool(t *testing.T) string {
 	return ""
 }
 
-// TestAlertRulesPassPromtool runs promtool check rules and promtool test
-// rules on every prometheus/*_test.yaml (alerts_test.yaml, and a file per
-// group added later), and requires those test files to show every alert
-// of alerts.yaml both firing (with its labels and rendered annotations)
-// and silent.
+// TestAlertRulesPassPromtool runs promtool check rules on the rules'
+// source and on the static file rendered from it, and promtool test rules
+// on every prometheus/*_test.yaml (alerts_test.yaml, and a file per
+// group added later; each names the source as its rule file), and requires those tests to show every alert of the source both
+// firing (with its labels and rendered annotations) and silent.
 func TestAlertRulesPassPromtool(t *testing.T) {
 	t.Parallel()
 	bin := promtool(t)
 	testFiles, err := filepath.Glob("prometheus/*_test.yaml")
 	require.NoError(t, err)
 	require.Contains(t, testFiles, "prometheus/alerts_test.yaml")
-	for i, f := range testFiles {
-		testFiles[i] = filepath.Base(f)
+	runs := [][]string{{"check", "rules", "alerts.yaml"}, {"check", "rules", "../" + alertsSource}}
+	for _, f := range testFiles {
+		var tf struct {
+			RuleFiles []string `json:"rule_files"`
+		}
+		raw, err := os.ReadFile(f)
+		require.NoError(t, err)
+		require.NoError(t, yaml.Unmarshal(raw, &tf))
+		require.Equal(t, []string{"../" + alertsSource}, tf.RuleFiles,
+			"%s: test the rules' source (rule_files: [../%s]); alerts.yaml beside it is one install's render", f, alertsSource)
+		runs = append(runs, []string{"test", "rules", filepath.Base(f)})
 	}
-	for _, args := range [][]string{{"check", "rules", "alerts.yaml"}, append([]string{"test", "rules"}, testFiles...)} {
+	for _, args := range runs {
 		cmd := exec.Command(bin, args...)
 		cmd.Dir = "prometheus"
 		out, err := cmd.CombinedOutput()
@@ -66,22 +75,21 @@ func TestAlertRulesPassPromtool(t *testing.T) {
 			} `json:"rules"`
 		} `json:"groups"`
 	}
-	raw, err := os.ReadFile("prometheus/alerts.yaml")
+	raw, err := os.ReadFile(alertsSource)
 	require.NoError(t, err)
 	require.NoError(t, yaml.Unmarshal(raw, &rules))
-	var tests struct {
-		Tests []struct {
-			AlertRuleTest []struct {
-				Alertname string           `json:"alertname"`
-				ExpAlerts []map[string]any `json:"exp_alerts"`
-			} `json:"alert_rule_test"`
-		} `json:"tests"`
-	}
 	firing, silent := map[string]bool{}, map[string]bool{}
 	for _, f := range testFiles {
-		raw, err = os.ReadFile(filepath.Join("prometheus", f))
+		var tests struct {
+			Tests []struct {
+				AlertRuleTest []struct {
+					Alertname string           `json:"alertname"`
+					ExpAlerts []map[string]any `json:"exp_alerts"`
+				} `json:"alert_rule_test"`
+			} `json:"tests"`
+		}
+		raw, err = os.ReadFile(f)
 		require.NoError(t, err)
-		tests.Tests = nil
 		require.NoError(t, yaml.Unmarshal(raw, &tests))
 		for _, tc := range tests.Tests {
 			for _, at := range tc.AlertRuleTest {
@@ -97,8 +105,8 @@ func TestAlertRulesPassPromtool(t *testing.T) {
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
 			n++
-			require.True(t, firing[r.Alert], "prometheus/*_test.yaml never shows %s firing", r.Alert)
-			require.True(t, silent[r.Alert], "prometheus/*_test.yaml never shows %s silent", r.Alert)
+			require.True(t, firing[r.Alert], "no prometheus/*_test.yaml shows %s firing", r.Alert)
+			require.True(t, silent[r.Alert], "no prometheus/*_test.yaml shows %s silent", r.Alert)
 		}
 	}
 	require.GreaterOrEqual(t, n, 21)

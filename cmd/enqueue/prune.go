@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/grants"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/retention"
 )
@@ -80,6 +81,11 @@ func (p *pruneCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return err
 	}
 	defer pool.Close()
+	// The login holds what roles.sql grants the operators, or nothing is
+	// pruned (exit 10, naming what is missing).
+	if err := requireGrants(e, pool, grants.Operator); err != nil {
+		return err
+	}
 	cfg.Pool, cfg.Reason = pool, p.Reason
 	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	cfg.Actor, err = p.actor(ctx, pool)

@@ -165,6 +165,7 @@ func (r *reconcileCmd) periodic(e *cli.Env, cfg reconcile.Config, pool *pgxpool.
 	e.Logger.Info("reconciling periodically", attrs...)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	skipped := 0 // periods skipped in a row
 	for {
 		select {
 		case <-e.Ctx.Done():
@@ -177,13 +178,28 @@ func (r *reconcileCmd) periodic(e *cli.Env, cfg reconcile.Config, pool *pgxpool.
 		p, err := reconcile.RunPeriod(e.Ctx, cfg, r.Every)
 		switch {
 		case err != nil:
+			if p.Outcome == "scanned" {
+				skipped = 0
+			}
 			cfg.Metrics.ReconcileScans.WithLabelValues("failed").Inc()
 			e.Logger.Error("reconcile period failed", "error", err.Error())
 		case p.Outcome == "skipped":
 			cfg.Metrics.ReconcileScans.WithLabelValues("skipped").Inc()
-			e.Logger.Info("reconcile period skipped: another replica works or worked this period")
+			skipped++
+			attrs := []any{"reason", p.SkipReason, "skipped_consecutive", skipped, "holders", p.Holders}
+			switch {
+			case skipped >= reconcile.SkipsConsecutiveAlert:
+				// Another replica may be the one working: the alert reads
+				// every replica's count (FleetIngestReconcileSilenced).
+				e.Logger.Warn("reconcile period skipped again: unless another replica scans, reconcile is silenced", attrs...)
+			case p.SkipReason == reconcile.SkipLocked:
+				e.Logger.Info("reconcile period skipped: another session holds the checkpoint", attrs...)
+			default:
+				e.Logger.Info("reconcile period skipped: a replica worked this period", attrs...)
+			}
 		default:
 			cfg.Metrics.ReconcileScans.WithLabelValues("scanned").Inc()
+			skipped = 0
 			s := p.Summary
 			e.Logger.Info("reconcile period finished", "start_after", p.StartAfter, "since", p.Since, "objects_listed", s.ObjectsListed, "keys_skipped", s.KeysSkipped,
 				"folders", s.Folders, "outcomes", s.Outcomes, "complete", s.Complete, "last_key", s.LastKey,

@@ -19,6 +19,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/grants"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/uploads"
@@ -521,4 +522,18 @@ func (k *cancelCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		}
 		return enq.Cancel(ctx, req)
 	})
+}
+
+// requireGrants is cli.RequireGrants with enqueue's output contract: a
+// login that lacks grants of deploy/postgres/roles.sql is also answered on
+// stdout, {"outcome":"missing_grants","role":…,"login":…,"missing":[…],
+// "error":…}, before the command exits cli.ExitMissingGrants.
+func requireGrants(e *cli.Env, q grants.Querier, role grants.Role) error {
+	err := cli.RequireGrants(e.Ctx, e, q, role)
+	var missing *grants.MissingError
+	if errors.As(err, &missing) {
+		printJSON(e.Stdout, map[string]any{"outcome": "missing_grants", "role": missing.Role, "login": missing.Login,
+			"missing": missing.Names(), "error": missing.Error()})
+	}
+	return err
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fleet/ingest/internal/cli"
+	"github.com/fleet/ingest/internal/grants"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
@@ -115,6 +116,12 @@ func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int, m *metrics.Metrics
 	if err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("not starting: %w", err)
+	}
+	// The login holds what roles.sql grants the doors (fleet_enqueue), or
+	// the command does not start (exit 10, naming what is missing).
+	if err := requireGrants(e, pool, grants.Enqueue); err != nil {
+		pool.Close()
+		return nil, nil, err
 	}
 	enq, err := newEnqueuer(c, e, pool, nil, 0)
 	if err != nil {
@@ -401,6 +408,14 @@ func (s *serveCmd) connectOperator(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool
 	}
 	if !served {
 		return opPool, opEnq, nil
+	}
+	if opPool != pool {
+		// The operator login holds what roles.sql grants fleet_operator, or
+		// serve does not start (exit 10, naming what is missing).
+		if err := requireGrants(e, opPool, grants.Operator); err != nil {
+			opPool.Close()
+			return nil, nil, fmt.Errorf("--operator-database-url: %w", err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()

@@ -25,6 +25,7 @@ import (
 	"github.com/fleet/ingest/internal/drain"
 	"github.com/fleet/ingest/internal/fleet"
 	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/grants"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/lease"
@@ -261,6 +262,11 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 	}
 	defer pool.Close()
 	if err := migrations.RequireCurrent(ctx, pool); err != nil {
+		return err
+	}
+	// The login holds what roles.sql grants fleet_worker, or the worker
+	// does not start (exit 10, naming what is missing).
+	if err := cli.RequireGrants(ctx, e, pool, grants.Worker); err != nil {
 		return err
 	}
 	// Renewals get a connection of their own so the one renewal statement

@@ -143,7 +143,7 @@ func TestChartDefaults(t *testing.T) {
 	worker := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-worker"])
 	pod := worker.Spec.Template.Spec
 	require.Nil(t, worker.Spec.Replicas, "replicas belong to the HPA when autoscaling")
-	requireHardened(t, "worker", "fleet-ingest-worker", pod)
+	requireHardened(t, "worker", "prod-fleet-ingest-worker", pod)
 	c := pod.Containers[0]
 	require.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
 	require.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
@@ -186,10 +186,10 @@ func TestChartDefaults(t *testing.T) {
 	require.Equal(t, "pre-install,pre-upgrade", docs["Job/prod-fleet-ingest-migrate"].Metadata.Annotations["helm.sh/hook"])
 	require.Equal(t, []string{"migrate"}, job.Spec.Template.Spec.Containers[0].Args)
 	require.Equal(t, corev1.RestartPolicyNever, job.Spec.Template.Spec.RestartPolicy)
-	requireHardened(t, "migrate job", "fleet-ingest-migrate", job.Spec.Template.Spec)
+	requireHardened(t, "migrate job", "prod-fleet-ingest-migrate", job.Spec.Template.Spec)
 
 	enq := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-enqueue"])
-	requireHardened(t, "enqueue", "fleet-ingest-enqueue", enq.Spec.Template.Spec)
+	requireHardened(t, "enqueue", "prod-fleet-ingest-enqueue", enq.Spec.Template.Spec)
 	ec := enq.Spec.Template.Spec.Containers[0]
 	require.Equal(t, []string{"/enqueue"}, ec.Command)
 	require.Equal(t, "serve", ec.Args[0])
@@ -323,8 +323,6 @@ func TestChartRefusesUnsafeTimings(t *testing.T) {
 	}
 	_, err = render(t, map[string]any{"worker": map[string]any{"leaseSafetyMarginMilliseconds": 19999}})
 	require.NoError(t, err)
-	_, err = render(t, map[string]any{"secrets": map[string]any{"worker": map[string]any{"existingSecret": ""}}})
-	require.ErrorContains(t, err, "existingSecret is required")
 	_, err = render(t, map[string]any{"enqueue": map[string]any{"sns": map[string]any{"autoConfirm": true}}})
 	require.ErrorContains(t, err, "autoConfirm needs enqueue.sns.topicArns")
 }
@@ -592,17 +590,17 @@ func TestChartNotifications(t *testing.T) {
 	vol := pod.Volumes[0]
 	require.Equal(t, mount.Name, vol.Name)
 	require.NotNil(t, vol.Secret)
-	require.Equal(t, "fleet-ingest-worker", vol.Secret.SecretName, "the worker's own Secret")
+	require.Equal(t, "prod-fleet-ingest-worker", vol.Secret.SecretName, "the worker's own Secret")
 	require.Equal(t, []corev1.KeyToPath{{Key: "notifications", Path: "notifications.json"}}, vol.Secret.Items,
 		"only the destinations are a file; the database URL stays out of the volume")
-	require.Equal(t, []string{"fleet-ingest-worker"}, secretsOf(pod))
+	require.Equal(t, []string{"prod-fleet-ingest-worker"}, secretsOf(pod))
 	for _, e := range c.Env {
 		require.NotEqual(t, "NOTIFICATIONS_FILE", e.Name, "the flag names the file")
 		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
 			require.NotEqual(t, "notifications", e.ValueFrom.SecretKeyRef.Key, "webhook secrets never in the environment")
 		}
 	}
-	requireHardened(t, "worker", "fleet-ingest-worker", pod)
+	requireHardened(t, "worker", "prod-fleet-ingest-worker", pod)
 
 	for _, c := range []struct {
 		notify map[string]any

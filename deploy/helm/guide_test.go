@@ -51,7 +51,7 @@ func TestDeployGuideValuesRender(t *testing.T) {
 	require.Contains(t, args, "arn:aws:sns:eu-west-1:123456789012:fleet-uploads")
 	require.Contains(t, args, "--operator-token-file")
 	migrate := docs["Job/prod-fleet-ingest-migrate"]
-	require.Contains(t, migrate.raw, "fleet-ingest-migrate", "the migrate Job reads the owner's Secret")
+	require.Contains(t, migrate.raw, "prod-fleet-ingest-migrate", "the migrate Job reads the owner's Secret")
 	env := map[string]string{}
 	for _, e := range worker.Spec.Template.Spec.Containers[0].Env {
 		env[e.Name] = e.Value

@@ -99,7 +99,7 @@ func TestChartKEDAScalesWorkersOnTheBacklog(t *testing.T) {
 	auth := decodeCRD[triggerAuthentication](t, docs["TriggerAuthentication/"+trig.AuthenticationRef.Name])
 	require.Len(t, auth.Spec.SecretTargetRef, 1)
 	require.Equal(t, "connection", auth.Spec.SecretTargetRef[0].Parameter)
-	require.Equal(t, "fleet-ingest-worker", auth.Spec.SecretTargetRef[0].Name)
+	require.Equal(t, "prod-fleet-ingest-worker", auth.Spec.SecretTargetRef[0].Name)
 	require.Equal(t, "url", auth.Spec.SecretTargetRef[0].Key)
 
 	// The query KEDA runs counts the ingest queue's available and running

@@ -41,7 +41,7 @@ func TestChartPruneCronJob(t *testing.T) {
 	require.Equal(t, []string{"/enqueue"}, c.Command)
 	require.Equal(t, []string{"prune", "--older-than=30d", "--batch-size=1000", "--lock-timeout=2s", "--apply"}, c.Args)
 	name, key := envSecret(c, "DATABASE_URL")
-	require.Equal(t, "fleet-ingest-enqueue", name)
+	require.Equal(t, "prod-fleet-ingest-enqueue", name)
 	require.Equal(t, "operator-url", key, "the operators' login, never the doors'")
 	require.Equal(t, "prod-fleet-ingest-prune", pod.ServiceAccountName)
 	require.False(t, *pod.AutomountServiceAccountToken)
@@ -56,7 +56,7 @@ func TestChartPruneCronJob(t *testing.T) {
 	// Another key of the enqueue Secret, without the operator surface.
 	docs = mustRender(t, map[string]any{"prune": map[string]any{"enabled": true, "databaseURLKey": "prune-url"}})
 	name, key = envSecret(decode[batchv1.CronJob](t, docs["CronJob/prod-fleet-ingest-prune"]).Spec.JobTemplate.Spec.Template.Spec.Containers[0], "DATABASE_URL")
-	require.Equal(t, []string{"fleet-ingest-enqueue", "prune-url"}, []string{name, key})
+	require.Equal(t, []string{"prod-fleet-ingest-enqueue", "prune-url"}, []string{name, key})
 
 	// A Secret of its own.
 	docs = mustRender(t, map[string]any{

@@ -2,6 +2,7 @@ package helm_test
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -397,7 +398,13 @@ func TestChartScopesRulesAndKEDAToTheRelease(t *testing.T) {
 		for name, r := range rules {
 			s, stripped := scopeOf(t, rel.name+"/"+name, r.Expr)
 			require.Equal(t, canonical(t, plain[name].Expr), stripped, "%s: only the scope is added", name)
-			require.Equal(t, plain[name].Annotations, r.Annotations, name)
+			// The alert names its install: labels, and the summary's prefix.
+			wantAnnotations := maps.Clone(plain[name].Annotations)
+			wantAnnotations["summary"] = rel.ns + "/" + rel.name + ": " + plain[name].Annotations["summary"]
+			require.Equal(t, wantAnnotations, r.Annotations, name)
+			wantLabels := maps.Clone(plain[name].Labels)
+			wantLabels["namespace"], wantLabels["release"] = rel.ns, rel.name
+			require.Equal(t, wantLabels, r.Labels, name)
 			scopes[rel] = append(scopes[rel], s...)
 		}
 		so := decodeCRD[scaledObject](t, manifest{raw: docs["ScaledObject/"+fullname+"-worker"]})

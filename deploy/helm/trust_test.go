@@ -66,9 +66,9 @@ func TestChartGivesEachComponentItsOwnSecretAndServiceAccount(t *testing.T) {
 		"secrets": map[string]any{"enqueue": map[string]any{"hmacSecretKey": "hmac"}},
 	})
 	p := pods(t, docs)
-	require.Equal(t, []string{"fleet-ingest-worker"}, secretsOf(p.worker))
-	require.Equal(t, []string{"fleet-ingest-enqueue"}, secretsOf(p.enqueue))
-	require.Equal(t, []string{"fleet-ingest-migrate"}, secretsOf(p.migrate), "only the migrate Job reads the DDL URL")
+	require.Equal(t, []string{"prod-fleet-ingest-worker"}, secretsOf(p.worker))
+	require.Equal(t, []string{"prod-fleet-ingest-enqueue"}, secretsOf(p.enqueue))
+	require.Equal(t, []string{"prod-fleet-ingest-migrate"}, secretsOf(p.migrate), "only the migrate Job reads the DDL URL")
 
 	for name, pod := range map[string]corev1.PodSpec{"worker": p.worker, "enqueue": p.enqueue, "migrate": p.migrate} {
 		sa := "prod-fleet-ingest-" + name
@@ -291,7 +291,7 @@ func TestChartOperatorToken(t *testing.T) {
 	require.Equal(t, mount.MountPath+"/token", tokenFile)
 	require.Len(t, p.Volumes, 1)
 	require.Equal(t, mount.Name, p.Volumes[0].Name)
-	require.Equal(t, "fleet-ingest-enqueue", p.Volumes[0].Secret.SecretName)
+	require.Equal(t, "prod-fleet-ingest-enqueue", p.Volumes[0].Secret.SecretName)
 	require.Equal(t, []corev1.KeyToPath{{Key: "token", Path: "token"}, {Key: "operator", Path: "operator-token"}}, p.Volumes[0].Secret.Items)
 	urls := map[string]string{}
 	for _, e := range container.Env {
@@ -300,9 +300,9 @@ func TestChartOperatorToken(t *testing.T) {
 			urls[e.Name] = e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
 		}
 	}
-	require.Equal(t, "fleet-ingest-enqueue/url", urls["DATABASE_URL"], "the doors act as the enqueue login")
-	require.Equal(t, "fleet-ingest-enqueue/operator-url", urls["OPERATOR_DATABASE_URL"], "the operator surfaces as the operator login")
-	require.Equal(t, []string{"fleet-ingest-enqueue"}, secretsOf(p))
+	require.Equal(t, "prod-fleet-ingest-enqueue/url", urls["DATABASE_URL"], "the doors act as the enqueue login")
+	require.Equal(t, "prod-fleet-ingest-enqueue/operator-url", urls["OPERATOR_DATABASE_URL"], "the operator surfaces as the operator login")
+	require.Equal(t, []string{"prod-fleet-ingest-enqueue"}, secretsOf(p))
 	for name, pod := range map[string]corev1.PodSpec{"worker": all.worker, "migrate": all.migrate} {
 		for _, e := range pod.Containers[0].Env {
 			require.NotEqual(t, "OPERATOR_DATABASE_URL", e.Name, "%s never gets the operator login", name)

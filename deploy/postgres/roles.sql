@@ -86,7 +86,11 @@
 -- sessions of the same role.
 --
 -- Idempotent; re-run after migrations that add tables or columns (and after
--- River's, which may recreate its tables). Every run first revokes what the
+-- River's, which may recreate its tables): after every upgrade. Forgotten,
+-- worker run, enqueue serve, sqs, reconcile and prune refuse to start
+-- (exit 10) and name each privilege of this file their login lacks
+-- (internal/grants, whose lists follow the sections below; the runbook's
+-- "Permission denied"). Every run first revokes what the
 -- runtime roles had, so it also removes grants an earlier version of this
 -- file made. To extend it, add grants to the role's section below (a new
 -- column a role updates goes into that role's UPDATE list; a new table into

@@ -36,9 +36,15 @@ const (
 
 // Cursor is where a page ended: the reservation time and id of its last
 // batch. Pages follow (started_at, id) downwards, a total order, so a
-// batch is on one page only however many are reserved meanwhile: a newer
-// batch sorts before the first page, and one whose reservation committed
-// late, after its neighbours were read, lands on a later page.
+// batch is on one page at most however many are reserved meanwhile, and
+// every batch whose reservation committed before the first page was read
+// (and that matches the filter throughout) is on exactly one. started_at
+// is the start of the reserving transaction, which may commit later: a
+// batch that commits after the first page was read is on a later page
+// only if it sorts after the cursor of the page read before it committed;
+// otherwise — a newer batch, which sorts before the first page, or an
+// older one whose transaction committed late — it is on no page of the
+// walk (README, "Reading batches": walk again to see it).
 type Cursor struct {
 	StartedAt time.Time
 	ID        int64

@@ -34,6 +34,14 @@ type Reservation struct {
 	// still be resumed (ResumablePublicationSQL): its load is committed,
 	// so the folder is resumed, never loaded a second time.
 	SkipIfResumable time.Duration
+	// ReimportOf, when not zero, is the Succeeded batch a re-import found
+	// the folder's newest and differing from the folder (enqueue
+	// reconcile): ReserveMany reserves only while that batch is still the
+	// folder's newest, and answers Superseded, reserving nothing, once a
+	// newer batch exists (another scan's re-import of the same change,
+	// running or finished). So scans that overlap import one change once.
+	// Reserve does not take it.
+	ReimportOf int64
 }
 
 // Validate checks every field before anything touches the database. It
@@ -74,6 +82,10 @@ const (
 	// scope is a failed publication that can be resumed; nothing was
 	// reserved.
 	Resumable
+	// Superseded means ReimportOf was set and is no longer the newest
+	// batch of the scope (BatchID is the newest): the change it was to
+	// import is another re-import's; nothing was reserved.
+	Superseded
 )
 
 func (o ReserveOutcome) String() string {
@@ -86,6 +98,8 @@ func (o ReserveOutcome) String() string {
 		return "already_succeeded"
 	case Resumable:
 		return "resumable"
+	case Superseded:
+		return "superseded"
 	}
 	return "unknown"
 }
@@ -116,6 +130,9 @@ const maxReserveAttempts = 5
 func (s *Store) Reserve(ctx context.Context, r Reservation) (ReserveResult, error) {
 	if err := r.Validate(); err != nil {
 		return ReserveResult{}, err
+	}
+	if r.ReimportOf != 0 {
+		return ReserveResult{}, &ValidationError{"reimport_of", "only ReserveMany reserves a re-import of a given batch"}
 	}
 	details, err := r.Details.Marshal()
 	if err != nil {

@@ -13,8 +13,9 @@ type ReserveManyResult struct {
 	Outcome ReserveOutcome
 	// BatchID is the new Running batch (Reserved), the Running batch that
 	// holds the scope (Conflict), or the newest batch of the scope, which
-	// succeeded (AlreadySucceeded) or is a resumable failed publication
-	// (Resumable).
+	// succeeded (AlreadySucceeded), is a resumable failed publication
+	// (Resumable) or is newer than the batch a re-import was of
+	// (Superseded).
 	BatchID int64
 	// BatchUID is that batch's uid (Batch.UID; empty for a legacy batch).
 	BatchUID string
@@ -63,13 +64,14 @@ func ResumablePublicationSQL(b, window string) string {
 // from the newest batch: an older batch may be the Running one, after a
 // resume, while a newer one failed); and the scope's newest batch and its
 // status and whether it is a resumable failed publication, all by the
-// statement's snapshot.
+// statement's snapshot. A re-import of a given batch (reimport_of, 0 for
+// none) is inserted only while that batch is the scope's newest.
 var reserveManySQL = `
 	WITH input AS (
 		SELECT *
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::text[], $9::bool[], $10::bigint[])
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::text[], $9::bool[], $10::bigint[], $11::bigint[])
 		     WITH ORDINALITY AS i(company_id, tenant_id, tenant_database, ingestion_mode, source_type,
-		                          pipeline_stage, details, source_scope, skip_if_succeeded, resumable_window_us, ord)
+		                          pipeline_stage, details, source_scope, skip_if_succeeded, resumable_window_us, reimport_of, ord)
 	), known AS (
 		SELECT i.ord, l.id AS latest_id, l.batch_uid AS latest_uid, l.status AS latest_status, l.resumable AS latest_resumable,
 		       r.id AS running_id, r.batch_uid AS running_uid
@@ -107,6 +109,7 @@ var reserveManySQL = `
 		WHERE NOT (i.skip_if_succeeded AND k.latest_status IS NOT DISTINCT FROM 'Succeeded')
 		  AND NOT coalesce(k.latest_resumable, false)
 		  AND k.running_id IS NULL
+		  AND (i.reimport_of = 0 OR k.latest_id IS NOT DISTINCT FROM i.reimport_of)
 		ORDER BY i.tenant_id, i.source_scope
 		ON CONFLICT (tenant_id, source_scope) WHERE status = 'Running' AND source_scope IS NOT NULL
 		DO NOTHING
@@ -249,7 +252,7 @@ func (s *Store) reserveRound(ctx context.Context, rs []Reservation, details []st
 		mode, source, stage       = make([]string, n), make([]string, n), make([]string, n)
 		docs, scope               = make([]string, n), make([]string, n)
 		skip                      = make([]bool, n)
-		window                    = make([]int64, n)
+		window, reimportOf        = make([]int64, n), make([]int64, n)
 	)
 	for k, i := range idx {
 		r := rs[i]
@@ -257,8 +260,9 @@ func (s *Store) reserveRound(ctx context.Context, rs []Reservation, details []st
 		mode[k], source[k], stage[k] = string(r.IngestionMode), string(r.SourceType), r.PipelineStage
 		docs[k], scope[k], skip[k] = details[i], r.SourceScope, r.SkipIfSucceeded
 		window[k] = max(r.SkipIfResumable, 0).Microseconds()
+		reimportOf[k] = r.ReimportOf
 	}
-	rows, err := s.db.Query(ctx, reserveManySQL, company, tenant, database, mode, source, stage, docs, scope, skip, window)
+	rows, err := s.db.Query(ctx, reserveManySQL, company, tenant, database, mode, source, stage, docs, scope, skip, window, reimportOf)
 	if err != nil {
 		return nil, fmt.Errorf("reserving %d scopes: %w", n, err)
 	}
@@ -279,6 +283,13 @@ func (s *Store) reserveRound(ctx context.Context, rs []Reservation, details []st
 		switch {
 		case reserved != nil:
 			out[i] = ReserveManyResult{Outcome: Reserved, BatchID: *reserved, BatchUID: uid, DuplicateOf: -1}
+		case rs[i].ReimportOf != 0 && (latestID == nil || *latestID != rs[i].ReimportOf):
+			// Another re-import of the change (or any newer batch) came
+			// first: this one is not made, whatever holds the scope.
+			out[i] = ReserveManyResult{Outcome: Superseded, BatchUID: latestUID, DuplicateOf: -1}
+			if latestID != nil {
+				out[i].BatchID = *latestID
+			}
 		case latestStatus != nil && *latestStatus == StatusSucceeded && rs[i].SkipIfSucceeded:
 			// As Reserve: a folder whose newest batch succeeded is not
 			// imported again without asking, whatever else holds it.

@@ -17,10 +17,12 @@ const MaxExcerptBytes = 1 << 10
 const MaxBadRecordsCap = 10_000
 
 // BadRecord is a record the reader refuses, reported as COPY's load errors
-// are: the object, the line where the record starts, the column (1-based;
-// 0 when the record as a whole is refused, such as an NDJSON line that is
-// not a JSON object), the reason, and an excerpt of the raw value (escaped,
-// at most MaxExcerptBytes of it). It is an error matching ErrMalformed.
+// are: the object, the line where the record starts, the column (1-based:
+// a CSV record's field, or the byte of an NDJSON line where a value the
+// warehouse refuses starts; 0 when the record as a whole is refused, such
+// as an NDJSON line that is not a JSON object), the reason, and an excerpt
+// of the raw value (escaped, at most MaxExcerptBytes of it). It is an
+// error matching ErrMalformed.
 type BadRecord struct {
 	ObjectKey string
 	Line      int64

@@ -47,7 +47,7 @@ func TestBadRecordsReportedAndToleratedUpToTheLimit(t *testing.T) {
 	}
 	require.Equal(t, []string{"f/a.csv:2", "f/a.csv:4", "f/a.csv:6", "f/b.ndjson:1", "f/b.ndjson:3"}, ids, "every good record once, none of the bad")
 	require.Len(t, bad, 3)
-	require.Equal(t, BadRecord{ObjectKey: "f/a.csv", Line: 5, Column: 2, Reason: "NUL characters cannot be stored", Excerpt: `"bad\x00value"`}, bad[1])
+	require.Equal(t, BadRecord{ObjectKey: "f/a.csv", Line: 5, Column: 2, Reason: `column "note": NUL characters cannot be stored`, Excerpt: `"bad\x00value"`}, bad[1])
 	require.Equal(t, "f/b.ndjson", bad[2].ObjectKey)
 	require.EqualValues(t, 2, bad[2].Line)
 	require.Zero(t, bad[2].Column)

@@ -174,7 +174,7 @@ func TestNDJSONEscapesMatchWhatJSONBStores(t *testing.T) {
 			continue
 		}
 		require.ErrorIs(t, err, ErrMalformed, tc.line)
-		require.ErrorContains(t, err, name+": line 2: ", tc.line)
+		require.ErrorContains(t, err, name+": line 2, column ", tc.line)
 		require.ErrorContains(t, err, "cannot be stored", tc.line)
 	}
 }

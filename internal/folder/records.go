@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -22,8 +23,9 @@ type Record struct {
 	// Line is the 1-based line of the record in its object (for CSV, the line
 	// where the row starts).
 	Line int64
-	// JSON is the record as a JSON object. It is only valid until the next
-	// call to Next.
+	// JSON is the record as a JSON object, valid UTF-8 holding only values
+	// PostgreSQL's jsonb stores (and none RefuseNumbers refuses). It is
+	// only valid until the next call to Next.
 	JSON []byte
 }
 
@@ -117,6 +119,7 @@ type RecordReader struct {
 	csv    *csv.Reader
 	guard  *csvGuard
 	header [][]byte // JSON-encoded header names, with trailing ':'
+	names  []string // the header names, for reasons
 	csvEnd int64    // input offset of the end of the last CSV record read
 	json   int64    // JSON bytes of the current CSV object's records
 	lines  *bufio.Scanner
@@ -134,14 +137,21 @@ type RecordReader struct {
 	// bad holds those it skipped.
 	maxBad int
 	bad    []BadRecord
+
+	// refuse is the warehouse's own bound on numbers (RefuseNumbers).
+	refuse RefuseNumber
 }
 
 // Records returns a reader over the records of objects, in order.
 //
 // A record that cannot be stored (a CSV row with another number of fields
 // than the header, or a quote out of place; a value that is not valid
-// UTF-8 or holds NUL; an NDJSON line that is not a JSON object or holds an
-// escape jsonb refuses) is a *BadRecord. The reader skips up to the
+// UTF-8 or holds NUL, its reason naming the header's column; an NDJSON
+// line that is not a JSON object, or holds a value the warehouse refuses:
+// invalid UTF-8, an escape jsonb refuses, a number beyond PostgreSQL's
+// numeric or one RefuseNumbers refuses, its column the byte where the
+// value starts and its reason the value's JSON path, see values.go) is a
+// *BadRecord. The reader skips up to the
 // Source's tolerance of them (Tolerate; Bad lists them) and fails on the
 // next with a *TooManyBadRecordsError; with no tolerance, the first fails
 // the read. Whatever makes the rest of an object unreadable (no header, a
@@ -268,7 +278,7 @@ func (r *RecordReader) open(o Object) error {
 		if err != nil {
 			return r.csvError(err)
 		}
-		r.header = r.header[:0]
+		r.header, r.names = r.header[:0], r.names[:0]
 		seen := map[string]bool{}
 		for i, h := range header {
 			if i == 0 {
@@ -286,6 +296,7 @@ func (r *RecordReader) open(o Object) error {
 				return fmt.Errorf("%w: %s: header column %d: %v", ErrMalformed, r.key, i+1, err)
 			}
 			r.header = append(r.header, append(enc, ':'))
+			r.names = append(r.names, h)
 		}
 		r.csvEnd, r.json = r.csv.InputOffset(), 0
 	case FormatNDJSON:
@@ -345,18 +356,19 @@ func (r *RecordReader) read() (bool, error) {
 	}
 	for r.lines.Scan() {
 		r.line++
-		b := bytes.TrimSpace(r.lines.Bytes())
+		raw := r.lines.Bytes()
+		b := bytes.TrimSpace(raw)
 		if len(b) == 0 {
 			continue
 		}
-		why := ""
+		var bad *BadRecord
 		if b[0] != '{' || !jsonValid(b) {
-			why = "not a JSON object"
-		} else {
-			why = unstorableEscape(b)
+			bad = &BadRecord{ObjectKey: r.key, Line: r.line, Reason: notAnObject(b), Excerpt: Excerpt(b)}
+		} else if u, found := checkValues(b, r.refuse); found {
+			bad = r.badValue(raw, b, u)
 		}
-		if why != "" {
-			if err := r.skip(&BadRecord{ObjectKey: r.key, Line: r.line, Reason: why, Excerpt: Excerpt(b)}); err != nil {
+		if bad != nil {
+			if err := r.skip(bad); err != nil {
 				return false, err
 			}
 			continue
@@ -412,7 +424,8 @@ func (r *RecordReader) readCSV() (ok bool, bad *BadRecord, err error) {
 		buf = append(buf, r.header[i]...)
 		if buf, err = appendJSONString(buf, v); err != nil {
 			r.buf = buf[:0]
-			return false, &BadRecord{ObjectKey: r.key, Line: int64(line), Column: i + 1, Reason: err.Error(), Excerpt: Excerpt([]byte(v))}, nil
+			return false, &BadRecord{ObjectKey: r.key, Line: int64(line), Column: i + 1,
+				Reason: "column " + strconv.Quote(r.names[i]) + ": " + err.Error(), Excerpt: Excerpt([]byte(v))}, nil
 		}
 		if int64(len(buf))+1 > maxJSON {
 			return false, nil, fmt.Errorf("%w: %s: line %d: %d bytes of CSV become more than %d bytes of JSON (at most %d× plus %d bytes: the header's column names are repeated in every record)",
@@ -483,61 +496,6 @@ func appendJSONString(buf []byte, s string) ([]byte, error) {
 
 // jsonValid reports whether b is one valid JSON value.
 func jsonValid(b []byte) bool { return json.Valid(b) }
-
-// unstorableEscape returns why the valid JSON text b cannot be stored as
-// PostgreSQL jsonb, or "" when it can. JSON itself allows every \uXXXX
-// escape, but jsonb refuses \u0000 (it cannot hold NUL: "unsupported
-// Unicode escape sequence") and UTF-16 surrogate escapes that are not a
-// high-low pair. Only real escapes count: the six characters \u0000 written
-// as the JSON string "\\u0000" decode to a backslash and "u0000", which are
-// stored as they are. A raw NUL byte never reaches here: JSON refuses raw
-// control characters in strings.
-func unstorableEscape(b []byte) string {
-	for {
-		i := bytes.IndexByte(b, '\\')
-		if i < 0 {
-			return ""
-		}
-		// b is valid JSON, so a backslash starts an escape inside a string
-		// and \u is followed by four hex digits.
-		if b[i+1] != 'u' {
-			b = b[i+2:]
-			continue
-		}
-		r := hex4(b[i+2 : i+6])
-		b = b[i+6:]
-		switch {
-		case r == 0:
-			return `NUL characters (\u0000) cannot be stored`
-		case r >= 0xD800 && r < 0xDC00:
-			if len(b) >= 6 && b[0] == '\\' && b[1] == 'u' {
-				if lo := hex4(b[2:6]); lo >= 0xDC00 && lo < 0xE000 {
-					b = b[6:]
-					continue
-				}
-			}
-			return "unpaired UTF-16 surrogate escape cannot be stored"
-		case r >= 0xDC00 && r < 0xE000:
-			return "unpaired UTF-16 surrogate escape cannot be stored"
-		}
-	}
-}
-
-func hex4(b []byte) rune {
-	var r rune
-	for _, c := range b[:4] {
-		r <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c-'a') + 10
-		case c >= 'A' && c <= 'F':
-			r |= rune(c-'A') + 10
-		}
-	}
-	return r
-}
 
 // recordTooLargeError is a CSV record over a Limits bound.
 type recordTooLargeError struct {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +46,10 @@ const (
 	// OutcomeInvalidInput: ImportMany refused this request before writing
 	// anything for it (Field and Error say why).
 	OutcomeInvalidInput = "invalid_input"
+	// OutcomeSuperseded: a re-import of a given batch (ImportRequest.
+	// ReimportOf) found a newer batch of the folder (BatchID): another
+	// re-import of the same change came first; nothing was reserved.
+	OutcomeSuperseded = "superseded"
 )
 
 // InputError is a request refused before anything was written. Field names
@@ -77,6 +82,13 @@ type ImportRequest struct {
 	// succeeded, or is a failed publication that could be resumed.
 	// Without it such a request answers already_succeeded (resumable).
 	Reimport bool `json:"reimport,omitempty"`
+	// ReimportOf, with Reimport, is the Succeeded batch the caller found
+	// the folder's newest and differing from the folder (enqueue
+	// reconcile): the re-import is made only while that batch is still
+	// the newest, else it answers superseded (batch.Reservation.ReimportOf),
+	// so two scans that overlap import one change once. Not part of the
+	// HTTP API.
+	ReimportOf int64 `json:"-"`
 	// NoMarker opts out of the completion marker, for a producer that
 	// writes none: the worker loads the folder as it finds it. Without
 	// it, a folder without its marker fails before any warehouse write
@@ -242,6 +254,9 @@ func reservation(req ImportRequest, window time.Duration) (batch.Reservation, er
 		r.SkipIfResumable = cmp.Or(window, batch.DefaultPublicationWindow)
 	}
 	r.Details.RetryOf = req.retryOf
+	if req.Reimport {
+		r.ReimportOf = req.ReimportOf
+	}
 	r.Details.MarkerOptional = req.NoMarker
 	if req.MaxBadRecords < 0 || req.MaxBadRecords > folder.MaxBadRecordsCap {
 		return batch.Reservation{}, &InputError{Field: "max_bad_records", Reason: fmt.Sprintf("must be between 0 and %d", folder.MaxBadRecordsCap)}
@@ -288,29 +303,50 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 		reservedRs  []batch.Reservation
 		reservedIdx []int
 		insertErr   error
+		// use are the reservations the burst makes (useIdx[k] is reqs'
+		// index of use[k]): rs less the retries whose batch is gone.
+		use    []batch.Reservation
+		useIdx []int
 	)
 	burst := func(tx pgx.Tx) error {
-		var err error
-		reserved, err = batch.NewStore(tx).ReserveMany(ctx, rs)
+		gone, err := lockRetried(ctx, tx, rs)
+		if err != nil {
+			return err
+		}
+		use, useIdx = rs, idx
+		if len(gone) > 0 {
+			use, useIdx = nil, nil
+			for k, r := range rs {
+				if gone[r.Details.RetryOf] {
+					results[idx[k]] = Result{Outcome: OutcomeNotFound, SourceScope: r.SourceScope,
+						Reason: fmt.Sprintf("batch %d, which this retry retries, was deleted meanwhile (enqueue prune)", r.Details.RetryOf)}
+					continue
+				}
+				use, useIdx = append(use, r), append(useIdx, idx[k])
+			}
+		}
+		reserved, err = batch.NewStore(tx).ReserveMany(ctx, use)
 		if err != nil {
 			return err
 		}
 		reservedRs, reservedIdx, insertErr = reservedRs[:0], reservedIdx[:0], nil
 		var params []river.InsertManyParams
 		for k, rr := range reserved {
-			i, scope := idx[k], rs[k].SourceScope
+			i, scope := useIdx[k], use[k].SourceScope
 			switch rr.Outcome {
 			case batch.Conflict:
 				results[i] = Result{Outcome: OutcomeConflict, RunningBatchID: rr.BatchID, RunningBatchUID: rr.BatchUID, SourceScope: scope}
 			case batch.AlreadySucceeded:
 				results[i] = Result{Outcome: OutcomeAlreadySucceeded, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope}
+			case batch.Superseded:
+				results[i] = Result{Outcome: OutcomeSuperseded, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope}
 			case batch.Resumable:
 				results[i] = Result{Outcome: OutcomeResumable, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope,
 					Status: string(batch.StatusFailed), Phase: string(batch.PhaseFailedPublication), Reason: ReasonResumeInstead}
 			case batch.Reserved:
 				results[i] = Result{Outcome: OutcomeEnqueued, BatchID: rr.BatchID, BatchUID: rr.BatchUID, SourceScope: scope}
-				reservedRs, reservedIdx = append(reservedRs, rs[k]), append(reservedIdx, i)
-				params = append(params, river.InsertManyParams{Args: IngestArgs{BatchID: rr.BatchID}, InsertOpts: insertOpts(rs[k].TenantID, rr.BatchID)})
+				reservedRs, reservedIdx = append(reservedRs, use[k]), append(reservedIdx, i)
+				params = append(params, river.InsertManyParams{Args: IngestArgs{BatchID: rr.BatchID}, InsertOpts: insertOpts(use[k].TenantID, rr.BatchID)})
 			}
 		}
 		if len(params) == 0 {
@@ -374,10 +410,46 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 	// copy's failure instead.
 	for k, rr := range reserved {
 		if rr.DuplicateOf >= 0 && reserved[rr.DuplicateOf].Outcome == batch.Reserved {
-			results[idx[k]] = results[idx[rr.DuplicateOf]]
+			results[useIdx[k]] = results[useIdx[rr.DuplicateOf]]
 		}
 	}
 	return nil
+}
+
+// lockRetried takes the batches that the retries among rs retry
+// (Details.RetryOf) FOR KEY SHARE, in the burst's transaction, and returns
+// those that no longer exist. enqueue prune deletes a batch only after
+// locking it (its DELETE), and checks, once it holds the lock, that no
+// batch names it as the one it retries (retention.Prune): so a retry and
+// a prune of its batch are serialised. The retry waits for a prune that
+// locked its batch first and then finds it gone (not_found: no new batch
+// names a deleted one); a prune that comes second sees the retry and keeps
+// the batch. A burst without a retry sends nothing.
+func lockRetried(ctx context.Context, tx pgx.Tx, rs []batch.Reservation) (map[int64]bool, error) {
+	var ids []int64
+	for _, r := range rs {
+		if r.Details.RetryOf != 0 {
+			ids = append(ids, r.Details.RetryOf)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, `SELECT id FROM ingestion_batches WHERE id = ANY($1) ORDER BY id FOR KEY SHARE`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("locking the batches retried: %w", err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("locking the batches retried: %w", err)
+	}
+	gone := map[int64]bool{}
+	for _, id := range ids {
+		if !slices.Contains(found, id) {
+			gone[id] = true
+		}
+	}
+	return gone, nil
 }
 
 // maxBurstAttempts bounds how often a burst rolled back by a deadlock or a

@@ -105,7 +105,7 @@ var SQSLeftReasons = []string{"malformed", "unmapped", "bucket_not_allowed", "in
 
 // ReconcileOutcomes label ingest_reconcile_folders_total: what reconcile
 // found for each completed folder.
-var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "resumable", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue", "reimported", "would_reimport"}
+var ReconcileOutcomes = []string{"enqueued", "running", "already_succeeded", "resumable", "failed", "conflict", "unmapped", "invalid_input", "enqueue_failed", "would_enqueue", "reimported", "would_reimport", "superseded"}
 
 // ReconcileChangeReasons label ingest_reconcile_changed_total: how a
 // published folder differs from its newest batch's load.
@@ -221,6 +221,12 @@ type Metrics struct {
 	// ReconcileCheckpointsIgnored counts checkpoints a period ignored
 	// because they were dated after the database clock.
 	ReconcileCheckpointsIgnored prometheus.Counter
+	// ReconcileCheckpointsForeign counts checkpoints a period ignored
+	// because someone other than reconcile moved them last (migration
+	// 00115); ReconcileSkippedConsecutive is how many periods in a row
+	// this replica skipped (0 after a scan).
+	ReconcileCheckpointsForeign prometheus.Counter
+	ReconcileSkippedConsecutive prometheus.Gauge
 	// ReconcileChanged counts published folders found changed since their
 	// newest batch's load, by reason; ReconcileUnsummarized those not
 	// compared because that batch records no summary (an older build).
@@ -563,10 +569,16 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 		Buckets: prometheus.ExponentialBuckets(0.1, 3, 10),
 	})
 	m.ReconcileScans = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ingest_reconcile_scans_total", Help: "Reconcile periods by outcome (scanned; skipped: another replica holds the lock or scanned this period; failed).",
+		Name: "ingest_reconcile_scans_total", Help: "Reconcile periods by outcome (scanned; skipped: another session holds the checkpoint row or a replica scanned this period; failed).",
 	}, []string{"outcome"})
 	m.ReconcileCheckpointsIgnored = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_reconcile_checkpoints_ignored_total", Help: "Reconcile checkpoints ignored because they were dated after the database clock (no pass writes one: a login wrote it, or the clock stepped back); the pass started over.",
+	})
+	m.ReconcileCheckpointsForeign = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ingest_reconcile_checkpoints_foreign_total", Help: "Reconcile checkpoints ignored because someone other than reconcile moved them last (moved_by/moved_application, migration 00115: a login that could hide missed folders); the pass started over.",
+	})
+	m.ReconcileSkippedConsecutive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ingest_reconcile_periods_skipped_consecutive", Help: "Reconcile periods this replica skipped in a row (the checkpoint row locked by another session, or a replica ran this period); 0 after a period that scanned. The minimum over an install's replicas stays at 0 while any of them works.",
 	})
 	m.ReconcileChanged = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_reconcile_changed_total", Help: "Published folders reconcile found changed since their newest batch's load, by reason (added, removed, changed: an object's ETag; marker_rewritten), each imported again: files that arrived or changed late.",
@@ -574,7 +586,7 @@ func (m *Metrics) newReconcile(f func(prometheus.Collector)) {
 	m.ReconcileUnsummarized = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ingest_reconcile_unsummarized_total", Help: "Published folders reconcile could not compare with their load because their batch records no summary of the objects it loaded (loaded by a build before the summary); not imported again.",
 	})
-	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans, m.ReconcileCheckpointsIgnored, m.ReconcileChanged, m.ReconcileUnsummarized}
+	m.reconcile = []prometheus.Collector{m.ReconcileFolders, m.ReconcileMissed, m.ReconcileObjectsListed, m.ReconcileKeysSkipped, m.ReconcileScanDuration, m.ReconcileScans, m.ReconcileCheckpointsIgnored, m.ReconcileCheckpointsForeign, m.ReconcileSkippedConsecutive, m.ReconcileChanged, m.ReconcileUnsummarized}
 	for _, c := range m.reconcile {
 		f(c)
 	}

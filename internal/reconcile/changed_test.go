@@ -314,8 +314,7 @@ func TestReconcileComparesAFolderAPeriodEndsIn(t *testing.T) {
 	require.Equal(t, []string{dir + "/part-99.csv"}, reports[0].Change.Keys)
 	require.EqualValues(t, 11, reports[0].Change.ObjectsNow)
 
-	_, err = f.pool.Exec(ctx, `UPDATE ingest_reconcile_checkpoints SET last_run_at = now() - interval '2 hours'`)
-	require.NoError(t, err)
+	due(t, f.pool, 2*time.Hour)
 	reports = nil
 	p, err = reconcile.RunPeriod(ctx, cfg, time.Hour)
 	require.NoError(t, err)

@@ -66,8 +66,7 @@ func TestReconcileIgnoresACheckpointAheadOfTheDatabaseClock(t *testing.T) {
 	require.False(t, lastRun.After(now))
 
 	// The next period reads its own checkpoint: nothing ignored.
-	_, err = f.pool.Exec(ctx, `UPDATE ingest_reconcile_checkpoints SET last_run_at = now() - interval '1 hour'`)
-	require.NoError(t, err)
+	due(t, f.pool, time.Hour)
 	p, err = reconcile.RunPeriod(ctx, f.cfg, every)
 	require.NoError(t, err)
 	require.Equal(t, "scanned", p.Outcome)

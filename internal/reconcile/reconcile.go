@@ -31,7 +31,11 @@
 //	                             removed, changed: an ETag, marker_rewritten)
 //	                             and the keys modified after the load's
 //	                             newest object; logged, counted in
-//	                             ingest_reconcile_changed_total{reason}
+//	                             ingest_reconcile_changed_total{reason};
+//	                             superseded when the folder's newest
+//	                             batch is no longer the one compared by
+//	                             the time it is imported (a scan that
+//	                             overlapped this one re-imported it)
 //	a Succeeded batch          → already_succeeded (compared: unchanged;
 //	                             no_summary: the batch is of an older build,
 //	                             counted, not imported; partial: the scan
@@ -114,6 +118,11 @@ const (
 	OutcomeReimported = "reimported"
 	// OutcomeWouldReimport: the same, in a dry run.
 	OutcomeWouldReimport = "would_reimport"
+	// OutcomeSuperseded: a published folder changed, but by the time it
+	// was to be imported again its newest batch (BatchID) was no longer
+	// the one compared: another scan's re-import of the change (a scan
+	// that overlapped this one) came first. Not imported a second time.
+	OutcomeSuperseded = "superseded"
 )
 
 // Defaults of Config.
@@ -653,7 +662,7 @@ func (s *scan) flush(ctx context.Context) error {
 			// The newest batch Succeeded: a new batch of the folder,
 			// past the already_succeeded skip (and only for this folder).
 			req := c.req
-			req.Reimport = true
+			req.Reimport, req.ReimportOf = true, st.succeeded
 			burst = append(burst, req)
 			burstAt = append(burstAt, c.i)
 		case st.failedIncompleteAt != nil && !markedSince(dirs[c.i].marker.modified, *st.failedIncompleteAt):
@@ -692,6 +701,8 @@ func (s *scan) flush(ctx context.Context) error {
 				f.Outcome = OutcomeAlreadySucceeded
 			case jobs.OutcomeResumable:
 				f.Outcome, f.Phase = OutcomeResumable, r.Phase
+			case jobs.OutcomeSuperseded:
+				f.Outcome = OutcomeSuperseded
 			case jobs.OutcomeInvalidInput:
 				f.Outcome, f.Field, f.Reason = OutcomeInvalidInput, r.Field, r.Error
 			default:

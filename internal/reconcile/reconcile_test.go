@@ -43,7 +43,13 @@ type fixture struct {
 // a Config on them over a fresh database.
 func newFixture(t *testing.T, n int) *fixture {
 	t.Helper()
-	f := &fixture{pool: pgtest.NewPool(t), s3: s3test.Start(t)}
+	return newFixtureOn(t, pgtest.NewPool(t), n)
+}
+
+// newFixtureOn is newFixture on pool's database.
+func newFixtureOn(t *testing.T, pool *pgxpool.Pool, n int) *fixture {
+	t.Helper()
+	f := &fixture{pool: pool, s3: s3test.Start(t)}
 	f.s3.CreateBucket(t, bucket)
 	var keys []string
 	for i := range n {
@@ -70,7 +76,7 @@ func (f *fixture) batches(t *testing.T) (batches, scopes int) {
 
 // TestReconcilePeriodsResumeFromTheCheckpoint runs periods of at most
 // 1,000 objects over 2,500 folders from three replicas at once: each
-// period one replica works (the others skip: advisory lock, or the
+// period one replica works (the others skip: the checkpoint row locked, or the
 // period was just run), each continues after the previous one's last key,
 // the third completes the pass, and every folder is enqueued once. The
 // next pass checks only markers modified since the finished pass began
@@ -104,8 +110,7 @@ func TestReconcilePeriodsResumeFromTheCheckpoint(t *testing.T) {
 		}
 		require.Equal(t, 1, scanned, "period %d: one replica works", period)
 		// The next period is due.
-		_, err := f.pool.Exec(ctx, `UPDATE ingest_reconcile_checkpoints SET last_run_at = now() - interval '2 hours'`)
-		require.NoError(t, err)
+		due(t, f.pool, 2*time.Hour)
 	}
 	var keys []string
 	for i := range 2500 {
@@ -312,8 +317,7 @@ func TestReconcileCheckpointOnASkippedKey(t *testing.T) {
 	require.False(t, p.Summary.Complete)
 	require.Equal(t, badKey, p.Summary.LastKey)
 	require.Equal(t, 1, p.Summary.KeysSkipped)
-	_, err = f.pool.Exec(ctx, `UPDATE ingest_reconcile_checkpoints SET last_run_at = now() - interval '2 hours'`)
-	require.NoError(t, err)
+	due(t, f.pool, 2*time.Hour)
 
 	p, err = reconcile.RunPeriod(ctx, f.cfg, time.Hour)
 	require.NoError(t, err)

@@ -46,11 +46,18 @@
 // Prune walks the table in id order, at most BatchSize candidates per
 // transaction. Each transaction sets lock_timeout (SET LOCAL), applies the
 // retry-chain rule over the candidates' folders and deletes the rest with
-// one DELETE that checks every rule again on each row as it finds it
-// (after waiting for the row's lock; a retry started meanwhile keeps the
-// batch it retries). A transaction that meets a lock held longer than
+// one DELETE that checks every rule again on each row as it finds it.
+// A retry and a prune of the batch it retries are serialised by that
+// batch's row: the retry takes it FOR KEY SHARE in the transaction that
+// reserves the new batch (jobs.Enqueuer.Retry), the DELETE takes it FOR
+// UPDATE. A retry that comes second waits, finds the batch gone and
+// answers not_found. A prune that comes second, once its DELETE holds the
+// rows, looks in a statement of its own (a snapshot that shows the retry)
+// for a batch naming one of them as the batch it retries; if there is one
+// the round is rolled back and tried again, and the retry chain rule keeps
+// the batch. No kept batch ever names a deleted one. A transaction that meets a lock held longer than
 // lock_timeout (SQLSTATE 55P03: a batch being resumed or updated, or DDL)
-// is rolled back and tried again up to LockRetries times; then its
+// (or a retry, above) is rolled back and tried again up to LockRetries times; then its
 // candidates are skipped (counted, left for the next run) and the walk goes
 // on, so a prune always ends. A dry run walks the same way, locks
 // nothing and deletes nothing.

@@ -166,7 +166,17 @@ var (
 			WHERE r.tenant_id = b.tenant_id AND r.source_scope = b.source_scope
 			  AND r.details->>'retryOf' = b.id::text AND r.id <> ALL($1)
 			  AND NOT ` + prunableSQL("r", "$2", "$3") + `)
-		RETURNING b.id, b.status`
+		RETURNING b.id, b.status, b.tenant_id, b.source_scope`
+	// retriedSQL finds the batches that name one of the deleted ones as
+	// the batch they retry: run after the DELETE, which holds their row
+	// locks, in a statement of its own (a snapshot taken after every retry
+	// that locked one of them first committed).
+	retriedSQL = `
+		SELECT d.id, r.id
+		FROM unnest($1::bigint[], $2::text[], $3::text[]) AS d(id, tenant_id, source_scope)
+		JOIN ingestion_batches r ON r.tenant_id = d.tenant_id AND r.source_scope = d.source_scope
+		                        AND r.details->>'retryOf' = d.id::text
+		LIMIT 1`
 	// scopesSQL reads every batch of the candidates' folders: its retryOf
 	// (a number, or NULL) and whether it is a candidate.
 	scopesSQL = `
@@ -221,8 +231,7 @@ func Prune(ctx context.Context, c Config) (Result, error) {
 		var part round
 		for attempt := 0; ; attempt++ {
 			part, err = pruneRound(ctx, cfg, cands, res.Cutoff, window)
-			var pgErr *pgconn.PgError
-			if err == nil || !errors.As(err, &pgErr) || pgErr.Code != lockNotAvailable {
+			if err == nil || !tryAgain(err) {
 				break
 			}
 			if attempt >= cfg.LockRetries {
@@ -232,7 +241,11 @@ func Prune(ctx context.Context, c Config) (Result, error) {
 				part, err = round{}, nil
 				break
 			}
-			log.Warn("prune met a lock; trying again", "first_id", cands[0], "last_id", last, "attempt", attempt+1, "error", pgErr.Message)
+			msg := "prune met a lock; trying again"
+			if retried := (*retriedMeanwhileError)(nil); errors.As(err, &retried) {
+				msg = "prune met a retry of a batch it deleted; trying again"
+			}
+			log.Warn(msg, "first_id", cands[0], "last_id", last, "attempt", attempt+1, "error", err.Error())
 			select {
 			case <-ctx.Done():
 				return res, ctx.Err()
@@ -292,6 +305,24 @@ func setLockTimeout(ctx context.Context, tx pgx.Tx, d time.Duration) error {
 	return err
 }
 
+// retriedMeanwhileError is a round that would have deleted a batch a
+// retry committed meanwhile names (its details' retryOf): rolled back,
+// and tried again like a round that met a lock.
+type retriedMeanwhileError struct{ batchID, retryID int64 }
+
+func (e *retriedMeanwhileError) Error() string {
+	return fmt.Sprintf("batch %d was retried meanwhile (batch %d names it)", e.batchID, e.retryID)
+}
+
+// tryAgain reports whether a round's error is one a new round may not
+// meet: a lock held longer than lock_timeout, or a retry committed
+// meanwhile.
+func tryAgain(err error) bool {
+	var pgErr *pgconn.PgError
+	var retried *retriedMeanwhileError
+	return errors.As(err, &retried) || (errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable)
+}
+
 type deleted struct {
 	id     int64
 	status string
@@ -336,11 +367,30 @@ func pruneRound(ctx context.Context, cfg Config, cands []int64, cutoff time.Time
 	if err != nil {
 		return out, err
 	}
+	var tenants, scopes []string
 	out.deleted, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (deleted, error) {
 		var d deleted
-		return d, r.Scan(&d.id, &d.status)
+		var tenant, scope string
+		err := r.Scan(&d.id, &d.status, &tenant, &scope)
+		tenants, scopes = append(tenants, tenant), append(scopes, scope)
+		return d, err
 	})
 	if err != nil {
+		return round{}, err
+	}
+	// A retry that locked one of these batches (FOR KEY SHARE,
+	// jobs.Enqueuer.Retry) before the DELETE did committed a batch naming
+	// it, which the DELETE's snapshot did not show: the round is rolled
+	// back and tried again, and the retry chain rule keeps the batch.
+	deletedIDs := make([]int64, len(out.deleted))
+	for i, d := range out.deleted {
+		deletedIDs[i] = d.id
+	}
+	var retried, retry int64
+	switch err := tx.QueryRow(ctx, retriedSQL, deletedIDs, tenants, scopes).Scan(&retried, &retry); {
+	case err == nil:
+		return round{}, &retriedMeanwhileError{batchID: retried, retryID: retry}
+	case !errors.Is(err, pgx.ErrNoRows):
 		return round{}, err
 	}
 	slices.SortFunc(out.deleted, func(a, b deleted) int { return cmp.Compare(a.id, b.id) })

@@ -119,10 +119,15 @@
 // Limits checked before staging: a staged line over MaxRecordBytes (COPY
 // reads at most 4 MB of one JSON object), a string over MaxStringBytes
 // (65,535 bytes in a SUPER value unless the cluster opted into 16,000,000),
-// nesting deeper than MaxDepth (1,000), invalid UTF-8. NUL (\u0000, or a
-// raw NUL in a CSV field) and unpaired UTF-16 surrogate escapes are refused
-// while the folder is read (package folder, for every warehouse). Each
-// refusal wraps folder.ErrMalformed and names the object and line.
+// nesting deeper than MaxDepth (1,000), and a number beyond DOUBLE
+// PRECISION's range (1e400, or 1e-400, which would be stored as 0: no
+// number type of a SUPER value holds it; refuseDouble, which the reader
+// asks as its folder.RefuseNumber). Invalid UTF-8, NUL (\u0000, or a raw
+// NUL in a CSV field), unpaired UTF-16 surrogate escapes and numbers beyond
+// PostgreSQL's numeric are refused while the folder is read (package
+// folder, for every warehouse). Each refusal is a folder.BadRecord naming
+// the object, the line and (for a value of an NDJSON record) the column
+// and JSON path, skipped within the import's tolerance.
 //
 // The warehouse clock decides time: committed_at is GETDATE() when the
 // swap runs (not when the load began), published_at when the publication

@@ -143,6 +143,7 @@ func (w *Warehouse) Load(ctx context.Context, s warehouse.Slice, src *folder.Sou
 	}
 
 	rr := src.Records(ctx, objects)
+	rr.RefuseNumbers(refuseDouble)
 	ledger := warehouse.NewLedgerCounter(s, src, objects)
 	st, err := w.stage(ctx, s, rr, ledger)
 	rr.Close()

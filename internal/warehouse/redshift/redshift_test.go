@@ -272,6 +272,10 @@ func TestRecordsBeyondRedshiftLimitsAreRefusedBeforeStaging(t *testing.T) {
 		{"deep nesting", `{"ok":1}` + "\n" + deep, "nested more than 1000 levels"},
 		{"object over 4 MB", `{"ok":1}` + "\n" + huge, "over Redshift's limit of 4000000 bytes for one JSON object"},
 		{"invalid UTF-8", `{"ok":1}` + "\n" + "{\"bad\":\"\xff\xfe\"}", "invalid UTF-8"},
+		// Within PostgreSQL's numeric, beyond any number type of SUPER.
+		{"a number beyond DOUBLE PRECISION", `{"ok":1}` + "\n" + `{"reading":{"v":[0, -1.5e400]}}`, "$.reading.v[1]: the number is beyond DOUBLE PRECISION"},
+		{"a number DOUBLE PRECISION makes 0", `{"ok":1}` + "\n" + `{"reading":1e-400}`, "$.reading: the number is too small for DOUBLE PRECISION"},
+		{"a long number beyond DOUBLE PRECISION", `{"ok":1}` + "\n" + `{"reading":1` + strings.Repeat("0", 400) + `}`, "beyond DOUBLE PRECISION"},
 	}
 	for i, c := range cases {
 		_, err := e.load(t, warehouse.Slice{TenantID: "tenant-1", SourceScope: fmt.Sprintf("fleet_s3:mem://limits/%d", i), BatchID: int64(i + 1), Generation: 1},

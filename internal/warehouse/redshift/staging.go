@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -499,14 +498,12 @@ func appendJSONString(buf []byte, s string) []byte {
 	return append(buf, b...)
 }
 
-// checkRecord holds a record (a valid JSON object) to what a SUPER value
-// can take: valid UTF-8, no string longer than maxString bytes once
-// unescaped, no deeper nesting than maxDepth. Small records are checked for
-// UTF-8 only: they cannot break the other limits.
+// checkRecord holds a record (a valid JSON object, valid UTF-8: the
+// reader refuses invalid UTF-8, and numbers beyond DOUBLE PRECISION with
+// refuseDouble) to what else a SUPER value can take: no string longer than
+// maxString bytes once unescaped, no deeper nesting than maxDepth. Small
+// records cannot break these limits.
 func checkRecord(b []byte, maxString, maxDepth int) error {
-	if !utf8.Valid(b) {
-		return errors.New("invalid UTF-8")
-	}
 	if len(b) <= maxString && len(b) <= 2*maxDepth {
 		return nil
 	}

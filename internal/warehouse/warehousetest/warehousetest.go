@@ -4,13 +4,15 @@
 // PostgreSQL warehouse and the Redshift one (against its Data API double)
 // are held to the same behaviour: load, replace, refuse a superseded slice,
 // refuse malformed records, publish once, the publication window, refuse a
-// stale lease holder's publication, and tell the truth about a load whose
-// client died.
+// stale lease holder's publication, tell the truth about a load whose
+// client died, and skip, within the import's tolerance, records holding a
+// value the warehouse cannot store (AnUnstorableValueIsABadRecord).
 package warehousetest
 
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -109,6 +111,7 @@ func Exercise(t *testing.T, factory Factory) {
 		{"BadRecordsBeyondTheToleranceFailTheLoad", testBadRecordsBeyond},
 		{"AReimportReplacesTheLoadErrors", testBadRecordsReimport},
 		{"ALoadKilledBeforeItsCommitLeavesTheOldLoadErrors", testBadRecordsKilled},
+		{"AnUnstorableValueIsABadRecord", testUnstorableValues},
 		{"ABatchIsNamedByItsIDAndUID", testIdentity},
 		{"AForgottenBatchsStampIsTakenOverOnlyByName", testTakeOver},
 		{"APublicationIsRecordedOncePerBatchIdentity", testPublicationIdentity},
@@ -897,6 +900,84 @@ func testBadRecords(t *testing.T, h Harness) {
 	_, errs, found = loadErrors(t, h, s)
 	require.True(t, found)
 	require.Empty(t, errs)
+}
+
+// UnstorableFiles is a folder of 4 good records and 5 whose values the
+// warehouse cannot store, though they are valid JSON or CSV: a number
+// beyond PostgreSQL's numeric (the issue's 1e1000000, u.ndjson line 2), a
+// number with more digits after the point than numeric holds (line 3),
+// \u0000 (line 4), a lone surrogate in a key (line 5), invalid UTF-8 in a
+// CSV value (v.csv line 3). The good records hold only what both
+// warehouses store.
+func UnstorableFiles() map[string]string {
+	return map[string]string{
+		"u.ndjson": strings.Join([]string{
+			`{"id":1,"reading":2.5e10}`,
+			`{"id":2,"reading":1e1000000}`,
+			`{"id":3,"reading":{"samples":[1,1e-16384]}}`,
+			`{"id":4,"note":"a\u0000b"}`,
+			`{"id":5,"\ud800":true}`,
+			`{"id":6,"note":"1e1000000 and \\u0000 are text here"}`,
+		}, "\n") + "\n",
+		"v.csv": "id,note\n7,ok\n8,caf\xe9\n9,fine\n",
+	}
+}
+
+// testUnstorableValues: with a tolerance of 5, a folder whose 5 bad
+// records hold values the warehouse cannot store (UnstorableFiles) loads
+// its 4 good records, and the errors table names each bad one's object,
+// line, column (the byte where the value starts; the CSV column) and why,
+// with its JSON path; the same past the local warehouse's small-load limit
+// (its COPY stream). A tolerance of 4 fails the load on the fifth, naming
+// it.
+func testUnstorableValues(t *testing.T, h Harness) {
+	ctx := context.Background()
+	type where struct {
+		key    string
+		line   int64
+		column int
+		reason string
+	}
+	want := []where{
+		{"u.ndjson", 2, 19, "the value at $.reading: the number has 1000001 digits before the decimal point"},
+		{"u.ndjson", 3, 33, "the value at $.reading.samples[1]: the number has 16384 digits after the decimal point"},
+		{"u.ndjson", 4, 16, `the value at $.note: NUL characters (\u0000) cannot be stored`},
+		{"u.ndjson", 5, 9, "a key of $: an unpaired UTF-16 surrogate escape cannot be stored"},
+		{"v.csv", 3, 2, `column "note": invalid UTF-8`},
+	}
+	for i, extra := range []map[string]string{nil, {"0big.csv": rows("big", 300)}} {
+		files := UnstorableFiles()
+		maps.Copy(files, extra)
+		src, objs, scope := badSource(t, files, 5)
+		s := slice(scope, int64(31+i), 1)
+		st, err := h.Warehouse.Load(ctx, s, src, objs, nil)
+		require.NoError(t, err, "load %d", i)
+		require.Equal(t, int64(5), st.BadRecords)
+		require.Equal(t, int64(4+300*i), st.RecordCount)
+		_, recs, _ := consistent(t, h, s)
+		require.Len(t, recs, 4+300*i)
+		_, errs, found := loadErrors(t, h, s)
+		require.True(t, found)
+		require.Len(t, errs, len(want))
+		for j, e := range errs {
+			w := want[j]
+			require.True(t, strings.HasSuffix(e.ObjectKey, "in/"+w.key), "load %d error %d names its object: %s", i, j+1, e.ObjectKey)
+			require.Equal(t, w.line, e.Line, "load %d error %d's line", i, j+1)
+			require.Equal(t, w.column, e.Column, "load %d error %d's column", i, j+1)
+			require.True(t, strings.HasPrefix(e.Reason, w.reason), "load %d error %d's reason: %s", i, j+1, e.Reason)
+			require.NotEmpty(t, e.Excerpt)
+		}
+		require.Equal(t, `"1e1000000"`, errs[0].Excerpt, "the excerpt is the value")
+	}
+
+	src, objs, scope := badSource(t, UnstorableFiles(), 4)
+	_, err := h.Warehouse.Load(ctx, slice(scope, 33, 1), src, objs, nil)
+	bad, ok := folder.AsBadRecord(err)
+	require.True(t, ok, "the fifth is one too many: %v", err)
+	require.True(t, strings.HasSuffix(bad.ObjectKey, "in/v.csv"), "%v", err)
+	require.Equal(t, int64(3), bad.Line)
+	_, _, found := consistent(t, h, slice(scope, 33, 1))
+	require.False(t, found, "nothing committed")
 }
 
 // testBadRecordsBeyond: a tolerance of 2 fails the load of a folder of 3

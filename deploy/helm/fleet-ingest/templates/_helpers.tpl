@@ -160,16 +160,26 @@ default
 {{- end -}}
 
 {{/*
+The name of a component's Secret: its existingSecret, else the release's
+own, <fullname>-<default> (dict "root" . "secret" .Values.secrets.worker
+"default" "worker"): per release, so two releases in one namespace never
+read each other's credentials. secrets.sqs defaults to the enqueue one.
+*/}}
+{{- define "fleet-ingest.secretName" -}}
+{{- .secret.existingSecret | default (printf "%s-%s" (include "fleet-ingest.fullname" .root) .default) -}}
+{{- end -}}
+
+{{/*
 Environment of a component's container: its own database URL from its own
-Secret (dict "root" . "secret" .Values.secrets.worker), the warehouse URL
-and the pod name.
+Secret (dict "root" . "secret" .Values.secrets.worker "default" "worker":
+see fleet-ingest.secretName), the warehouse URL and the pod name.
 */}}
 {{- define "fleet-ingest.databaseEnv" -}}
 {{- $root := .root -}}
 - name: DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ required "secrets.<component>.existingSecret is required" .secret.existingSecret }}
+      name: {{ include "fleet-ingest.secretName" . }}
       key: {{ .secret.databaseURLKey }}
 {{- if $root.Values.warehouse.existingSecret }}
 - name: WAREHOUSE_URL

@@ -22,7 +22,13 @@ The alert rules of the enabled components, scoped to this release: alerts
 named FleetIngestDoor* belong to enqueue serve (enqueue.enabled),
 FleetIngestSQS* to enqueue sqs (sqs.enabled), FleetIngestReconcile* to
 enqueue reconcile (reconcile.enabled); the others (the worker's, always
-deployed) are kept. A group left without rules is dropped.
+deployed) are kept. A group left without rules is dropped; every group of
+files/alerts.yaml is carried, new ones included. Every rule kept gets the
+labels namespace and release (this release's: its expression selects only
+its series, so they are true of every alert it raises, absent() ones
+included, whose expressions carry no labels) and its summary prefixed
+"<namespace>/<release>: ": two releases' alerts are two alerts to
+Alertmanager, and each page names its install.
 */}}
 {{- define "fleet-ingest.alertGroups" -}}
 {{- $ctx := . -}}
@@ -40,6 +46,10 @@ deployed) are kept. A group left without rules is dropped.
 {{- end -}}
 {{- if $keep -}}
 {{- $_ := set $r "expr" (include "fleet-ingest.scopeQuery" (dict "ctx" $ctx "query" $r.expr)) -}}
+{{- $_ = set $r "labels" (merge (dict "namespace" $ctx.Release.Namespace "release" $ctx.Release.Name) ($r.labels | default dict)) -}}
+{{- $annotations := $r.annotations | default dict -}}
+{{- $_ = set $annotations "summary" (printf "%s/%s: %s" $ctx.Release.Namespace $ctx.Release.Name ($annotations.summary | default $r.alert)) -}}
+{{- $_ = set $r "annotations" $annotations -}}
 {{- $rules = append $rules $r -}}
 {{- end -}}
 {{- end -}}
@@ -49,4 +59,29 @@ deployed) are kept. A group left without rules is dropped.
 {{- end -}}
 {{- end -}}
 {{- toYaml (dict "groups" $groups) -}}
+{{- end -}}
+
+{{/*
+The Grafana dashboard of this release: files/dashboard.json with a uid of
+its own (the fullname; Grafana allows 40 characters, so a longer one is cut
+to 31 and followed by 8 hex digits of its SHA-256), the release in its title,
+and its namespace and release variables set to this release's: two
+releases, in one namespace or two, ship two dashboards.
+*/}}
+{{- define "fleet-ingest.dashboard" -}}
+{{- $fullname := include "fleet-ingest.fullname" . -}}
+{{- $uid := $fullname -}}
+{{- if gt (len $uid) 40 -}}
+{{- $uid = printf "%s-%s" ($fullname | trunc 31 | trimSuffix "-") (sha256sum $fullname | trunc 8) -}}
+{{- end -}}
+{{- $dash := .Files.Get "files/dashboard.json" | fromJson -}}
+{{- $_ := set $dash "uid" $uid -}}
+{{- $_ = set $dash "title" (printf "%s (%s/%s)" $dash.title .Release.Namespace .Release.Name) -}}
+{{- $current := dict "namespace" .Release.Namespace "release" .Release.Name -}}
+{{- range $v := $dash.templating.list -}}
+{{- if hasKey $current $v.name -}}
+{{- $_ = set $v "current" (dict "text" (get $current $v.name) "value" (get $current $v.name)) -}}
+{{- end -}}
+{{- end -}}
+{{- toPrettyJson $dash -}}
 {{- end -}}

@@ -235,12 +235,15 @@ func convert(raw json.RawMessage, typ string) (any, error) {
 	}
 }
 
-// checkSuper enforces SUPER's default limit on string values.
+// checkSuper enforces SUPER's default limit on string values, and refuses
+// a number beyond DOUBLE PRECISION's range (such as 1e400), which no
+// scalar type of a SUPER value holds.
 func checkSuper(raw json.RawMessage) error {
-	if len(raw) <= maxSuperString {
+	if len(raw) <= maxSuperString && !mayBeOutOfRange(raw) {
 		return nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
 	for {
 		tok, err := dec.Token()
 		if errors.Is(err, io.EOF) {
@@ -249,10 +252,37 @@ func checkSuper(raw json.RawMessage) error {
 		if err != nil {
 			return err
 		}
-		if s, ok := tok.(string); ok && len(s) > maxSuperString {
-			return fmt.Errorf("a string of %d bytes exceeds the SUPER string limit of %d bytes", len(s), maxSuperString)
+		switch v := tok.(type) {
+		case string:
+			if len(v) > maxSuperString {
+				return fmt.Errorf("a string of %d bytes exceeds the SUPER string limit of %d bytes", len(v), maxSuperString)
+			}
+		case json.Number:
+			if _, err := strconv.ParseFloat(string(v), 64); errors.Is(err, strconv.ErrRange) {
+				return fmt.Errorf("numeric value %.40q is out of range for type double precision", v)
+			}
 		}
 	}
+}
+
+// mayBeOutOfRange reports whether raw may hold a number out of DOUBLE
+// PRECISION's range: one written with an exponent (a digit before an e)
+// or a run of 300 digits.
+func mayBeOutOfRange(raw []byte) bool {
+	run := 0
+	for i, c := range raw {
+		switch {
+		case c >= '0' && c <= '9':
+			if run++; run >= 300 {
+				return true
+			}
+		case (c == 'e' || c == 'E') && run > 0 && i+1 < len(raw):
+			return true
+		default:
+			run = 0
+		}
+	}
+	return false
 }
 
 func (r *jsonRows) Values() ([]any, error) { return r.vals, nil }

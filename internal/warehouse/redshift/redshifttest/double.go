@@ -17,7 +17,8 @@
 // every part it names from S3 (an s3test server), refuses a missing
 // mandatory part or a size that differs from meta.content_length, maps
 // top-level JSON keys to the listed columns, and enforces Redshift's 4 MB
-// JSON object and 65,535-byte SUPER string limits. Redshift SQL is
+// JSON object and 65,535-byte SUPER string limits; a number beyond DOUBLE
+// PRECISION's range in a SUPER value (1e400) fails the COPY. Redshift SQL is
 // translated for PostgreSQL: SUPER becomes jsonb, IDENTITY(s, i) an
 // identity column, SYSDATE and GETDATE() the transaction's and statement's
 // UTC time; DISTSTYLE, DISTKEY, SORTKEY and ENCODE are dropped, and so are
