@@ -370,18 +370,19 @@ func (v *snsVerifier) certificate(ctx context.Context, arn string, topic *snsTop
 			return nil, errSNSCertFetchLimited
 		}
 		defer func() { <-topic.inFlight }()
-		spend := topic.fetches.Reserve()
-		if spend.Delay() > 0 {
-			spend.Cancel()
+		// The budget is looked at, and spent only once the fetch brought a
+		// certificate of SNS. (Up to snsCertFetchesInFlight fetches may
+		// pass on its last share at once.)
+		if topic.fetches.Tokens() < 1 {
 			return nil, errSNSCertFetchLimited
 		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snsFetchTimeout)
 		defer cancel()
 		cert, err := v.fetch(fctx, key, region)
 		if err != nil {
-			spend.Cancel() // it brought no certificate of SNS: the budget is not spent
-			return nil, err
+			return nil, err // it brought no certificate of SNS: nothing spent
 		}
+		topic.fetches.Allow()
 		v.mu.Lock()
 		if len(v.certs) >= snsMaxCachedCert {
 			clear(v.certs)
