@@ -244,7 +244,7 @@ type limitListener struct {
 	net.Listener
 	max     int
 	grace   time.Duration // Config.EvictableAfter
-	freed   chan struct{} // a connection closed (buffered 1: Accept is the only waiter)
+	freed   chan struct{} // a connection closed or lingers (buffered 1: Accept is the only waiter)
 	done    chan struct{} // the listener closed
 	once    sync.Once
 	evicted atomic.Int64
@@ -438,10 +438,15 @@ func (c *trackedConn) waitBody(waiting bool) {
 }
 
 // lingering records that c's answer is sent and it waits only to close.
+// A new connection waiting at the cap is told, as when one closes.
 func (c *trackedConn) lingering() {
 	c.l.mu.Lock()
-	defer c.l.mu.Unlock()
 	c.refused = true
+	c.l.mu.Unlock()
+	select {
+	case c.l.freed <- struct{}{}:
+	default:
+	}
 }
 
 // track follows the server's view of each connection.
