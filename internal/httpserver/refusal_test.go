@@ -145,3 +145,38 @@ func TestRefuseBodiesOnSomePaths(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, "read 5 bytes", string(b), "other paths take bodies")
 }
+
+// TestRefusedConnectionsMakeRoomAtOnce: a connection whose request was
+// refused and answered only lingers before it closes (net/http waits half
+// a second so the answer is not lost to a reset); at the cap it is the
+// first a newcomer closes, at once, and a newcomer already waiting there
+// is told. Here the newcomer waits behind a cap of one, held by a request
+// whose handler is at work; once that request is refused, the newcomer
+// takes its slot — it waited for the close (or for EvictableAfter, here an
+// hour) before — and the refused client still reads its answer.
+func TestRefusedConnectionsMakeRoomAtOnce(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	working := make(chan struct{})
+	s := start(t, Config{Handler: healthMux(func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /auth", func(w http.ResponseWriter, _ *http.Request) {
+			close(working)
+			<-release
+			http.Error(w, "unauthenticated", http.StatusUnauthorized)
+		})
+	}), MaxConns: 1, EvictableAfter: time.Hour, ReadTimeout: time.Hour, BodyStallTimeout: time.Hour})
+	addr := s.Addr().String()
+
+	refused := dial(t, addr, 1)[0]
+	_, err := io.WriteString(refused, "POST /auth HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nx")
+	require.NoError(t, err)
+	<-working
+	newcomer := make(chan int, 1)
+	go func() { newcomer <- get(t, addr, "/healthz") }()
+	require.Eventually(t, func() bool { return s.ln.waited.Load() >= 1 }, 30*time.Second, 10*time.Millisecond, "the newcomer waits at the cap")
+	close(release)
+	_, resp, _ := answer(t, refused)
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "the refused client reads its answer")
+	require.Equal(t, http.StatusOK, <-newcomer)
+	require.EqualValues(t, 1, s.Evicted(), "the refused connection made room, not its close")
+}
