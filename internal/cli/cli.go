@@ -25,17 +25,16 @@ import (
 
 // Exit codes shared by the binaries. Scripts depend on them.
 const (
-	ExitOK            = 0
-	ExitInfra         = 1  // database unreachable or another infrastructure failure
-	ExitInvalidInput  = 2  // bad flags or values; nothing was written
-	ExitConflict      = 3  // a running batch holds the scope
-	ExitEnqueueFail   = 4  // the job insert failed; the batch was recorded Failed
-	ExitNotResumable  = 5  // refused: not resumable, retryable or cancellable, or batch not found
-	ExitLockTimeout   = 6  // worker migrate gave way to locks held by other sessions on every attempt
-	ExitResumable     = 7  // the folder's newest batch committed its load and failed publication: resume it; nothing was started
-	ExitNoLedger      = 8  // status --objects: the warehouse slice (and its load ledger) belongs to another batch, or there is none
-	ExitListen        = 9  // a listener could not be bound (its address is taken, or not this host's): the flag, the address and why are named
-	ExitMissingGrants = 10 // a database login lacks grants that roles.sql gives (named in the message)
+	ExitOK           = 0
+	ExitInfra        = 1 // database unreachable or another infrastructure failure
+	ExitInvalidInput = 2 // bad flags or values; nothing was written
+	ExitConflict     = 3 // a running batch holds the scope
+	ExitEnqueueFail  = 4 // the job insert failed; the batch was recorded Failed
+	ExitNotResumable = 5 // refused: not resumable, retryable or cancellable, or batch not found
+	ExitLockTimeout  = 6 // worker migrate gave way to locks held by other sessions on every attempt
+	ExitResumable    = 7 // the folder's newest batch committed its load and failed publication: resume it; nothing was started
+	ExitNoLedger     = 8 // status --objects: the warehouse slice (and its load ledger) belongs to another batch, or there is none
+	ExitListen       = 9 // a listener could not be bound (its address is taken, or not this host's): the flag, the address and why are named
 )
 
 // CannotListen is the error of a command whose listener could not be
