@@ -308,7 +308,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	handler := httpserver.Observe(public, observeDoor(cfg.Metrics, e))
 	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: handler, MaxConns: s.MaxHTTPConns, Logger: e.Logger})
 	if err != nil {
-		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
+		return cannotListen(e, "listen", err)
 	}
 	adminSrv, adminServed, err := s.startAdmin(srv, operator, cfg.Metrics, e)
 	if err != nil {
@@ -473,8 +473,9 @@ const adminMaxConns = 64
 // startAdmin serves /healthz, /readyz and /metrics on --admin-listen, a
 // port of its own that the public Service does not expose, with the
 // operator surfaces of operator (the cancel route, the River UI, pprof),
-// and logs its address. Probes and scrapes take no body: one that carries
-// one is answered 413 and its connection closed. The channel reports the
+// and logs its address. Probes and scrapes take no body: a request to
+// their paths that carries one is answered 413 and its connection closed
+// at once, whatever its method. The channel reports the
 // error that stops it; both are nil without --admin-listen.
 func (s *serveCmd) startAdmin(srv *uploads.Server, operator *http.ServeMux, m *metrics.Metrics, e *cli.Env) (*httpserver.Server, <-chan error, error) {
 	if s.AdminListen == "" {
@@ -484,14 +485,17 @@ func (s *serveCmd) startAdmin(srv *uploads.Server, operator *http.ServeMux, m *m
 	routes := srv.Handler()
 	mux := operator
 	for _, pattern := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
-		mux.Handle(pattern, refuseBody(routes))
+		mux.Handle(pattern, routes)
 	}
 	admin, err := httpserver.Listen(httpserver.Config{
 		Addr: s.AdminListen, Handler: apart(httpserver.Observe(mux, observeDoor(m, e)), httpserver.Observe(mux, observeRiverUI(m, e))), MaxConns: adminMaxConns, Logger: e.Logger,
 		EvictableAfter: httpserver.EvictableAfterProbes,
+		// Whatever the method: a POST /metrics with a body is 413 at once,
+		// not the mux's 405 after the body.
+		RefuseBodiesOn: []string{"/healthz", "/readyz", "/metrics"},
 	})
 	if err != nil {
-		return nil, nil, cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--admin-listen: %w", err)}
+		return nil, nil, cannotListen(e, "admin-listen", err)
 	}
 	served := make(chan error, 1)
 	go func() {
@@ -514,20 +518,6 @@ func adminOnly(what string) http.HandlerFunc {
 			"error":   what + " is served on the admin listener (--admin-listen), not on the public port",
 		})
 	}
-}
-
-// refuseBody answers a request with a body 413 and closes its connection
-// (probes and scrapes take none), so no client keeps an admin connection
-// busy by sending one slowly.
-func refuseBody(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength != 0 {
-			w.Header().Set("Connection", "close")
-			http.Error(w, "request bodies are refused here", http.StatusRequestEntityTooLarge)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 // pprofHandler serves net/http/pprof's profiles under /debug/pprof/.
