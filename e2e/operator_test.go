@@ -53,7 +53,7 @@ func TestCancelStopsTheWorkerAndFreesTheScope(t *testing.T) {
 	// saying in one line who cancelled the batch and why.
 	var cancelLine map[string]any
 	require.NoError(t, json.Unmarshal([]byte(w.waitLog(`"msg":"batch cancelled by an operator: stopped without further writes"`, 30*time.Second)), &cancelLine))
-	require.Equal(t, "alice", cancelLine["cancelled_by"])
+	require.Equal(t, "cli:"+loginName(t, dbURL), cancelLine["cancelled_by"], "who is the database login; --by is a note")
 	require.Equal(t, "wrong upload", cancelLine["reason"])
 	require.Equal(t, "tenant-a", cancelLine["tenant_id"])
 	require.Equal(t, float64(id), cancelLine["batch_id"])
@@ -79,7 +79,7 @@ func TestCancelStopsTheWorkerAndFreesTheScope(t *testing.T) {
 	require.Equal(t, batch.StatusFailed, b.Status)
 	require.Equal(t, batch.PhaseCancelled, d.Phase)
 	require.Equal(t, held.LeaseGeneration+1, b.LeaseGeneration)
-	require.Equal(t, "cancelled by alice: wrong upload", d.LastError.Message)
+	require.Equal(t, "cancelled by cli:"+loginName(t, dbURL)+": wrong upload", d.LastError.Message)
 	for _, wr := range d.Writes {
 		require.False(t, wr.At.After(*b.CancelledAt), "no write landed after the cancel")
 	}

@@ -73,6 +73,9 @@ func TestRiverUIQueuePauseIsAnOperatorAction(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return logged("pause_queue").MatchString(serve.logs.String()) }, 10*time.Second, 20*time.Millisecond,
 		"the pause is logged as an operator action:\n%s", serve.logs.String())
+	pause := findEntry(t, auditEntries(t, dbURL), "queue_pause")
+	require.Equal(t, "ops", pause.Actor, "recorded in the operators' audit as by the token's operator")
+	require.Equal(t, "fleet_ingest", pause.Queue)
 
 	// The worker's producer learns of the pause within its queue poll
 	// (River: 2 s at most); a batch imported after that waits.

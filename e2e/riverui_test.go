@@ -172,12 +172,14 @@ func text(out *string) chromedp.Action[chromedp.Void] {
 }
 
 // startRiverUIServe starts enqueue serve with the import token ui-token
-// and the operator token ui-operator-token, local folders allowed. It
-// returns serve, its public URL and its admin listener's URL (where the
-// River UI and pprof are).
+// and the operator token ui-operator-token, operator "ops"'s in its
+// operator tokens file, local folders allowed. It returns serve, its
+// public URL and its admin listener's URL (where the River UI and pprof
+// are).
 func startRiverUIServe(t *testing.T, dbURL string) (serve *workerProc, public, admin string) {
 	t.Helper()
-	serve, public = startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token", "ENQUEUE_OPERATOR_TOKEN=ui-operator-token"}, "--dev-allow-local-folders")
+	tokens := operatorTokensFile(t, t.TempDir(), [2]string{"ops", "ui-operator-token"})
+	serve, public = startServe(t, dbURL, []string{"ENQUEUE_AUTH_TOKEN=ui-token"}, "--operator-token-file", tokens, "--dev-allow-local-folders")
 	return serve, public, "http://" + adminAddr(t, serve)
 }
 

@@ -92,7 +92,9 @@ func TestUpgradeFromBaselineKeepsExistingBatches(t *testing.T) {
 	// ingest_seen_signatures holds replay records of enqueue serve's
 	// authentication (digests and expiries), ingest_reconcile_checkpoints
 	// where enqueue reconcile --every resumes its listing, ingest_sweeps
-	// when the lease sweeper last ran: none is batch state.
+	// when the lease sweeper last ran, ingest_operator_actions the
+	// operators' audit (who did what to batches and queues, append-only):
+	// none is batch state.
 	var tables []string
 	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename NOT LIKE 'river%' ORDER BY 1`)
 	require.NoError(t, err)
@@ -101,7 +103,7 @@ func TestUpgradeFromBaselineKeepsExistingBatches(t *testing.T) {
 		require.NoError(t, rows.Scan(&name))
 		tables = append(tables, name)
 	}
-	require.Equal(t, []string{"ingest_reconcile_checkpoints", "ingest_schema_migrations", "ingest_seen_signatures", "ingest_sweeps", "ingestion_batches"}, tables)
+	require.Equal(t, []string{"ingest_operator_actions", "ingest_reconcile_checkpoints", "ingest_schema_migrations", "ingest_seen_signatures", "ingest_sweeps", "ingestion_batches"}, tables)
 }
 
 func TestConcurrentApplyIsSafe(t *testing.T) {

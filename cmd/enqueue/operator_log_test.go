@@ -6,12 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleet/ingest/internal/audit"
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/jobs"
@@ -36,15 +36,19 @@ func operatorLines(t *testing.T, dbURL string, args ...string) (stdout string, c
 
 // TestEveryOperatorActionIsLoggedOnceWithWhoWhatWhy: cancel, retry and
 // resume from the command line each write exactly one operator action
-// line naming who (--by, or cli:USER@HOST), what (the action, the batch,
-// the tenant, the outcome and what it changed) and why (--reason), also
-// when the action is refused; a retry's import writes no line of its own.
+// line naming who (cli:<database login>: the credential), what the caller
+// says of itself (--by and the OS user, in the note), what (the action,
+// the batch, the tenant, the outcome and what it changed) and why
+// (--reason), also when the action is refused; a retry's import writes no
+// line of its own. Each is one row of the operators' audit too.
 func TestEveryOperatorActionIsLoggedOnceWithWhoWhatWhy(t *testing.T) {
 	// Not parallel: it sets ENQUEUE_OPERATOR.
 	dbURL := pgtest.NewDatabaseURL(t)
 	pool := pgtest.Pool(t, dbURL)
 	running := phased(t, pool, "tenant-o", batch.PhaseLoading, batch.StatusRunning, time.Minute)
 	failedPub := phased(t, pool, "tenant-p", batch.PhaseFailedPublication, batch.StatusFailed, 0)
+	login, err := audit.CurrentLogin(context.Background(), pool)
+	require.NoError(t, err)
 
 	out, code, lines := operatorLines(t, dbURL, "cancel", "--batch-id", fmt.Sprint(running.ID), "--tenant-id", "tenant-o",
 		"--by", "alice", "--reason", "wrong upload")
@@ -52,7 +56,8 @@ func TestEveryOperatorActionIsLoggedOnceWithWhoWhatWhy(t *testing.T) {
 	require.Len(t, lines, 1)
 	l := lines[0]
 	require.Equal(t, "cancel", l["action"])
-	require.Equal(t, "alice", l["by"])
+	require.Equal(t, "cli:"+login, l["by"], "who is the database login")
+	require.Contains(t, l["note"], "says alice", "--by is a note")
 	require.Equal(t, "wrong upload", l["reason"])
 	require.Equal(t, float64(running.ID), l["batch_id"])
 	require.Equal(t, "tenant-o", l["tenant_id"])
@@ -66,7 +71,8 @@ func TestEveryOperatorActionIsLoggedOnceWithWhoWhatWhy(t *testing.T) {
 	require.Len(t, lines, 1, "one line: the retry's import writes none of its own")
 	l = lines[0]
 	require.Equal(t, "retry", l["action"])
-	require.Equal(t, "bob", l["by"], "ENQUEUE_OPERATOR names who")
+	require.Equal(t, "cli:"+login, l["by"])
+	require.Contains(t, l["note"], "says bob", "ENQUEUE_OPERATOR is a note")
 	require.Equal(t, "re-uploaded", l["reason"])
 	require.Equal(t, jobs.OutcomeEnqueued, l["outcome"])
 	require.NotZero(t, l["new_batch_id"])
@@ -78,7 +84,8 @@ func TestEveryOperatorActionIsLoggedOnceWithWhoWhatWhy(t *testing.T) {
 	require.Len(t, lines, 1)
 	require.Equal(t, jobs.OutcomeNotRetryable, lines[0]["outcome"])
 	require.Equal(t, jobs.ReasonResumeInstead, lines[0]["refusal"])
-	require.True(t, strings.HasPrefix(lines[0]["by"].(string), "bob"), "%v", lines[0]["by"])
+	require.Equal(t, "cli:"+login, lines[0]["by"])
+	require.Contains(t, lines[0]["note"], "says bob")
 
 	t.Setenv("ENQUEUE_OPERATOR", "")
 	out, code, lines = operatorLines(t, dbURL, "resume", "--batch-id", fmt.Sprint(failedPub.ID), "--tenant-id", "tenant-p",
@@ -87,7 +94,8 @@ func TestEveryOperatorActionIsLoggedOnceWithWhoWhatWhy(t *testing.T) {
 	require.Len(t, lines, 1)
 	l = lines[0]
 	require.Equal(t, "resume", l["action"])
-	require.Regexp(t, `^cli:[^@]+@`, l["by"], "by defaults to cli:USER@HOST")
+	require.Equal(t, "cli:"+login, l["by"])
+	require.Regexp(t, `^os user [^@]+@`, l["note"], "the note names the OS user and host")
 	require.Equal(t, "publisher fixed", l["reason"])
 	require.Equal(t, jobs.OutcomeNotResumable, l["outcome"])
 	require.NotEmpty(t, l["refusal"])
@@ -97,4 +105,15 @@ func TestEveryOperatorActionIsLoggedOnceWithWhoWhatWhy(t *testing.T) {
 		"--reason", "two\nlines")
 	require.Equal(t, cli.ExitInvalidInput, code, out)
 	require.Empty(t, lines)
+
+	// The audit holds the same four actions, newest first.
+	entries, err := audit.List(context.Background(), pool, audit.Filter{})
+	require.NoError(t, err)
+	var got []string
+	for _, e := range entries {
+		require.Equal(t, login, e.Actor)
+		require.Equal(t, audit.DoorCLI, e.Door)
+		got = append(got, e.Action+":"+e.Outcome)
+	}
+	require.Equal(t, []string{"resume:not_resumable", "retry:not_retryable", "retry:enqueued", "cancel:cancelled"}, got)
 }

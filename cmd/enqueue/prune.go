@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -42,6 +43,9 @@ type pruneCmd struct {
 	LockTimeout       time.Duration `name:"lock-timeout" default:"2s" help:"PostgreSQL lock_timeout of each transaction: a transaction that waits longer for a lock (a batch being changed) gives way, is tried again (--lock-retries), then its batches are skipped until the next run."`
 	LockRetries       int           `name:"lock-retries" default:"3" help:"How many times a transaction that gave way to a lock is tried again before its batches are skipped."`
 	PublicationWindow time.Duration `name:"publication-window" env:"PUBLICATION_WINDOW" default:"24h" help:"A failed publication committed less than this long ago can still be resumed: it is kept."`
+	// Who prunes (the database login) and why: every transaction that
+	// deletes records them in the operators' audit.
+	operator
 }
 
 // Run prunes the batch history (internal/retention) and prints one JSON
@@ -69,6 +73,9 @@ func (p *pruneCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err := cfg.Validate(); errors.As(err, &in) {
 		return invalid(e, &jobs.InputError{Field: in.Field, Reason: in.Reason})
 	}
+	if err := p.checkOperator(); err != nil {
+		return invalid(e, err)
+	}
 	pool, err := connect(c, e)
 	if err != nil {
 		return err
@@ -79,7 +86,13 @@ func (p *pruneCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err := requireGrants(e, pool, grants.Operator); err != nil {
 		return err
 	}
-	cfg.Pool = pool
+	cfg.Pool, cfg.Reason = pool, p.Reason
+	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
+	cfg.Actor, err = p.actor(ctx, pool)
+	cancel()
+	if err != nil {
+		return err
+	}
 	// No --timeout: a prune takes as long as its transactions, each bounded
 	// by --lock-timeout; SIGTERM stops it between two.
 	res, err := retention.Prune(e.Ctx, cfg)

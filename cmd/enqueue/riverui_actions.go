@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,9 +13,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fleet/ingest/internal/audit"
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/uploads"
@@ -25,9 +28,10 @@ import (
 //
 //   - Cancel on a job of a Running batch cancels the batch, as enqueue
 //     cancel does (fenced: lease revoked, Failed with phase cancelled, every
-//     job of the batch cancelled), recorded as by "riverui:<user>@<address>"
-//     (the user is the HTTP Basic user name the browser sent with the
-//     operator token) with the reason "cancelled in the River UI".
+//     job of the batch cancelled), recorded as by "riverui:<operator>@<address>"
+//     (the operator is the name the operator token carries; the HTTP
+//     Basic user name is no identity) with the reason "cancelled in the
+//     River UI".
 //   - Retry on a job whose batch is not Running is refused: re-running the
 //     job would not run the batch (it would find it terminal and complete,
 //     a green job for a batch that did not run). The answer names the
@@ -38,8 +42,12 @@ import (
 // The gate fails closed: read-only requests (GET, HEAD, OPTIONS) pass; the
 // job actions above and a queue's pause and resume (PUT
 // /api/queues/{name}/pause|resume) are the only changes it lets through.
+// Each action it lets through is recorded in the operators' audit
+// (internal/audit) with who: the operator the token names (the Basic user
+// name is only the note): a cancel of a Running batch in the cancel's
+// transaction, River's own actions once River answered.
 // Pausing and resuming a queue is an operator action: allowed, and logged
-// once with who (riverui:<user>@<address>), the queue and River's answer,
+// once with who (riverui:<operator>@<address>), the queue and River's answer,
 // as every operator action is (jobs.OperatorLog). A paused queue shows:
 // enqueue status and list name it for the batches waiting in it, the
 // workers export ingest_queue_paused{queue} and FleetIngestQueuePaused
@@ -97,14 +105,7 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.refuse(w, r)
 		return
 	}
-	who := uiOperator(r)
-	if err := batch.ValidateOperator(who, ""); err != nil {
-		// Recorded with the action (cancelled_by): refused before anything
-		// is read or changed, as enqueue cancel refuses it.
-		uiError(w, http.StatusBadRequest, "operator name (the HTTP Basic user or the "+uploads.OperatorHeader+" header, recorded as "+
-			"riverui:<name>@<address>): "+err.Error())
-		return
-	}
+	actor, who := uiOperator(r)
 	body, err := io.ReadAll(io.LimitReader(r.Body, uiActionBodyLimit+1))
 	if err != nil || len(body) > uiActionBodyLimit {
 		uiError(w, http.StatusBadRequest, "request body unreadable or over 64 KiB")
@@ -148,7 +149,7 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				continue
 			}
 			res, err := a.enq.Cancel(r.Context(), jobs.CancelRequest{
-				BatchID: j.batchID, TenantID: j.tenant, By: who,
+				BatchID: j.batchID, TenantID: j.tenant, By: who, Actor: actor,
 				Reason: fmt.Sprintf("cancelled in the River UI (job %d)", id),
 			})
 			var inputErr *jobs.InputError
@@ -195,7 +196,30 @@ func (a *uiActions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fwd, _ := json.Marshal(map[string][]string{"ids": int64Strings(rest)})
 	r2 := r.Clone(r.Context())
 	r2.Body, r2.ContentLength = io.NopCloser(bytes.NewReader(fwd)), int64(len(fwd))
-	a.ui.ServeHTTP(w, r2)
+	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	a.ui.ServeHTTP(rec, r2)
+	a.record(r, audit.Action{Actor: actor, Action: "job_" + action, Outcome: uiOutcome(rec.status),
+		Details: map[string]any{"job_ids": rest, "status": rec.status}})
+}
+
+// uiOutcome is the audit outcome of an action River's UI answered with
+// status.
+func uiOutcome(status int) string {
+	if status >= 300 {
+		return "failed"
+	}
+	return "done"
+}
+
+// record writes an action River's UI carried out (in River's own
+// transaction, which has committed by now) to the operators' audit. A
+// failure to record is logged: the action cannot be taken back.
+func (a *uiActions) record(r *http.Request, act audit.Action) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+	defer cancel()
+	if err := audit.Record(ctx, a.pool, act); err != nil {
+		a.log.Error("River UI action done but not recorded in the operators' audit", "action", act.Action, "by", act.Actor.By(), "queue", act.Queue, "error", err)
+	}
 }
 
 // uiQueueAction parses a queue action's path,
@@ -215,20 +239,17 @@ func uiQueueAction(path string) (queue, verb string, ok bool) {
 // queueAction lets the UI pause or resume queue and logs it as an operator
 // action, with River's answer.
 func (a *uiActions) queueAction(w http.ResponseWriter, r *http.Request, queue, verb string) {
-	who := uiOperator(r)
-	if err := batch.ValidateOperator(who, ""); err != nil {
-		uiError(w, http.StatusBadRequest, "operator name (the HTTP Basic user or the "+uploads.OperatorHeader+" header, recorded as "+
-			"riverui:<name>@<address>): "+err.Error())
-		return
-	}
+	actor, who := uiOperator(r)
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	a.ui.ServeHTTP(rec, r)
 	attrs := []any{"via", "riverui", "action", verb + "_queue", "by", who, "queue", queue, "status", rec.status}
 	if rec.status >= 300 {
 		a.log.Warn(jobs.OperatorLog+" failed", attrs...)
-		return
+	} else {
+		a.log.Warn(jobs.OperatorLog, attrs...)
 	}
-	a.log.Warn(jobs.OperatorLog, attrs...)
+	a.record(r, audit.Action{Actor: actor, Action: "queue_" + verb, Outcome: uiOutcome(rec.status), Queue: queue,
+		Details: map[string]any{"status": rec.status}})
 }
 
 // statusRecorder keeps the status code of an answer.
@@ -246,7 +267,7 @@ func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter 
 
 // refuse answers a change the gate does not know: 403, nothing forwarded.
 func (a *uiActions) refuse(w http.ResponseWriter, r *http.Request) {
-	who := uiOperator(r)
+	_, who := uiOperator(r)
 	a.log.Warn(jobs.OperatorLog+" refused", "via", "riverui", "action", "unknown", "by", who, "method", r.Method, "path", truncatePath(r.URL.Path))
 	uiError(w, http.StatusForbidden, fmt.Sprintf(
 		"%s %s is not allowed through the River UI: it changes River's state behind the batches. "+
@@ -285,13 +306,18 @@ func (a *uiActions) lookup(r *http.Request, ids []int64) (map[int64]uiJob, error
 	return found, rows.Err()
 }
 
-// uiOperator is who asks, as recorded with the action: the HTTP Basic
-// user name (the browser's login to the UI), else the X-Fleet-Operator
-// header, and the client's address.
-func uiOperator(r *http.Request) string {
+// uiOperator is who asks: the operator the request's token names
+// (uploads.OperatorOf), through the River UI, with what the browser says of
+// itself (the HTTP Basic user name, else the X-Fleet-Operator header) and
+// its address as the note; and how the action's log line and a cancel
+// name them, "riverui:<operator>@<address>".
+func uiOperator(r *http.Request) (audit.Actor, string) {
 	user, _, _ := r.BasicAuth()
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	return "riverui:" + cmp.Or(user, r.Header.Get(uploads.OperatorHeader), "unnamed") + "@" + cmp.Or(host, r.RemoteAddr)
+	address := cmp.Or(host, r.RemoteAddr)
+	name, _ := uploads.OperatorOf(r.Context())
+	actor := audit.Actor{Name: name, Door: audit.DoorRiverUI, Note: uploads.CallerNote(cmp.Or(user, r.Header.Get(uploads.OperatorHeader)), address)}
+	return actor, actor.By() + "@" + address
 }
 
 // uiError answers in the River UI's own error shape, which it shows.

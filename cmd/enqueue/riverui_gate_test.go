@@ -13,14 +13,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleet/ingest/internal/audit"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/metrics"
+	"github.com/fleet/ingest/internal/testkit/pgtest"
+	"github.com/fleet/ingest/internal/uploads"
 )
 
 // TestRiverUIGateFailsClosed: the gate in front of the River UI passes
 // reads, lets a queue's pause and resume through and logs them as operator
-// actions (who, which queue, River's answer), and refuses 403, in the UI's
+// actions (who: the operator the token named, which queue, River's
+// answer) and records them in the operators' audit (the Basic user only
+// as the note), and refuses 403, in the UI's
 // error shape and naming what to use instead, every other change it does
 // not know — none of which reaches the UI.
 func TestRiverUIGateFailsClosed(t *testing.T) {
@@ -32,11 +37,13 @@ func TestRiverUIGateFailsClosed(t *testing.T) {
 		reached = append(reached, r.Method+" "+r.URL.Path)
 		w.WriteHeader(answer)
 	})
-	gate := &uiActions{ui: ui, log: slog.New(slog.NewJSONHandler(&logs, nil))}
+	pool := pgtest.NewPool(t)
+	gate := &uiActions{ui: ui, pool: pool, log: slog.New(slog.NewJSONHandler(&logs, nil))}
 	do := func(method, path string) *httptest.ResponseRecorder {
 		reached = nil
 		req := httptest.NewRequest(method, path, strings.NewReader(`{}`))
-		req.SetBasicAuth("ops", "secret")
+		req = req.WithContext(uploads.WithOperator(req.Context(), "ops")) // as OperatorOnly passes it
+		req.SetBasicAuth("someone", "secret")
 		rec := httptest.NewRecorder()
 		gate.ServeHTTP(rec, req)
 		return rec
@@ -63,6 +70,16 @@ func TestRiverUIGateFailsClosed(t *testing.T) {
 	rec := do("PUT", "/riverui/api/queues/nosuch/pause")
 	require.Equal(t, http.StatusNotFound, rec.Code, "River's answer")
 	require.Contains(t, logs.String(), `"msg":"operator action failed","via":"riverui","action":"pause_queue","by":"riverui:ops@192.0.2.1","queue":"nosuch","status":404`)
+	entries, err := audit.List(context.Background(), pool, audit.Filter{})
+	require.NoError(t, err)
+	var got []string
+	for _, e := range entries {
+		require.Equal(t, "ops", e.Actor)
+		require.Equal(t, audit.DoorRiverUI, e.Door)
+		require.Equal(t, "says someone; from 192.0.2.1", e.Note)
+		got = append(got, e.Action+":"+e.Queue+":"+e.Outcome)
+	}
+	require.Equal(t, []string{"queue_pause:nosuch:failed", "queue_resume:fleet_ingest:done", "queue_pause:fleet_ingest:done"}, got)
 
 	for _, c := range []struct{ method, path string }{
 		{"PATCH", "/riverui/api/queues/fleet_ingest"}, // a queue's concurrency: the workers' flags

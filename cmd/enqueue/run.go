@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fleet/ingest/internal/audit"
+	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/grants"
@@ -38,10 +40,13 @@ type enqueueCLI struct {
 	Serve  serveCmd  `cmd:"" help:"Serve the HTTP listener for upload notifications (POST /v1/imports, POST /v1/events/s3)."`
 	SQS    sqsCmd    `cmd:"" name:"sqs" help:"Consume S3 upload notifications from an SQS queue: the folders of each receive are imported in one transaction, then their messages deleted."`
 
-	Token tokenCmd `cmd:"" help:"Tenant tokens of enqueue serve (--tenant-tokens-file)."`
+	Token tokenCmd `cmd:"" help:"Tokens of enqueue serve: tenant tokens (--tenant-tokens-file) and operator tokens (--operator-token-file)."`
 
 	// Finding what notifications lost.
 	Reconcile reconcileCmd `cmd:"" help:"List a bucket for completed folders without a batch (their notification was lost) and enqueue them. One JSON line per folder and a summary; --every runs periodically."`
+
+	// The operators' audit.
+	Audit auditCmd `cmd:"" help:"List the operator actions recorded (cancel, retry, resume, prune, River UI job actions, queue pause and resume), newest first: who (from the credential), when, what, why. Needs the operators' login (fleet_operator)."`
 
 	// Retention.
 	Prune pruneCmd `cmd:"" help:"Delete batch history older than --older-than (dry run unless --apply), never a Running batch, a folder's newest or newest Succeeded batch, a resumable failed publication or a batch a kept retry names. Needs the operators' login (fleet_operator)."`
@@ -377,7 +382,10 @@ type resumeCmd struct {
 }
 
 func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
-	req := jobs.ResumeRequest{BatchID: r.BatchID, TenantID: r.TenantID, Folder: r.Folder, By: r.by(), Reason: r.Reason}
+	req := jobs.ResumeRequest{BatchID: r.BatchID, TenantID: r.TenantID, Folder: r.Folder, Reason: r.Reason}
+	if err := r.checkOperator(); err != nil {
+		return invalid(e, err)
+	}
 	if err := jobs.ValidateResume(req); err != nil {
 		return invalid(e, err)
 	}
@@ -406,6 +414,9 @@ func (r *resumeCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	ctx, cancel := context.WithTimeout(e.Ctx, c.Timeout)
 	defer cancel()
+	if req.Actor, err = r.actor(ctx, pool); err != nil {
+		return err
+	}
 	return report(e)(enq.Resume(ctx, req))
 }
 
@@ -419,7 +430,10 @@ type retryCmd struct {
 }
 
 func (r *retryCmd) Run(c *enqueueCLI, e *cli.Env) error {
-	req := jobs.RetryRequest{BatchID: r.BatchID, TenantID: r.TenantID, By: r.by(), Reason: r.Reason}
+	req := jobs.RetryRequest{BatchID: r.BatchID, TenantID: r.TenantID, Reason: r.Reason}
+	if err := r.checkOperator(); err != nil {
+		return invalid(e, err)
+	}
 	if err := jobs.ValidateRetry(req); err != nil {
 		return invalid(e, err)
 	}
@@ -437,7 +451,13 @@ func (r *retryCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		}
 		return nil
 	}
-	return act(c, e, func(ctx context.Context, enq *jobs.Enqueuer) (jobs.Result, error) { return enq.Retry(ctx, req) })
+	return act(c, e, func(ctx context.Context, enq *jobs.Enqueuer) (jobs.Result, error) {
+		var err error
+		if req.Actor, err = r.actor(ctx, enq.Pool); err != nil {
+			return jobs.Result{}, err
+		}
+		return enq.Retry(ctx, req)
+	})
 }
 
 type cancelCmd struct {
@@ -446,30 +466,62 @@ type cancelCmd struct {
 	operator
 }
 
-// operator is who runs an operator action (cancel, retry, resume) and why:
-// logged with it (jobs.OperatorLog), and a cancel records both.
+// operator is who runs an operator action (cancel, retry, resume, prune)
+// and why. Who is the command's credential, its database login
+// (current_user): recorded in the operators' audit (enqueue audit) and
+// logged with the action (jobs.OperatorLog), and a cancel records it
+// (cancelled_by, "cli:<login>"). What the caller says of itself (--by) and
+// the OS user are only a note beside it.
 type operator struct {
-	Reason string `name:"reason" help:"Why: logged with the action (and recorded with a cancel)."`
-	By     string `name:"by" env:"ENQUEUE_OPERATOR" help:"Who asks: logged with the action (and recorded with a cancel). Defaults to cli:USER@HOST."`
+	Reason string `name:"reason" help:"Why: recorded in the operators' audit (enqueue audit) and logged with the action (and recorded with a cancel)."`
+	By     string `name:"by" env:"ENQUEUE_OPERATOR" help:"A name to note beside the action (free text, in the audit's note with the OS user). Who acts is the database login, not this."`
 }
 
-func (o operator) by() string {
+// checkOperator checks --by and --reason as a cancel records them.
+func (o operator) checkOperator() error {
+	if err := batch.ValidateOperator(cmp.Or(o.By, "unnamed"), o.Reason); err != nil {
+		var v *batch.ValidationError
+		if errors.As(err, &v) {
+			return &jobs.InputError{Field: v.Field, Reason: v.Reason}
+		}
+		return err
+	}
+	return nil
+}
+
+// actor is who runs the command: its database login on pool, through the
+// CLI, with --by and the OS user as the note.
+func (o operator) actor(ctx context.Context, pool *pgxpool.Pool) (audit.Actor, error) {
+	login, err := audit.CurrentLogin(ctx, pool)
+	if err != nil {
+		return audit.Actor{}, err
+	}
+	says := ""
 	if o.By != "" {
-		return o.By
+		says = "says " + o.By
 	}
-	by := "cli:" + cmp.Or(os.Getenv("USER"), "unknown")
+	osUser := cmp.Or(os.Getenv("USER"), "unknown")
 	if host, err := os.Hostname(); err == nil {
-		by += "@" + host
+		osUser += "@" + host
 	}
-	return by
+	return audit.Actor{Name: login, Door: audit.DoorCLI, Note: audit.Notes(says, "os user "+osUser)}, nil
 }
 
 func (k *cancelCmd) Run(c *enqueueCLI, e *cli.Env) error {
-	req := jobs.CancelRequest{BatchID: k.BatchID, TenantID: k.TenantID, Reason: k.Reason, By: k.by()}
+	req := jobs.CancelRequest{BatchID: k.BatchID, TenantID: k.TenantID, Reason: k.Reason, Actor: audit.Actor{Door: audit.DoorCLI}}
+	if err := k.checkOperator(); err != nil {
+		return invalid(e, err)
+	}
 	if err := jobs.ValidateCancel(req); err != nil {
 		return invalid(e, err)
 	}
-	return act(c, e, func(ctx context.Context, enq *jobs.Enqueuer) (jobs.Result, error) { return enq.Cancel(ctx, req) })
+	return act(c, e, func(ctx context.Context, enq *jobs.Enqueuer) (jobs.Result, error) {
+		var err error
+		if req.Actor, err = k.actor(ctx, enq.Pool); err != nil {
+			return jobs.Result{}, err
+		}
+		return enq.Cancel(ctx, req)
+	})
 }
 
 // requireGrants is cli.RequireGrants with enqueue's output contract: a

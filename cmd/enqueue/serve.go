@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/pprof"
-	"os"
 	"strings"
 	"time"
 
@@ -27,8 +26,8 @@ type serveCmd struct {
 	AdminListen       string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" default:":8081" help:"Address of the admin listener, inside the cluster only: /healthz, /readyz and /metrics for kubelet probes and Prometheus (they refuse request bodies), and the operator surfaces, served nowhere else: POST /v1/batches/{id}/cancel, the River UI at /riverui/ and pprof at /debug/pprof/ (all with the operator token). A port of its own, so no client of --listen can starve it. Empty: no admin listener, and no cancel route, River UI or pprof."`
 	AuthTokenFile     string        `name:"auth-token-file" env:"ENQUEUE_AUTH_TOKEN_FILE" help:"File of the import tokens, the bearer tokens import requests must carry: one per line (blank lines and lines starting with # skipped), every one accepted, so the token rotates without a cut-over (add the new line, move the clients, remove the old line). Read again every --secrets-reload; while it cannot be read or holds no token, no import token is accepted."`
 	AuthToken         string        `name:"auth-token" env:"ENQUEUE_AUTH_TOKEN" hidden:"" help:"Import token (environment only; a flag value would show in ps)."`
-	OperatorTokenFile string        `name:"operator-token-file" env:"ENQUEUE_OPERATOR_TOKEN_FILE" help:"File holding the operator token, the only credential of POST /v1/batches/{id}/cancel and the River UI (which act on any tenant's work; the import token never opens them). Without it they are not served. It must differ from the import token."`
-	OperatorToken     string        `name:"operator-token" env:"ENQUEUE_OPERATOR_TOKEN" hidden:"" help:"Operator token (environment only; a flag value would show in ps)."`
+	OperatorTokenFile string        `name:"operator-token-file" env:"ENQUEUE_OPERATOR_TOKEN_FILE" help:"File of operator tokens, the only credentials of POST /v1/batches/{id}/cancel and the River UI (which act on any tenant's work; the import token never opens them), one per line: \"<operator name> sha256:<hex>\", the SHA-256 of the token (enqueue token operator --name prints a token and its line). The name is who acts in the operators' audit (enqueue audit). Reloaded every --operator-tokens-reload, line by line: a line added works, a line removed stops working, a malformed line is refused (the others apply), a missing file accepts no operator token. A file holding one token itself (the former format) is still read, as operator \"operator\" (deprecated). Without it the operator surfaces are not served. No operator token may be the import token."`
+	OperatorToken     string        `name:"operator-token" env:"ENQUEUE_OPERATOR_TOKEN" hidden:"" help:"One operator token, of operator \"operator\" (environment only; deprecated: use --operator-token-file)."`
 	InsecureNoAuth    bool          `name:"insecure-no-auth" help:"Accept import requests without authentication. Never in production. Operator routes still need the operator token."`
 	HMACSecretFile    string        `name:"hmac-secret-file" env:"ENQUEUE_HMAC_SECRET_FILE" help:"File of shared secrets, one per line (as --auth-token-file); /v1/events/s3 then also accepts requests signed with X-Fleet-Timestamp and X-Fleet-Signature by any one of them. Read again every --secrets-reload; while it cannot be read or holds no secret, no signature is accepted."`
 	SecretsEvery      time.Duration `name:"secrets-reload" env:"ENQUEUE_SECRETS_RELOAD" default:"10s" help:"How often --auth-token-file and --hmac-secret-file are read again."`
@@ -48,6 +47,8 @@ type serveCmd struct {
 	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"SHUTDOWN_GRACE" default:"20s" help:"On SIGTERM, how long in-flight requests may finish."`
 	NoRiverUI      bool          `name:"no-river-ui" env:"NO_RIVER_UI" help:"Do not serve the River UI (at /riverui/ on the admin listener)."`
 	MaxConns       int           `name:"max-conns" env:"MAX_CONNS" default:"32" help:"Database connections, so the most imports that run at once (each is one transaction); further requests wait for a connection within --timeout. Size it for the concurrent requests expected, within the server's max_connections."`
+	// How often the operator tokens are read again (they rotate).
+	OperatorTokenEvery time.Duration `name:"operator-tokens-reload" env:"ENQUEUE_OPERATOR_TOKENS_RELOAD" default:"10s" help:"How often --operator-token-file is read again."`
 	// The operator surfaces' own login.
 	OperatorDatabaseURL string `name:"operator-database-url" env:"OPERATOR_DATABASE_URL" help:"PostgreSQL connection string of the operator login (fleet_operator, deploy/postgres/roles.sql), used by the operator surfaces only, the cancel route and the River UI, in a pool of its own (at most 4 connections). Without it they use --database-url, which in production is the door's login (fleet_enqueue), which may not change a batch or a job. Needs --operator-token-file."`
 
@@ -62,18 +63,6 @@ type serveCmd struct {
 	GroupMax    int           `name:"group-max" env:"GROUP_MAX" default:"100" help:"Most folders one group-commit transaction imports (1 to 1000); a request of more is imported alone."`
 
 	cli.DatabaseProbeFlags
-}
-
-func readSecret(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	s := strings.TrimSpace(string(b))
-	if s == "" {
-		return "", fmt.Errorf("%s is empty", path)
-	}
-	return s, nil
 }
 
 // settingFields names the flag (as an invalid_input field) behind each
@@ -158,17 +147,7 @@ func startDatabaseProbe(e *cli.Env, m *metrics.Metrics, pool *pgxpool.Pool, f cl
 // and starting nothing; the listener's Enqueuer, Pool and Metrics are left
 // for Run to fill in.
 func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
-	secret := func(value, file, field string) (string, error) {
-		if file == "" {
-			return value, nil
-		}
-		v, err := readSecret(file)
-		if err != nil {
-			return "", refuseSetting(e, field, fmt.Errorf("--%s: %w", strings.ReplaceAll(field, "_", "-"), err))
-		}
-		return v, nil
-	}
-	operator, err := secret(s.OperatorToken, s.OperatorTokenFile, "operator_token_file")
+	operators, err := s.operatorTokens(e)
 	if err != nil {
 		return uploads.Config{}, err
 	}
@@ -217,7 +196,7 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		return uploads.Config{}, refuseSetting(e, "sns_auto_confirm", errors.New("--sns-auto-confirm needs --sns-topic-arn"))
 	case s.DatabaseProbeFlags.Validate() != nil:
 		return uploads.Config{}, refuseSetting(e, "database_probe_interval", s.DatabaseProbeFlags.Validate())
-	case s.OperatorDatabaseURL != "" && operator == "":
+	case s.OperatorDatabaseURL != "" && operators == nil:
 		return uploads.Config{}, refuseSetting(e, "operator_database_url",
 			errors.New("--operator-database-url needs --operator-token-file: without the operator token no operator surface is served"))
 	}
@@ -236,7 +215,7 @@ func (s *serveCmd) config(c *enqueueCLI, e *cli.Env) (uploads.Config, error) {
 		}
 	}
 	cfg := uploads.Config{
-		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorToken: operator, SNS: sns,
+		AuthToken: token, InsecureNoAuth: s.InsecureNoAuth, OperatorTokens: operators, SNS: sns,
 		TenantTokens:      tenants,
 		AllowLocalFolders: s.DevLocal, ImportsWithoutMarker: s.ImportsNoMarker, MaxBadRecords: s.MaxBadRecords,
 		Marker: s.Marker, Mapping: s.mapping(),
@@ -271,7 +250,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	defer pool.Close()
 	stopProbe := startDatabaseProbe(e, enq.Metrics, pool, s.DatabaseProbeFlags)
 	defer stopProbe()
-	opPool, opEnq, err := s.connectOperator(c, e, pool, enq, cfg.OperatorToken != "")
+	opPool, opEnq, err := s.connectOperator(c, e, pool, enq, cfg.OperatorTokens != nil)
 	if err != nil {
 		return err
 	}
@@ -294,7 +273,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if s.DevLocal {
 		e.Logger.Warn("--dev-allow-local-folders: file:// and mem:// folders are accepted over HTTP; never in production")
 	}
-	if cfg.OperatorToken == "" {
+	if cfg.OperatorTokens == nil {
 		e.Logger.Info("no operator token (--operator-token-file): POST /v1/batches/{id}/cancel and the River UI are not served")
 	}
 	// The public door: imports, event notifications and batch answers (GET
@@ -314,7 +293,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	operator.Handle("POST /v1/batches/{id}/cancel", routes)
 	if !s.NoRiverUI {
 		ui := http.NotFoundHandler() // not reached without an operator token: OperatorOnly answers
-		if cfg.OperatorToken != "" {
+		if cfg.OperatorTokens != nil {
 			if ui, err = riverUI(e.Ctx, opEnq.River, e.Logger); err != nil {
 				return fmt.Errorf("river UI: %w", err)
 			}
@@ -329,7 +308,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	handler := httpserver.Observe(public, observeDoor(cfg.Metrics, e))
 	httpSrv, err := httpserver.Listen(httpserver.Config{Addr: s.Listen, Handler: handler, MaxConns: s.MaxHTTPConns, Logger: e.Logger})
 	if err != nil {
-		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--listen: %w", err)}
+		return cannotListen(e, "listen", err)
 	}
 	adminSrv, adminServed, err := s.startAdmin(srv, operator, cfg.Metrics, e)
 	if err != nil {
@@ -347,10 +326,11 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		})
 	}
 	watchSecrets(pruneCtx, cfg, s.SecretsEvery, e)
+	go cfg.OperatorTokens.Watch(pruneCtx, s.OperatorTokenEvery, cfg.Metrics.SecretFileReloadFailures.WithLabelValues(metrics.SecretFileOperatorTokens).Inc)
 	served := make(chan error, 1)
 	go func() { served <- httpSrv.Serve() }()
 	srv.SetReady(true)
-	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", cfg.AuthToken != "" || cfg.ImportTokens != nil, "operator", cfg.OperatorToken != "", "hmac", cfg.HMACSecrets != nil,
+	e.Logger.Info("listening for upload notifications", "addr", httpSrv.Addr().String(), "auth", cfg.AuthToken != "" || cfg.ImportTokens != nil, "operator", cfg.OperatorTokens != nil, "hmac", cfg.HMACSecrets != nil,
 		"sns_topics", len(s.SNSTopicARNs), "buckets", s.Buckets, "rate_limit", s.RateLimit, "rate_burst", s.RateBurst, "group_linger_seconds", s.GroupLinger.Seconds(), "group_max", s.GroupMax, "max_conns", s.MaxConns, "max_http_conns", s.MaxHTTPConns)
 
 	select {
@@ -372,6 +352,28 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	e.Logger.Info("stopped")
 	return nil
+}
+
+// operatorTokens are the operator tokens of --operator-token-file (read,
+// then reloaded by Run), or the one token of ENQUEUE_OPERATOR_TOKEN
+// (operator "operator", deprecated), or nil: no operator surface.
+func (s *serveCmd) operatorTokens(e *cli.Env) (*uploads.OperatorTokens, error) {
+	switch {
+	case s.OperatorTokenFile != "":
+		if s.OperatorTokenEvery <= 0 {
+			return nil, refuseSetting(e, "operator_tokens_reload", errors.New("--operator-tokens-reload must be positive"))
+		}
+		ops, err := uploads.LoadOperatorTokens(s.OperatorTokenFile, e.Logger)
+		if err != nil {
+			return nil, refuseSetting(e, "operator_token_file", fmt.Errorf("--operator-token-file: %w", err))
+		}
+		return ops, nil
+	case s.OperatorToken != "":
+		e.Logger.Warn("ENQUEUE_OPERATOR_TOKEN is deprecated: its token acts as operator \"" + uploads.LegacyOperatorName +
+			"\" and cannot rotate; give each operator a token of their own in --operator-token-file (enqueue token operator --name NAME)")
+		return uploads.StaticOperatorToken(uploads.LegacyOperatorName, s.OperatorToken), nil
+	}
+	return nil, nil
 }
 
 // schemaReady is the schema check of a long-running command's /readyz:
@@ -471,8 +473,9 @@ const adminMaxConns = 64
 // startAdmin serves /healthz, /readyz and /metrics on --admin-listen, a
 // port of its own that the public Service does not expose, with the
 // operator surfaces of operator (the cancel route, the River UI, pprof),
-// and logs its address. Probes and scrapes take no body: one that carries
-// one is answered 413 and its connection closed. The channel reports the
+// and logs its address. Probes and scrapes take no body: a request to
+// their paths that carries one is answered 413 and its connection closed
+// at once, whatever its method. The channel reports the
 // error that stops it; both are nil without --admin-listen.
 func (s *serveCmd) startAdmin(srv *uploads.Server, operator *http.ServeMux, m *metrics.Metrics, e *cli.Env) (*httpserver.Server, <-chan error, error) {
 	if s.AdminListen == "" {
@@ -482,14 +485,17 @@ func (s *serveCmd) startAdmin(srv *uploads.Server, operator *http.ServeMux, m *m
 	routes := srv.Handler()
 	mux := operator
 	for _, pattern := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
-		mux.Handle(pattern, refuseBody(routes))
+		mux.Handle(pattern, routes)
 	}
 	admin, err := httpserver.Listen(httpserver.Config{
 		Addr: s.AdminListen, Handler: apart(httpserver.Observe(mux, observeDoor(m, e)), httpserver.Observe(mux, observeRiverUI(m, e))), MaxConns: adminMaxConns, Logger: e.Logger,
 		EvictableAfter: httpserver.EvictableAfterProbes,
+		// Whatever the method: a POST /metrics with a body is 413 at once,
+		// not the mux's 405 after the body.
+		RefuseBodiesOn: []string{"/healthz", "/readyz", "/metrics"},
 	})
 	if err != nil {
-		return nil, nil, cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--admin-listen: %w", err)}
+		return nil, nil, cannotListen(e, "admin-listen", err)
 	}
 	served := make(chan error, 1)
 	go func() {
@@ -512,20 +518,6 @@ func adminOnly(what string) http.HandlerFunc {
 			"error":   what + " is served on the admin listener (--admin-listen), not on the public port",
 		})
 	}
-}
-
-// refuseBody answers a request with a body 413 and closes its connection
-// (probes and scrapes take none), so no client keeps an admin connection
-// busy by sending one slowly.
-func refuseBody(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength != 0 {
-			w.Header().Set("Connection", "close")
-			http.Error(w, "request bodies are refused here", http.StatusRequestEntityTooLarge)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 // pprofHandler serves net/http/pprof's profiles under /debug/pprof/.

@@ -43,7 +43,7 @@ func TestServeChecksEverySettingBeforeStarting(t *testing.T) {
 	}{
 		"operator token is the import token": {[]string{"serve", "--listen", "127.0.0.1:0", "--auth-token-file", importToken, "--operator-token-file", sameToken}, "operator_token_file", "must differ from the import token"},
 		"operator token is the HMAC secret":  {append(base, "--hmac-secret-file", hmacSecret), "operator_token_file", "must differ from the HMAC secret"},
-		"empty operator token file":          {[]string{"serve", "--auth-token-file", importToken, "--operator-token-file", empty}, "operator_token_file", "is empty"},
+		"empty operator token file":          {[]string{"serve", "--auth-token-file", importToken, "--operator-token-file", empty}, "operator_token_file", "holds no operator token"},
 		"missing operator token file":        {[]string{"serve", "--auth-token-file", importToken, "--operator-token-file", filepath.Join(dir, "nope")}, "operator_token_file", "no such file"},
 		"no import token":                    {[]string{"serve", "--operator-token-file", operatorToken}, "auth_token_file", "refusing to serve without authentication"},
 		"empty import token file":            {[]string{"serve", "--auth-token-file", empty}, "auth_token_file", "holds no value"},

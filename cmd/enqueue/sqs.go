@@ -193,7 +193,7 @@ func startProbes(addr string, m *metrics.Metrics, pool *pgxpool.Pool, ready *ato
 	srv, err := httpserver.Listen(httpserver.Config{Addr: addr, Handler: mux, MaxConns: adminMaxConns, RefuseBodies: true,
 		EvictableAfter: httpserver.EvictableAfterProbes, Logger: e.Logger})
 	if err != nil {
-		return nil, nil, refuseSetting(e, "admin_listen", fmt.Errorf("--admin-listen: %w", err))
+		return nil, nil, cannotListen(e, "admin-listen", err)
 	}
 	served := make(chan error, 1)
 	go func() {

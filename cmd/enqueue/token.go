@@ -11,10 +11,12 @@ import (
 	"github.com/fleet/ingest/internal/uploads"
 )
 
-// tokenCmd groups the tenant token commands.
+// tokenCmd groups the token commands: tenant tokens and operator tokens.
 type tokenCmd struct {
 	Mint  mintTokenCmd  `cmd:"" help:"Make a new tenant token: prints it once, with the line of enqueue serve's --tenant-tokens-file that names it (its SHA-256, never the token). Give the token to the tenant and add the line to the file; remove the line to revoke it."`
 	Check checkTokenCmd `cmd:"" help:"Check a tenant tokens file as enqueue serve applies it, before putting it in a Secret: prints the tokens and tenants it grants and each refused line by number and reason (never its content). Exit 0: every line applies; 1: some lines are refused (serve would refuse their tokens and FleetIngestDoorTenantTokensInvalid fire); 2: the file cannot be read."`
+	// Operator tokens (cmd/enqueue/audit.go).
+	Operator operatorTokenCmd `cmd:"" help:"Make a new operator token for --name: prints it once, with the line of enqueue serve's --operator-token-file that names it (its SHA-256, never the token). Give the token to the operator and add the line; remove the line to revoke it. The name is who acts in the operators' audit."`
 }
 
 type checkTokenCmd struct {

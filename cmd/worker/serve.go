@@ -343,7 +343,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 		EvictableAfter: httpserver.EvictableAfterProbes,
 	})
 	if err != nil {
-		return cli.ExitError{Code: cli.ExitInvalidInput, Err: fmt.Errorf("--metrics-addr: %w", err)}
+		return cli.CannotListen("metrics-addr", err)
 	}
 	go func() {
 		if err := srv.Serve(); err != nil {

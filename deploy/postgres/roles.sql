@@ -37,7 +37,9 @@
 --                 does (lease renewals, parking, sweeps, warehouse writes).
 --                 Prunes the batch history (enqueue prune): deletes old
 --                 terminal batches that are not their folder's newest
---                 (policy fleet_operator_prune).
+--                 (policy fleet_operator_prune). Writes every action it
+--                 takes to the operators' audit (ingest_operator_actions,
+--                 append-only) and reads it (enqueue audit).
 --
 -- What holds, and how:
 --
@@ -329,6 +331,16 @@ CREATE POLICY fleet_operator_prune ON ingestion_batches FOR DELETE TO fleet_oper
            AND completed_at < now() - interval '1 day'
            AND id < (SELECT max(n.id) FROM public.ingestion_batches n
                      WHERE n.tenant_id = ingestion_batches.tenant_id AND n.source_scope = ingestion_batches.source_scope));
+
+-- The operators' audit (migration 00110): every operator action writes
+-- one row (who, what, when, why) and enqueue audit reads them. INSERT of
+-- the columns the action fills only: id, at (the database clock) and login
+-- (current_user) are the database's. No runtime role may UPDATE, DELETE or
+-- TRUNCATE a row (and the table's trigger refuses UPDATE and DELETE to any
+-- role but its owner): the audit is append-only.
+GRANT SELECT ON ingest_operator_actions TO fleet_operator;
+GRANT INSERT (actor, door, action, outcome, batch_id, tenant_id, queue, reason, note, details)
+    ON ingest_operator_actions TO fleet_operator;
 
 -- River: jobs of retries and resumes, a cancel's jobs marked cancelled, and
 -- the River UI's actions (cancel, retry, delete jobs; pause, resume and

@@ -34,7 +34,18 @@ const (
 	ExitLockTimeout  = 6 // worker migrate gave way to locks held by other sessions on every attempt
 	ExitResumable    = 7 // the folder's newest batch committed its load and failed publication: resume it; nothing was started
 	ExitNoLedger     = 8 // status --objects: the warehouse slice (and its load ledger) belongs to another batch, or there is none
+	ExitListen       = 9 // a listener could not be bound (its address is taken, or not this host's): the flag, the address and why are named
 )
+
+// CannotListen is the error of a command whose listener could not be
+// bound: exit code ExitListen, its message naming the flag of the address
+// (such as "admin-listen") and why (net.Listen's error says the address,
+// and "address already in use" when another process holds it). The
+// command reports it before it exits: as a log line (the worker's run),
+// or also as the cannot_listen outcome line (enqueue's commands).
+func CannotListen(flag string, err error) ExitError {
+	return ExitError{Code: ExitListen, Err: fmt.Errorf("--%s: cannot listen: %w", flag, err)}
+}
 
 // Globals are the flags every command has.
 type Globals struct {

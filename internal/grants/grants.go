@@ -151,6 +151,11 @@ func Required(role Role) []Privilege {
 		p = append(p, table("public.river_job", "INSERT", "UPDATE", "DELETE")...)
 		p = append(p, table("public.river_queue", "UPDATE")...)
 		p = append(p, Privilege{Kind: KindSequence, Object: "public.river_job_id_seq", Mode: "USAGE"})
+		// The operators' audit (migration 110): every action writes a
+		// row, enqueue audit reads them.
+		p = append(p, table("public.ingest_operator_actions", "SELECT")...)
+		p = append(p, columns("public.ingest_operator_actions", "INSERT",
+			"actor", "door", "action", "outcome", "batch_id", "tenant_id", "queue", "reason", "note", "details")...)
 	}
 	return p
 }

@@ -11,10 +11,17 @@
 //     grace, has its connection cut within seconds, not at the read
 //     timeout. Only the time the handler spends waiting for the body
 //     counts, so a slow handler never cuts its own client;
+//   - a refusal (any answer of 400 or more) of a request whose body has
+//     not arrived yet is sent at once, with Connection: close, without
+//     reading the rest of the body: a client refused 401, 404, 405 or 413
+//     is not kept waiting, nor is its connection kept busy, while a body
+//     nobody will read trickles in (net/http reads up to 256 KiB of an
+//     unread body before it answers, for as long as its client takes);
 //   - for listeners whose routes take no body (probes and metrics),
-//     RefuseBodies: a request with a body is answered 413 and its
-//     connection closed at once, so no client can keep a connection there
-//     busy by sending a body slowly;
+//     RefuseBodies, or RefuseBodiesOn for some paths of a listener: a
+//     request with a body is answered 413 and its connection closed at
+//     once, so no client can keep a connection there busy by sending a
+//     body slowly;
 //   - a cap on open connections of its own, far below the process's file
 //     descriptor limit (which Go raises to the hard limit at start), so a
 //     flood of connections cannot starve the process of the descriptors
@@ -25,7 +32,10 @@
 // longest (one that has not sent a whole request head yet, or is between
 // requests), or else the one whose request has waited longest for more of
 // its body — but only once it has been so for Config.EvictableAfter;
-// never one whose handler is at work. Until one has, the new connection
+// never one whose handler is at work. A connection whose request was
+// refused, answered and lingering before it closes (net/http waits up to
+// half a second so that the answer is not lost to a reset) is closed at
+// once for a newcomer. Until one has, the new connection
 // waits, unread, and those behind it wait in the kernel's accept queue,
 // costing nothing. So a flood of idle connections cannot lock out a
 // kubelet probe or a Prometheus scrape for long: they get the slot of the
@@ -132,6 +142,11 @@ type Config struct {
 	// its connection without reading the body: for listeners whose routes
 	// take none (probes, metrics).
 	RefuseBodies bool
+	// RefuseBodiesOn does what RefuseBodies does for requests to these
+	// paths only (exact paths such as "/metrics", whatever the method):
+	// for a listener whose probes and metrics take no body but other
+	// routes do (enqueue serve's admin listener).
+	RefuseBodiesOn []string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -144,9 +159,15 @@ type Server struct {
 	// The body rate floor.
 	stall time.Duration
 	rate  int
+	// noBodies are the paths whose requests may carry no body
+	// (Config.RefuseBodiesOn); every path with Config.RefuseBodies.
+	noBodies    map[string]bool
+	noBodiesAll bool
 	// slowBodies counts bodies cut by the rate floor as a handler read
 	// them, and bodies refused.
 	slowBodies atomic.Int64
+	// refused counts refusals answered before their request's body ended.
+	refused atomic.Int64
 }
 
 // Listen binds cfg.Addr and returns the server, not yet serving.
@@ -165,13 +186,14 @@ func Listen(cfg Config) (*Server, error) {
 	ll := newLimitListener(ln, cmp.Or(cfg.MaxConns, MaxConnsDefault), cmp.Or(cfg.EvictableAfter, EvictableAfterDefault))
 	s := &Server{
 		ln: ll, logger: logger,
-		stall: cmp.Or(cfg.BodyStallTimeout, BodyStallTimeoutDefault),
-		rate:  cmp.Or(cfg.MinBodyRate, MinBodyRateDefault),
+		stall:    cmp.Or(cfg.BodyStallTimeout, BodyStallTimeoutDefault),
+		rate:     cmp.Or(cfg.MinBodyRate, MinBodyRateDefault),
+		noBodies: make(map[string]bool, len(cfg.RefuseBodiesOn)), noBodiesAll: cfg.RefuseBodies,
+	}
+	for _, p := range cfg.RefuseBodiesOn {
+		s.noBodies[p] = true
 	}
 	handler := s.guardBodies(cfg.Handler)
-	if cfg.RefuseBodies {
-		handler = s.refuseBodies(cfg.Handler)
-	}
 	s.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: cmp.Or(cfg.ReadHeaderTimeout, ReadHeaderTimeoutDefault),
@@ -207,17 +229,22 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.http.Shutdown(ct
 func (s *Server) Evicted() int64 { return s.ln.evicted.Load() }
 
 // SlowBodiesCut returns how many request bodies were cut, as their handler
-// read them, for arriving too slowly, and, with RefuseBodies, how many were
-// refused. (A body the handler never reads is cut by the same deadline but
-// not counted.)
+// read them, for arriving too slowly, and, with RefuseBodies or
+// RefuseBodiesOn, how many were refused. (A body the handler never reads
+// is cut by the same deadline but not counted.)
 func (s *Server) SlowBodiesCut() int64 { return s.slowBodies.Load() }
+
+// RefusedUnread returns how many requests were refused (answered 400 or
+// more) before their body ended, and so answered at once and their
+// connection closed without reading the rest.
+func (s *Server) RefusedUnread() int64 { return s.refused.Load() }
 
 // limitListener caps open connections; see the package documentation.
 type limitListener struct {
 	net.Listener
 	max     int
 	grace   time.Duration // Config.EvictableAfter
-	freed   chan struct{} // a connection closed (buffered 1: Accept is the only waiter)
+	freed   chan struct{} // a connection closed or lingers (buffered 1: Accept is the only waiter)
 	done    chan struct{} // the listener closed
 	once    sync.Once
 	evicted atomic.Int64
@@ -246,6 +273,9 @@ type trackedConn struct {
 	// waitingBody is when the handler began waiting, still, for more of
 	// the request body (zero: it is not waiting).
 	waitingBody time.Time
+	// refused: its request was refused and answered; the connection only
+	// lingers before it closes (see CloseWrite).
+	refused bool
 
 	// deadlineMu guards serverRead, the read deadline the server (or a
 	// handler through http.ResponseController) last set: the body guard
@@ -289,6 +319,20 @@ func (c *trackedConn) restoreRead() {
 	c.deadlineMu.Lock()
 	defer c.deadlineMu.Unlock()
 	_ = c.Conn.SetReadDeadline(c.serverRead)
+}
+
+// CloseWrite half-closes the connection, if it can: net/http does so
+// before it closes a connection whose request body it did not read, so
+// that its answer is not lost to a reset.
+//
+// The connection then only lingers, its answer sent, before net/http
+// closes it: at the cap it is closed at once for a newcomer.
+func (c *trackedConn) CloseWrite() error {
+	c.lingering()
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }
 
 func (c *trackedConn) Close() error {
@@ -341,7 +385,8 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	}
 }
 
-// victimLocked returns the connection to close for a new one: the one idle
+// victimLocked returns the connection to close for a new one: one whose
+// request was refused and answered (it only lingers), else the one idle
 // the longest, else the one whose request has waited longest for more of
 // its body, if that one has been so for the grace (Config.EvictableAfter).
 // Otherwise it returns nil and how long to wait, unless a connection
@@ -351,6 +396,8 @@ func (l *limitListener) victimLocked(now time.Time) (*trackedConn, time.Duration
 	var idle, stalled *trackedConn
 	for c := range l.conns {
 		switch {
+		case c.refused:
+			return c, 0
 		case c.state == http.StateNew || c.state == http.StateIdle:
 			if idle == nil || c.since.Before(idle.since) {
 				idle = c
@@ -387,6 +434,18 @@ func (c *trackedConn) waitBody(waiting bool) {
 	c.waitingBody = time.Time{}
 	if waiting {
 		c.waitingBody = time.Now()
+	}
+}
+
+// lingering records that c's answer is sent and it waits only to close.
+// A new connection waiting at the cap is told, as when one closes.
+func (c *trackedConn) lingering() {
+	c.l.mu.Lock()
+	c.refused = true
+	c.l.mu.Unlock()
+	select {
+	case c.l.freed <- struct{}{}:
+	default:
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
+	"github.com/fleet/ingest/internal/audit"
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/folder"
 	"github.com/fleet/ingest/internal/metrics"
@@ -102,6 +103,10 @@ type ImportRequest struct {
 	// retryOf, if not zero, is the failed batch a retry starts this one
 	// for; recorded in the new batch's details.
 	retryOf int64
+	// enqueued, if set, is called in the burst's transaction once the
+	// import is enqueued (its reservation and job written): a retry
+	// records its operator action there.
+	enqueued func(ctx context.Context, tx pgx.Tx, res Result) error
 }
 
 // Result is the outcome of an import or a resume: one JSON line on the
@@ -355,6 +360,13 @@ func (e *Enqueuer) importBurst(ctx context.Context, reqs []ImportRequest, result
 		for n, j := range jobs {
 			results[reservedIdx[n]].JobID = j.Job.ID
 		}
+		for _, i := range reservedIdx {
+			if reqs[i].enqueued != nil {
+				if err := reqs[i].enqueued(ctx, tx, results[i]); err != nil {
+					return err
+				}
+			}
+		}
 		return nil
 	}
 	// A deadlock or serialization failure rolled everything back: the
@@ -454,9 +466,12 @@ type ResumeRequest struct {
 	TenantID string `json:"tenant_id"`
 	Folder   string `json:"folder,omitempty"`
 	// By and Reason say who asks and why: logged with the action
-	// (OperatorLog). By defaults to "unnamed".
+	// (OperatorLog). By defaults to Actor.By().
 	By     string `json:"-"`
 	Reason string `json:"reason,omitempty"`
+	// Actor is who asks, from the credential: recorded with the action
+	// in the operators' audit, in its transaction.
+	Actor audit.Actor `json:"-"`
 }
 
 // Resume moves a failed-publication batch back to Running under the resume
@@ -480,14 +495,14 @@ func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error
 			b, err := store.Get(ctx, req.BatchID)
 			if errors.Is(err, batch.ErrNotFound) || (err == nil && b.TenantID != req.TenantID) {
 				res = Result{Outcome: OutcomeNotFound}
-				return nil
+				return recordAction(ctx, tx, audit.ActionResume, req.Actor, req.Reason, req.BatchID, req.TenantID, res)
 			}
 			if err != nil {
 				return err
 			}
 			if scope = b.Scope(); scope == "" {
 				res = Result{Outcome: OutcomeNotResumable, BatchID: req.BatchID, Reason: batch.ReasonSourceTypeMismatch}
-				return nil
+				return recordAction(ctx, tx, audit.ActionResume, req.Actor, req.Reason, req.BatchID, req.TenantID, res)
 			}
 		}
 		rr, err := store.Resume(ctx, batch.ResumeRequest{
@@ -513,13 +528,24 @@ func (e *Enqueuer) Resume(ctx context.Context, req ResumeRequest) (Result, error
 			}
 			res.JobID = job.Job.ID
 		}
-		return nil
+		return recordAction(ctx, tx, audit.ActionResume, req.Actor, req.Reason, req.BatchID, req.TenantID, res)
 	})
-	if err != nil && !errors.Is(err, errRollback) {
+	if errors.Is(err, errRollback) { // nothing changed: the refusal is recorded on its own
+		err = recordAction(ctx, e.Pool, audit.ActionResume, req.Actor, req.Reason, req.BatchID, req.TenantID, res)
+	}
+	if err != nil {
 		return Result{}, err
 	}
-	e.operatorLog("resume", req.By, req.Reason, req.BatchID, req.TenantID, res)
+	e.operatorLog("resume", cmp.Or(req.By, req.Actor.By()), req.Actor.Note, req.Reason, req.BatchID, req.TenantID, res)
 	return res, nil
+}
+
+// recordAction writes an operator action on a batch, answered res, to the
+// operators' audit through db (the action's transaction).
+func recordAction(ctx context.Context, db audit.Execer, action string, actor audit.Actor, reason string, batchID int64, tenant string, res Result) error {
+	return audit.Record(ctx, db, audit.Action{
+		Actor: actor, Action: action, Outcome: res.Outcome, BatchID: batchID, TenantID: tenant, Reason: reason, Details: res,
+	})
 }
 
 // RetryRequest asks for a new batch for the folder of a failed batch.
@@ -527,9 +553,13 @@ type RetryRequest struct {
 	BatchID  int64  `json:"batch_id"`
 	TenantID string `json:"tenant_id"`
 	// By and Reason say who asks and why: logged with the action
-	// (OperatorLog). By defaults to "unnamed".
+	// (OperatorLog). By defaults to Actor.By().
 	By     string `json:"-"`
 	Reason string `json:"reason,omitempty"`
+	// Actor is who asks, from the credential: recorded with the action
+	// in the operators' audit (in the new batch's transaction when it
+	// starts one).
+	Actor audit.Actor `json:"-"`
 	// Admit, if set, is the door's rule for the import a retry would
 	// start (the batch's tenant, database, company and folder): an error
 	// (an *InputError) refuses the retry before anything is written. The
@@ -563,12 +593,20 @@ func (e *Enqueuer) Retry(ctx context.Context, req RetryRequest) (Result, error) 
 		return Result{}, err
 	}
 	res, err := e.retry(ctx, req)
+	by := cmp.Or(req.By, req.Actor.By())
 	var in *InputError
 	switch {
 	case err == nil:
-		e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, res)
+		// An enqueued retry was recorded in its batch's transaction; a
+		// refusal (nothing written) is recorded here.
+		if res.Outcome != OutcomeEnqueued {
+			if err := recordAction(ctx, e.Pool, audit.ActionRetry, req.Actor, req.Reason, req.BatchID, req.TenantID, res); err != nil {
+				return Result{}, err
+			}
+		}
+		e.operatorLog("retry", by, req.Actor.Note, req.Reason, req.BatchID, req.TenantID, res)
 	case errors.As(err, &in): // refused (req.Admit): logged with the refusal, as other refusals are
-		e.operatorLog("retry", req.By, req.Reason, req.BatchID, req.TenantID, Result{Outcome: OutcomeInvalidInput, Reason: in.Error()})
+		e.operatorLog("retry", by, req.Actor.Note, req.Reason, req.BatchID, req.TenantID, Result{Outcome: OutcomeInvalidInput, Reason: in.Error()})
 	}
 	return res, err
 }
@@ -630,6 +668,10 @@ func (e *Enqueuer) retry(ctx context.Context, req RetryRequest) (Result, error) 
 	imp := ImportRequest{
 		TenantID: b.TenantID, TenantDatabase: b.TenantDatabase, CompanyID: b.CompanyID,
 		Folder: strings.TrimPrefix(b.Scope(), folder.ScopePrefix), retryOf: b.ID, NoMarker: noMarker, MaxBadRecords: maxBad,
+		enqueued: func(ctx context.Context, tx pgx.Tx, res Result) error {
+			res.RetryOf = b.ID
+			return recordAction(ctx, tx, audit.ActionRetry, req.Actor, req.Reason, req.BatchID, req.TenantID, res)
+		},
 	}
 	if req.Admit != nil {
 		if err := req.Admit(imp); err != nil {
@@ -649,7 +691,12 @@ type CancelRequest struct {
 	BatchID  int64  `json:"batch_id"`
 	TenantID string `json:"tenant_id"`
 	Reason   string `json:"reason,omitempty"`
-	By       string `json:"-"`
+	// By is recorded in the batch (cancelled_by) and logged; it defaults
+	// to Actor.By().
+	By string `json:"-"`
+	// Actor is who asks, from the credential: recorded with the cancel
+	// in the operators' audit, in its transaction.
+	Actor audit.Actor `json:"-"`
 }
 
 // Cancel cancels a Running batch for an operator, in one transaction: the
@@ -660,6 +707,7 @@ type CancelRequest struct {
 // cancelled, not_cancellable (terminal already, with its status and phase),
 // not_found (also for another tenant's batch).
 func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error) {
+	req.By = cmp.Or(req.By, req.Actor.By())
 	breq := batch.CancelRequest{BatchID: req.BatchID, TenantID: req.TenantID, By: req.By, Reason: req.Reason}
 	if err := breq.Validate(); err != nil {
 		return Result{}, inputError(err)
@@ -671,16 +719,19 @@ func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error
 			return err
 		}
 		res = Result{Outcome: cr.Outcome.String(), BatchID: req.BatchID, SourceScope: cr.Batch.Scope()}
+		record := func() error {
+			return recordAction(ctx, tx, audit.ActionCancel, req.Actor, req.Reason, req.BatchID, req.TenantID, res)
+		}
 		switch cr.Outcome {
 		case batch.CancelNotFound:
 			res.BatchID = 0
-			return nil
+			return record()
 		case batch.NotCancellable:
 			res.Status = string(cr.Batch.Status)
 			if d, err := batch.ParseDetails(cr.Batch.Details); err == nil {
 				res.Phase = string(d.Phase)
 			}
-			return nil
+			return record()
 		}
 		res.PreviousHolder = cr.PreviousHolder
 		rows, err := tx.Query(ctx, `
@@ -701,25 +752,30 @@ func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error
 			}
 		}
 		res.CancelledJobs = ids
-		return nil
+		return record()
 	})
 	if err != nil {
 		return Result{}, err
 	}
-	e.operatorLog("cancel", req.By, req.Reason, req.BatchID, req.TenantID, res)
+	e.operatorLog("cancel", req.By, req.Actor.Note, req.Reason, req.BatchID, req.TenantID, res)
 	return res, nil
 }
 
 // OperatorLog is the message of the one log line every operator action
 // (cancel, retry, resume) writes, whichever door it came through (the
-// CLI, the HTTP cancel route, the River UI): who (by, prefixed with the
-// door: cli:, http:, riverui:), what (action, batch_id, tenant_id, and the
-// outcome with what it changed) and why (reason).
+// CLI, the HTTP cancel route, the River UI): who (by: the door, cli:,
+// http: or riverui:, and the name from the credential), what the caller
+// said of itself (note), what (action, batch_id, tenant_id, and the
+// outcome with what it changed) and why (reason). The same action is a
+// row of the operators' audit (internal/audit).
 const OperatorLog = "operator action"
 
 // operatorLog writes an action's OperatorLog line.
-func (e *Enqueuer) operatorLog(action, by, reason string, batchID int64, tenant string, res Result) {
+func (e *Enqueuer) operatorLog(action, by, note, reason string, batchID int64, tenant string, res Result) {
 	attrs := []any{"action", action, "by", cmp.Or(by, "unnamed"), "reason", reason, "batch_id", batchID, "tenant_id", tenant, "outcome", res.Outcome}
+	if note != "" {
+		attrs = append(attrs, "note", note)
+	}
 	add := func(key string, v int64) {
 		if v != 0 {
 			attrs = append(attrs, key, v)
@@ -811,6 +867,6 @@ func validateOperator(by, reason string) error {
 
 // ValidateCancel checks a cancel request without touching the database.
 func ValidateCancel(req CancelRequest) error {
-	r := batch.CancelRequest{BatchID: req.BatchID, TenantID: req.TenantID, By: req.By, Reason: req.Reason}
+	r := batch.CancelRequest{BatchID: req.BatchID, TenantID: req.TenantID, By: cmp.Or(req.By, req.Actor.By()), Reason: req.Reason}
 	return inputError(r.Validate())
 }

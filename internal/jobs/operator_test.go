@@ -54,7 +54,9 @@ func TestCancelCancelsTheBatchAndItsJobs(t *testing.T) {
 	require.Equal(t, "Failed", out.Status)
 	require.Equal(t, "cancelled", out.Phase)
 
-	_, err = f.enqueuer.Cancel(ctx, CancelRequest{BatchID: res.BatchID, TenantID: "tenant-a", By: ""})
+	// An empty By is the actor's (Actor.By()); a By that cannot be
+	// recorded is refused.
+	_, err = f.enqueuer.Cancel(ctx, CancelRequest{BatchID: res.BatchID, TenantID: "tenant-a", By: "two\nlines"})
 	var in *InputError
 	require.ErrorAs(t, err, &in)
 	require.Equal(t, "by", in.Field)

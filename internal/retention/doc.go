@@ -68,5 +68,7 @@
 // it DELETE on ingestion_batches under a row-level security policy that
 // lets go only terminal Fleet batches completed more than a day ago that
 // are not their folder's newest, whatever the statement; the door's and
-// the worker's logins may delete no batch.
+// the worker's logins may delete no batch. Every transaction that deletes
+// records who (Config.Actor), why (Config.Reason) and the ids it deleted in
+// the operators' audit (internal/audit), in the same transaction.
 package retention

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fleet/ingest/internal/audit"
 	"github.com/fleet/ingest/internal/batch"
 )
 
@@ -57,6 +58,11 @@ type Config struct {
 	PublicationWindow time.Duration
 	// Logger receives a line per transaction and per lock timeout.
 	Logger *slog.Logger
+	// Actor and Reason are who prunes and why: every transaction that
+	// deletes batches records them, with the ids it deleted, in the
+	// operators' audit (audit.ActionPrune), in that transaction.
+	Actor  audit.Actor
+	Reason string
 }
 
 // InputError is a Config value Prune refuses; nothing was read or written.
@@ -388,6 +394,20 @@ func pruneRound(ctx context.Context, cfg Config, cands []int64, cutoff time.Time
 		return round{}, err
 	}
 	slices.SortFunc(out.deleted, func(a, b deleted) int { return cmp.Compare(a.id, b.id) })
+	if len(out.deleted) > 0 {
+		gone := make([]int64, len(out.deleted))
+		byStatus := map[string]int{}
+		for i, d := range out.deleted {
+			gone[i] = d.id
+			byStatus[d.status]++
+		}
+		if err := audit.Record(ctx, tx, audit.Action{
+			Actor: cfg.Actor, Action: audit.ActionPrune, Outcome: "pruned", Reason: cfg.Reason,
+			Details: map[string]any{"batch_ids": gone, "batches": len(gone), "by_status": byStatus, "cutoff": cutoff, "older_than": cfg.OlderThan.String()},
+		}); err != nil {
+			return round{}, err
+		}
+	}
 	return out, tx.Commit(ctx)
 }
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fleet/ingest/internal/audit"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/metrics"
@@ -17,8 +18,9 @@ import (
 
 const routeCancel = metrics.RouteCancel // its ServeMux pattern, in metrics and logs
 
-// OperatorHeader names who asks for an operator action over HTTP; it is
-// recorded with the action (as "http:<name>@<client address>").
+// OperatorHeader is a name an operator route's caller may give itself. It
+// is no identity (who acts is the name the operator token carries): it is
+// kept as a free-text note of the action in the operators' audit.
 const OperatorHeader = "X-Fleet-Operator"
 
 // cancelBody is the body of POST /v1/batches/{id}/cancel.
@@ -38,11 +40,12 @@ type cancelBody struct {
 // (terminal already), 422 invalid input, 400 malformed body, 401
 // unauthenticated, 403 forbidden, 503 database unavailable.
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.OperatorToken == "" {
+	if s.cfg.OperatorTokens == nil {
 		s.refuse(w, routeCancel, http.StatusNotFound, "not_served", "", notServed("POST /v1/batches/{id}/cancel"))
 		return
 	}
-	if status, why := s.operatorRefusal(r, false); status != 0 {
+	operator, status, why := s.operatorRefusal(r, false)
+	if status != 0 {
 		s.refuse(w, routeCancel, status, outcomeOf(status), "", why)
 		return
 	}
@@ -67,8 +70,8 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	by := "http:" + cmp.Or(r.Header.Get(OperatorHeader), "unnamed") + "@" + cmp.Or(host, r.RemoteAddr)
-	req := jobs.CancelRequest{BatchID: id, TenantID: cb.TenantID, Reason: cb.Reason, By: by}
+	actor := audit.Actor{Name: operator, Door: audit.DoorHTTP, Note: CallerNote(r.Header.Get(OperatorHeader), cmp.Or(host, r.RemoteAddr))}
+	req := jobs.CancelRequest{BatchID: id, TenantID: cb.TenantID, Reason: cb.Reason, By: actor.By() + "@" + cmp.Or(host, r.RemoteAddr), Actor: actor}
 	if err := jobs.ValidateCancel(req); err != nil {
 		var in *jobs.InputError
 		errors.As(err, &in)
@@ -90,7 +93,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		s.reply(w, routeCancel, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
 		return
 	}
-	status := http.StatusOK
+	status = http.StatusOK
 	switch res.Outcome {
 	case jobs.OutcomeNotFound:
 		status = http.StatusNotFound
@@ -98,4 +101,13 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusConflict
 	}
 	s.reply(w, routeCancel, status, res.Outcome, res)
+}
+
+// CallerNote is the audit note of an operator route's request: the name
+// the caller gave itself (claimed, if any) and its address.
+func CallerNote(claimed, address string) string {
+	if claimed != "" {
+		claimed = "says " + claimed
+	}
+	return audit.Notes(claimed, "from "+address)
 }

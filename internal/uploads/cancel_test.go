@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleet/ingest/internal/audit"
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/jobs"
 	"github.com/fleet/ingest/internal/testkit/pgtest"
@@ -69,6 +70,8 @@ func TestCancelRoute(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusRunning, b.Status, "refusals touch nothing")
 
+	// Who cancels is the operator the token names (the static token is
+	// LegacyOperatorName's); the header is only a note.
 	headers := map[string]string{"Authorization": "Bearer " + operatorToken, OperatorHeader: "alice"}
 	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a", "reason": "bad upload"}), headers)
 	require.Equal(t, http.StatusOK, status)
@@ -77,12 +80,23 @@ func TestCancelRoute(t *testing.T) {
 	b, err = batch.NewStore(pool).Get(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, batch.StatusFailed, b.Status)
-	require.True(t, strings.HasPrefix(*b.CancelledBy, "http:alice@"), *b.CancelledBy)
+	require.True(t, strings.HasPrefix(*b.CancelledBy, "http:"+LegacyOperatorName+"@"), *b.CancelledBy)
 	require.Equal(t, "bad upload", *b.CancelReason)
 	// Logged once, as every operator action is (refused ones too),
 	// whatever its door.
 	require.Equal(t, 1, strings.Count(logs.String(), `"reason":"bad upload"`), logs.String())
-	require.Regexp(t, `"msg":"`+jobs.OperatorLog+`","action":"cancel","by":"http:alice@[^"]+","reason":"bad upload","batch_id":`+strconv.FormatInt(id, 10)+`,"tenant_id":"tenant-a","outcome":"cancelled"`, logs.String())
+	require.Regexp(t, `"msg":"`+jobs.OperatorLog+`","action":"cancel","by":"http:`+LegacyOperatorName+`@[^"]+","reason":"bad upload","batch_id":`+strconv.FormatInt(id, 10)+`,"tenant_id":"tenant-a","outcome":"cancelled","note":"says alice; from [^"]+"`, logs.String())
+	// And recorded in the operators' audit, in the cancel's transaction.
+	entries, err := audit.List(ctx, pool, audit.Filter{})
+	require.NoError(t, err)
+	require.Len(t, entries, 2, "the cancel of another tenant's batch (not_found) and this one; refused requests are no actions")
+	require.Equal(t, "not_found", entries[1].Outcome)
+	require.Equal(t, LegacyOperatorName, entries[0].Actor)
+	require.Equal(t, audit.DoorHTTP, entries[0].Door)
+	require.Equal(t, "cancelled", entries[0].Outcome)
+	require.Equal(t, id, entries[0].BatchID)
+	require.Equal(t, "bad upload", entries[0].Reason)
+	require.Contains(t, entries[0].Note, "says alice")
 
 	status, out = f.post(t, path, "application/json", body(map[string]any{"tenant_id": "tenant-a"}), operatorAuth)
 	require.Equal(t, http.StatusConflict, status)

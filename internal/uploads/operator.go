@@ -13,8 +13,9 @@ import (
 // and the River UI (every tenant's jobs, with cancel, retry and delete).
 // The import token (Config.AuthToken) is shared by every sender of upload
 // notifications and proves only that a caller may ask for imports, so it
-// never opens them (403): they need the operator token
-// (Config.OperatorToken). Without one they are not served (404).
+// never opens them (403): they need an operator token
+// (Config.OperatorTokens), which names its operator (OperatorOf). Without
+// one they are not served (404).
 
 // tokenEqual compares a presented secret with the expected one in constant
 // time, lengths included (both are hashed first). An empty expected secret
@@ -24,23 +25,27 @@ func tokenEqual(got, want string) bool {
 	return want != "" && subtle.ConstantTimeCompare(g[:], w[:]) == 1
 }
 
-// operatorRefusal returns 0 when r carries the operator token, as a bearer
-// token or, when basic is set, as the password of HTTP Basic
-// authentication (any user name); otherwise the status and reason of the
-// refusal: 403 for the import token, 401 for anything else.
-func (s *Server) operatorRefusal(r *http.Request, basic bool) (status int, why string) {
+// operatorRefusal returns the operator (the name the token carries) when r
+// carries an operator token, as a bearer token or, when basic is set, as
+// the password of HTTP Basic authentication (any user name: it is no
+// identity); otherwise the status and reason of the refusal: 403 for the
+// import token, 401 for anything else.
+func (s *Server) operatorRefusal(r *http.Request, basic bool) (operator string, status int, why string) {
 	bearer, hasBearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	_, password, hasBasic := r.BasicAuth()
-	if hasBearer && tokenEqual(bearer, s.cfg.OperatorToken) || basic && hasBasic && tokenEqual(password, s.cfg.OperatorToken) {
-		return 0, ""
+	if name, ok := s.cfg.OperatorTokens.Operator(bearer); hasBearer && ok {
+		return name, 0, ""
+	}
+	if name, ok := s.cfg.OperatorTokens.Operator(password); basic && hasBasic && ok {
+		return name, 0, ""
 	}
 	if hasBearer && s.isImportToken(bearer) || hasBasic && s.isImportToken(password) {
-		return http.StatusForbidden, "the import token does not authorise operator actions: use the operator token"
+		return "", http.StatusForbidden, "the import token does not authorise operator actions: use the operator token"
 	}
 	if basic {
-		return http.StatusUnauthorized, "missing or wrong operator token"
+		return "", http.StatusUnauthorized, "missing or wrong operator token"
 	}
-	return http.StatusUnauthorized, "missing or wrong operator token (Authorization: Bearer)"
+	return "", http.StatusUnauthorized, "missing or wrong operator token (Authorization: Bearer)"
 }
 
 // notServed is the error of an operator route without an operator token.
@@ -67,11 +72,12 @@ func (s *Server) OperatorOnly(what string, h http.Handler) http.Handler {
 			s.cfg.Logger.Warn("operator request refused", "route", what, "method", r.Method, "status", status, "outcome", outcome, "error", why)
 			writeJSON(w, status, errorBody{Outcome: outcome, Error: why})
 		}
-		if s.cfg.OperatorToken == "" {
+		if s.cfg.OperatorTokens == nil {
 			writeJSON(w, http.StatusNotFound, errorBody{Outcome: "not_served", Error: notServed(what)})
 			return
 		}
-		if status, why := s.operatorRefusal(r, true); status != 0 {
+		operator, status, why := s.operatorRefusal(r, true)
+		if status != 0 {
 			if _, _, basic := r.BasicAuth(); basic {
 				// A browser that was given the wrong password asks again
 				// only after a 401.
@@ -87,7 +93,7 @@ func (s *Server) OperatorOnly(what string, h http.Handler) http.Handler {
 			refuse(http.StatusForbidden, "forbidden", why)
 			return
 		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(w, r.WithContext(WithOperator(r.Context(), operator)))
 	})
 }
 

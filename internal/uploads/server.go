@@ -24,7 +24,7 @@
 //     (ReplayStore, in PostgreSQL).
 //   - operator routes act on any tenant's work: POST
 //     /v1/batches/{id}/cancel, and the River UI behind OperatorOnly. They
-//     need a separate operator token (Config.OperatorToken), never the
+//     need an operator token (Config.OperatorTokens), never the
 //     import token (403); a body's tenant_id is no authority. Without an
 //     operator token they are not served (404). The River UI, which
 //     browsers open with HTTP Basic credentials they then attach to every
@@ -116,10 +116,14 @@ type Config struct {
 	// InsecureNoAuth.
 	ImportTokens   SecretValues
 	InsecureNoAuth bool
-	// OperatorToken is the only credential of the operator routes (POST
+	// OperatorTokens are the only credentials of the operator routes (POST
 	// /v1/batches/{id}/cancel, the River UI), which act on any tenant's
-	// work. It must differ from AuthToken and HMACSecret. Empty: the
+	// work, each naming its operator (who acts, in the operators' audit).
+	// None may be AuthToken or HMACSecret. Nil (and no OperatorToken): the
 	// operator routes answer 404. InsecureNoAuth never opens them.
+	OperatorTokens *OperatorTokens
+	// OperatorToken, if set and OperatorTokens is nil, is one operator
+	// token, of operator LegacyOperatorName (the former way to give it).
 	OperatorToken string
 	// HMACSecret, if set, also authenticates /v1/events/s3 requests signed
 	// with SignatureHeader and TimestampHeader.
@@ -215,6 +219,26 @@ type Server struct {
 	batches s3events.LatestFinder
 }
 
+// operators are the operator tokens of c: OperatorTokens, or the one
+// OperatorToken, or nil.
+func (c Config) operators() *OperatorTokens {
+	if c.OperatorTokens == nil && c.OperatorToken != "" {
+		return StaticOperatorToken(LegacyOperatorName, c.OperatorToken)
+	}
+	return c.OperatorTokens
+}
+
+// anyOperatorToken says whether a value of set is one of ops.
+func anyOperatorToken(ops *OperatorTokens, set SecretValues) bool {
+	found := false
+	for _, v := range currentValues(set) {
+		if _, ok := ops.Operator(string(v)); ok {
+			found = true
+		}
+	}
+	return found
+}
+
 // ConfigError is a Config that Validate refuses; Setting names the field.
 type ConfigError struct {
 	Setting string
@@ -237,9 +261,9 @@ func (c Config) Validate() error {
 		return refuse("HMACSecret", "set HMACSecret or HMACSecrets, not both")
 	case c.MaxBadRecords < 0 || c.MaxBadRecords > folder.MaxBadRecordsCap:
 		return refuse("MaxBadRecords", fmt.Sprintf("the tolerance of bad records must be between 0 and %d", folder.MaxBadRecordsCap))
-	case c.OperatorToken != "" && anyTokenEqual(c.OperatorToken, c.importTokens()):
+	case anyOperatorToken(c.operators(), c.importTokens()):
 		return refuse("OperatorToken", "the operator token must differ from the import token")
-	case c.OperatorToken != "" && anyTokenEqual(c.OperatorToken, c.hmacSecrets()):
+	case anyOperatorToken(c.operators(), c.hmacSecrets()):
 		return refuse("OperatorToken", "the operator token must differ from the HMAC secret")
 	case strings.Contains(c.Marker, "/"):
 		return refuse("Marker", "the marker must be an object name, not a path")
@@ -309,6 +333,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Operator == nil {
 		cfg.Operator = cfg.Enqueuer
 	}
+	cfg.OperatorTokens = cfg.operators()
 	s := &Server{cfg: cfg, door: newDoorLimiter(cfg.RateLimit, cfg.RateBurst)}
 	s.imports = jobs.NewGrouper(cfg.Enqueuer, jobs.GroupConfig{
 		Linger: cfg.GroupLinger, Max: cfg.GroupMax, Timeout: cfg.RequestTimeout,

@@ -57,18 +57,34 @@ var snsTopicARN = regexp.MustCompile(`^arn:aws[a-z-]*:sns:(` + awsRegion + `):[0
 // ending in .pem (SNS's are /SimpleNotificationService-HEX.pem).
 var snsCertPath = regexp.MustCompile(`^/[A-Za-z0-9._-]+\.pem$`)
 
-// Certificate fetches, per accepted topic: at most snsCertFetchesPerSecond
-// on average, a burst of snsCertFetchBurst, and one in flight per topic
-// and URL. A fetch is needed only for a certificate not cached, which real
-// SNS deliveries rarely need (SNS rotates its certificate a few times a
-// year).
+// Certificate fetches, per accepted topic. A budget: at most
+// snsCertFetchesPerSecond fetches that bring a certificate of SNS on
+// average, a burst of snsCertFetchBurst; a fetch that brings none (the URL
+// answers 404, holds no certificate, or one not SNS's; the host cannot be
+// reached) gives its share back. And at most snsCertFetchesInFlight
+// fetches in flight at once, whatever they bring, one per URL: a fetch
+// beyond them waits for one to end (up to snsFetchTimeout).
+//
+// So forged deliveries naming an accepted topic, which an unauthenticated
+// client can send without end, each naming a certificate URL of the
+// topic's SNS host that does not exist, cannot spend the topic's budget:
+// they can only take turns at its fetches in flight with the genuine
+// delivery whose certificate is not cached yet, which is fetched in its
+// turn. They used to spend the budget, and the genuine delivery that
+// followed them was answered 503 until it refilled. What spends it is a
+// certificate SNS really serves, which is then cached (until it expires):
+// there are few, and none an attacker can make. A fetch is needed only
+// for a certificate not cached, which real SNS deliveries rarely need
+// (SNS rotates its certificate a few times a year).
 const (
 	snsCertFetchesPerSecond = 2
 	snsCertFetchBurst       = 4
+	snsCertFetchesInFlight  = 4
 )
 
 // errSNSCertFetchLimited is returned by verify when a certificate would
-// have to be fetched beyond the rate limit: the sender should retry later.
+// have to be fetched beyond the budget, or no fetch of the topic ended in
+// time for this one to start: the sender should retry later.
 var errSNSCertFetchLimited = errors.New("signing certificate fetches are rate limited: retry later")
 
 // errSNSCertUnavailable is wrapped by verify when the signing certificate
@@ -183,10 +199,11 @@ func namesSNS(cert *x509.Certificate, names []string) bool {
 // snsVerifier verifies SNS message signatures, caching certificates by
 // their normal URL (snsCertURL). Certificates are fetched only for an
 // accepted topic, only from the SNS host of the topic's own region, and
-// within the topic's own budget (rate limited, never more than one fetch
-// in flight per topic and URL): forged deliveries naming other topics,
-// or other regions' hosts, are refused before anything is fetched and
-// cannot spend an accepted topic's fetches.
+// within the topic's own budget and fetches in flight (never more than one
+// per topic and URL; see snsCertFetchesInFlight): forged deliveries naming
+// other topics, or other regions' hosts, are refused before anything is
+// fetched, and forged deliveries naming certificates SNS does not serve
+// cannot spend an accepted topic's budget.
 //
 // The certificates are not fetched at start: SNS names its signing
 // certificate only in the messages it signs (SigningCertURL, a file name
@@ -204,10 +221,13 @@ type snsVerifier struct {
 }
 
 // snsTopic is an accepted topic: the region whose SNS host signs its
-// messages, and its own budget of certificate fetches.
+// messages, its own budget of certificate fetches and its fetches in
+// flight.
 type snsTopic struct {
 	region  string
 	fetches *rate.Limiter
+	// inFlight holds a token per certificate fetch in flight.
+	inFlight chan struct{}
 }
 
 // validate checks the accepted topics.
@@ -240,7 +260,8 @@ func newSNSVerifier(cfg SNSConfig) (*snsVerifier, error) {
 	topics := make(map[string]*snsTopic, len(cfg.TopicARNs))
 	for _, arn := range cfg.TopicARNs {
 		topics[arn] = &snsTopic{region: snsTopicARN.FindStringSubmatch(arn)[1],
-			fetches: rate.NewLimiter(snsCertFetchesPerSecond, snsCertFetchBurst)}
+			fetches:  rate.NewLimiter(snsCertFetchesPerSecond, snsCertFetchBurst),
+			inFlight: make(chan struct{}, snsCertFetchesInFlight)}
 	}
 	return &snsVerifier{cfg: cfg, client: &noRedirect, certs: map[string]*x509.Certificate{}, topics: topics}, nil
 }
@@ -316,8 +337,10 @@ func snsReplayKey(m s3events.SNSMessage) string {
 // accepted topic arn), fetched over HTTPS from the Amazon SNS host of the
 // topic's region, naming SNS (snsSigningNames), and cached until it
 // expires. A URL on another region's host is refused without a fetch.
-// Concurrent requests of one topic for one URL share one fetch; fetches
-// beyond the topic's budget fail with errSNSCertFetchLimited.
+// Concurrent requests of one topic for one URL share one fetch; a fetch
+// waits for a turn among the topic's fetches in flight, and fails with
+// errSNSCertFetchLimited beyond the topic's budget (which only fetches
+// that bring a certificate of SNS spend) or when no turn came in time.
 func (v *snsVerifier) certificate(ctx context.Context, arn string, topic *snsTopic, raw string) (*x509.Certificate, error) {
 	key, region, err := snsCertURL(raw)
 	if err != nil {
@@ -339,15 +362,27 @@ func (v *snsVerifier) certificate(ctx context.Context, arn string, topic *snsTop
 	// it ends. Keyed by topic too, so a fetch refused by one topic's budget
 	// is never another topic's answer.
 	ch := v.flights.DoChan(arn+" "+key, func() (any, error) {
-		if !topic.fetches.Allow() {
+		turn := time.NewTimer(snsFetchTimeout)
+		defer turn.Stop()
+		select {
+		case topic.inFlight <- struct{}{}:
+		case <-turn.C:
+			return nil, errSNSCertFetchLimited
+		}
+		defer func() { <-topic.inFlight }()
+		// The budget is looked at, and spent only once the fetch brought a
+		// certificate of SNS. (Up to snsCertFetchesInFlight fetches may
+		// pass on its last share at once.)
+		if topic.fetches.Tokens() < 1 {
 			return nil, errSNSCertFetchLimited
 		}
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snsFetchTimeout)
 		defer cancel()
 		cert, err := v.fetch(fctx, key, region)
 		if err != nil {
-			return nil, err
+			return nil, err // it brought no certificate of SNS: nothing spent
 		}
+		topic.fetches.Allow()
 		v.mu.Lock()
 		if len(v.certs) >= snsMaxCachedCert {
 			clear(v.certs)
