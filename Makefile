@@ -33,7 +33,8 @@ demo:
 	bash scripts/demo.sh
 
 # The SQS tests run local-aws-sqs (npm, on Node) as their SQS server
-# (LOCAL_AWS_SQS_DIR), the SNS tests goaws (GOAWS_BIN), the alert rules'
+# (LOCAL_AWS_SQS_DIR), the SNS tests goaws (GOAWS_BIN), the S3-compatible
+# store tests MinIO (MINIO_BIN), the alert rules'
 # tests promtool (PROMTOOL), the PgBouncer tests pgbouncer (PGBOUNCER_BIN),
 # the River UI tests chromium (CHROMIUM_BIN): scripts/test-deps.sh installs
 # what is missing and exports those variables (a value set here or in the
@@ -41,7 +42,8 @@ demo:
 # missing fails; only go test -short skips it.
 LOCAL_AWS_SQS_DIR ?= $(HOME)/.cache/fleet-ingest/local-aws-sqs
 GOAWS_BIN ?= $(HOME)/.cache/fleet-ingest/goaws/goaws
-export LOCAL_AWS_SQS_DIR GOAWS_BIN
+MINIO_BIN ?= $(HOME)/.cache/fleet-ingest/minio/minio
+export LOCAL_AWS_SQS_DIR GOAWS_BIN MINIO_BIN
 
 # After the tests (passed or not), the template databases they cloned are
 # dropped unless another test run still uses them (internal/testkit/pgtest,

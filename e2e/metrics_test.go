@@ -133,7 +133,7 @@ func TestMetricsMoveAsDocumented(t *testing.T) {
 	for _, line := range strings.Split(body, "\n") {
 		if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
 			for _, door := range []string{"ingest_http_", "ingest_sqs_", "ingest_reconcile_", "ingest_sns_", "ingest_reservations_",
-				"ingest_late_object_events_", "ingest_tenant_tokens_", "ingest_import_group_"} {
+				"ingest_late_object_events_", "ingest_events_ignored_", "ingest_tenant_tokens_", "ingest_import_group_"} {
 				require.False(t, strings.HasPrefix(name, door), "the worker exports %s", name)
 			}
 		}

@@ -13,13 +13,15 @@
 #   local-aws-sqs 2.0.2, npm, into LOCAL_AWS_SQS_DIR        SQS tests
 #   goaws v0.4.5, go install, at GOAWS_BIN                  SNS tests (internal/notify)
 #   helm v3.16.4, go install, at HELM_BIN                   helm lint of the chart (deploy/helm)
+#   minio (pinned pseudo-version), go install, at MINIO_BIN  S3-compatible store tests (e2e)
 #
 # An environment variable already set names the tool to use (PROMTOOL may
 # be a name on PATH or a path); unset, the defaults above apply
 # (LOCAL_AWS_SQS_DIR=$HOME/.cache/fleet-ingest/local-aws-sqs,
 # GOAWS_BIN=$HOME/.cache/fleet-ingest/goaws/goaws,
-# HELM_BIN=$HOME/.cache/fleet-ingest/helm/helm; the first build of Helm
-# takes about 6 minutes, later runs find it).
+# HELM_BIN=$HOME/.cache/fleet-ingest/helm/helm,
+# MINIO_BIN=$HOME/.cache/fleet-ingest/minio/minio; the first build of Helm
+# takes about 6 minutes and that of MinIO about 10, later runs find them).
 #
 # Debian packages: as root, the missing ones are installed with apt-get
 # (apt-get update only when something is missing). Not root and something
@@ -104,6 +106,10 @@ fi
 LOCAL_AWS_SQS_DIR=${LOCAL_AWS_SQS_DIR:-$HOME/.cache/fleet-ingest/local-aws-sqs}
 GOAWS_BIN=${GOAWS_BIN:-$HOME/.cache/fleet-ingest/goaws/goaws}
 HELM_BIN=${HELM_BIN:-$HOME/.cache/fleet-ingest/helm/helm}
+MINIO_BIN=${MINIO_BIN:-$HOME/.cache/fleet-ingest/minio/minio}
+# The MinIO the S3-compatible tests run (internal/testkit/miniotest.Version):
+# MinIO publishes no module versions, so a pseudo-version pins its commit.
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 
 # Under sudo with the user's HOME kept (sudo -E), the npm and goaws files go
 # to the user's cache: install them as that user, so none becomes root's.
@@ -134,9 +140,20 @@ if [ ! -x "$HELM_BIN" ]; then
 	${as_user[@]+"${as_user[@]}"} env GOBIN="$(dirname "$HELM_BIN")" "${GO:-go}" install helm.sh/helm/v3/cmd/helm@v3.16.4 >&2
 fi
 
+# The S3-compatible tests' store: MinIO, built from the Go module proxy.
+if [ ! -x "$MINIO_BIN" ]; then
+	log "building minio $MINIO_VERSION into $MINIO_BIN (go install; about 10 minutes the first time)"
+	${as_user[@]+"${as_user[@]}"} mkdir -p "$(dirname "$MINIO_BIN")"
+	${as_user[@]+"${as_user[@]}"} env GOBIN="$(dirname "$MINIO_BIN")" "${GO:-go}" install "github.com/minio/minio@$MINIO_VERSION" >&2
+	if [ "$(basename "$MINIO_BIN")" != minio ]; then
+		${as_user[@]+"${as_user[@]}"} mv "$(dirname "$MINIO_BIN")/minio" "$MINIO_BIN"
+	fi
+fi
+
 printf 'export PROMTOOL=%q\n' "$(find_promtool)"
 printf 'export PGBOUNCER_BIN=%q\n' "$(find_pgbouncer)"
 printf 'export CHROMIUM_BIN=%q\n' "$(find_chromium)"
 printf 'export LOCAL_AWS_SQS_DIR=%q\n' "$LOCAL_AWS_SQS_DIR"
 printf 'export GOAWS_BIN=%q\n' "$GOAWS_BIN"
 printf 'export HELM_BIN=%q\n' "$HELM_BIN"
+printf 'export MINIO_BIN=%q\n' "$MINIO_BIN"

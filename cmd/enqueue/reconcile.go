@@ -33,6 +33,7 @@ type reconcileCmd struct {
 	MaxObjects           int           `name:"max-objects" env:"RECONCILE_MAX_OBJECTS" default:"100000" help:"With --every: most objects listed per period; the next period continues after the last key."`
 	AdminListen          string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" help:"With --every: address of /healthz, /readyz and /metrics."`
 	MaxConns             int           `name:"max-conns" env:"MAX_CONNS" default:"4" help:"Database connections."`
+	S3PathStyle          bool          `name:"s3-path-style" env:"S3_PATH_STYLE" help:"Address the bucket by path (http://host/bucket), not by host name (http://bucket.host): for S3-compatible stores (MinIO, Ceph RGW) at an endpoint of their own (AWS_ENDPOINT_URL_S3). Amazon S3 needs it not. Use the same setting as the worker."`
 
 	// With --every only.
 	cli.DatabaseProbeFlags
@@ -112,7 +113,8 @@ func (r *reconcileCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	}
 	defer pool.Close()
 	enq.Metrics.AddPool(metrics.PoolEnqueue, pool)
-	cfg.S3, cfg.Pool, cfg.Importer, cfg.Metrics = s3.NewFromConfig(awsCfg), pool, enq, enq.Metrics
+	pathStyle := func(o *s3.Options) { o.UsePathStyle = r.S3PathStyle }
+	cfg.S3, cfg.Pool, cfg.Importer, cfg.Metrics = s3.NewFromConfig(awsCfg, pathStyle), pool, enq, enq.Metrics
 	if r.Every > 0 {
 		return r.periodic(e, cfg, pool)
 	}

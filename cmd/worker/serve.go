@@ -63,6 +63,7 @@ type runCmd struct {
 	PathPattern          string        `name:"path-pattern" env:"PATH_PATTERN" default:"tenants/{tenant_id}/{tenant_database}/{company_id}/" help:"How an S3 folder maps to tenant, database and company; a batch whose tenant, database or company differs from what its folder's path names is parked unread. Use the same pattern as enqueue serve."`
 	Buckets              []string      `name:"bucket" env:"ACCEPTED_BUCKETS" help:"Read folders only in these buckets (repeatable); a batch of another bucket is parked unread. Default: any valid S3 bucket name. Use the same list as enqueue serve."`
 	Marker               string        `name:"marker" env:"COMPLETION_MARKER" default:"_SUCCESS" help:"The completion marker a folder must hold to be loaded (the object its producer writes last). A folder without it fails before any warehouse write, failed_pre_commit with reason folder_incomplete, unless its import opted out (enqueue import --no-marker, \"marker\": false). Use the same name as enqueue's doors."`
+	S3PathStyle          bool          `name:"s3-path-style" env:"S3_PATH_STYLE" help:"Address buckets by path (http://host/bucket/key), not by host name (http://bucket.host/key): for S3-compatible stores (MinIO, Ceph RGW) at an endpoint of their own (AWS_ENDPOINT_URL_S3), whose buckets have no DNS names. Amazon S3 needs it not. Use the same setting as enqueue reconcile."`
 	DevLocal             bool          `name:"dev-allow-local-folders" help:"Also read file:// and mem:// folders. Development only: a file:// batch loads a directory of this host into the warehouse. Without it such batches are parked unread."`
 	NotificationsFile    string        `name:"notifications-file" env:"NOTIFICATIONS_FILE" help:"JSON file of each tenant's notification destinations (a Kubernetes Secret mounted as a file): webhooks (https URL and HMAC secret) and SNS topics, see docs/deploy.md. Every batch outcome (Succeeded, Failed with phase and reason, parked) is sent to its tenant's destinations through River's fleet_notify queue, at least once, with an idempotency key. Reloaded every --notifications-reload. Empty: no tenant has destinations. Only tenants with a destination get a notification job (a tenant without any costs its batches nothing)."`
 	NotificationsReload  time.Duration `name:"notifications-reload" env:"NOTIFICATIONS_RELOAD" default:"10s" help:"How often --notifications-file is read again: a destination added is used, one removed no longer is, without a restart; a file that no longer parses keeps the last good one (logged and counted)."`
@@ -300,7 +301,7 @@ func (r *runCmd) runOne(g *cli.Globals, e *cli.Env) error {
 		Leases:                lease.NewStore(pool).WithRenewals(renewPool),
 		Pipelines: pipeline.Registry{
 			batch.SourceTypeFleetS3: &fleet.Pipeline{
-				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns, MaxRecordExpansion: r.MaxRecordExpansion}},
+				Opener:    folder.Opener{Limits: folder.Limits{MaxRecordBytes: r.MaxRecordBytes, MaxColumns: r.MaxColumns, MaxRecordExpansion: r.MaxRecordExpansion}, S3PathStyle: r.S3PathStyle},
 				Warehouse: wh, PublicationWindow: r.PublicationWindow, Logger: log, Metrics: m,
 				ProgressEvery: r.ProgressEvery,
 				Mapping:       r.mapping(), AllowLocalFolders: r.DevLocal,

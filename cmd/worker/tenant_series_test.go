@@ -200,7 +200,7 @@ func TestWorkerMetricsOneTenantExporterNoDoorFamiliesPoolsPerPool(t *testing.T) 
 	for i, families := range pods {
 		for name := range families {
 			for _, door := range []string{"ingest_http_", "ingest_sqs_", "ingest_reconcile_", "ingest_sns_", "ingest_reservations_",
-				"ingest_late_object_events_", "ingest_tenant_tokens_", "ingest_import_group_"} {
+				"ingest_late_object_events_", "ingest_events_ignored_", "ingest_tenant_tokens_", "ingest_import_group_"} {
 				require.False(t, strings.HasPrefix(name, door), "worker %d exports %s", i, name)
 			}
 		}

@@ -102,12 +102,17 @@ var (
 )
 
 // Opener opens the buckets behind folders: s3:// through the AWS SDK's
-// default credential chain and region (AWS_REGION), file:// on the local
+// default credential chain, region (AWS_REGION) and endpoint
+// (AWS_ENDPOINT_URL_S3, for an S3-compatible store), file:// on the local
 // file system, and mem:// as process-wide named in-memory buckets that tests
 // and the demo can fill with MemBucket. Its Limits bound the records read
 // from what it opens.
 type Opener struct {
 	Limits Limits
+	// S3PathStyle addresses s3:// buckets by path (endpoint/bucket/key)
+	// rather than by host name (bucket.endpoint/key), as S3-compatible
+	// stores at an endpoint of their own (MinIO, Ceph RGW) need.
+	S3PathStyle bool
 }
 
 // Open returns a Source reading f.
@@ -116,7 +121,11 @@ func (o Opener) Open(ctx context.Context, f Folder) (*Source, error) {
 	var err error
 	switch f.Scheme {
 	case SchemeS3:
-		s.bucket, err = blob.OpenBucket(ctx, "s3://"+f.Bucket)
+		u := "s3://" + f.Bucket // a valid bucket name (ValidateBucketName): nothing to escape
+		if o.S3PathStyle {
+			u += "?use_path_style=true"
+		}
+		s.bucket, err = blob.OpenBucket(ctx, u)
 	case SchemeFile:
 		s.bucket, err = fileblob.OpenBucket("/"+f.Prefix, &fileblob.Options{Metadata: fileblob.MetadataDontWrite})
 		s.keyPrefix = ""

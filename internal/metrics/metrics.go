@@ -90,12 +90,18 @@ var SNSConfirmationOutcomes = []string{"confirmed", "unconfirmed", "failed", "in
 // ignored: it completes no folder; test_event: the s3:TestEvent).
 var SQSDeletedOutcomes = []string{"imported", "ignored", "test_event", "late_object"}
 
-// Doors that count late-object events (the door label of
-// ingest_late_object_events_total).
+// Doors that count late-object and ignored events (the door label of
+// ingest_late_object_events_total and ingest_events_ignored_total).
 const (
 	DoorEvents = "events_s3"
 	DoorSQS    = "sqs"
 )
+
+// EventIgnoredReasons label ingest_events_ignored_total: why an object
+// event of a door completed no folder (s3events.IgnoredReasons; the
+// ignored_reason of the event route's answer). unknown_event and
+// unknown_source are formats nobody expected.
+var EventIgnoredReasons = []string{"data_object", "not_created", "unknown_event", "unknown_source"}
 
 // SQSLeftReasons label ingest_sqs_messages_left_total: why a message was
 // left in the queue. database_unavailable, enqueue_failed and
@@ -187,6 +193,9 @@ type Metrics struct {
 	// that a request's (or message's) data-object events named: once per
 	// folder and request, not per object.
 	LateObjectEvents *prometheus.CounterVec
+	// EventsIgnored counts, by door and reason (EventIgnoredReasons), the
+	// object events that completed no folder.
+	EventsIgnored *prometheus.CounterVec
 
 	// Fairness between tenants (worker run --max-running-per-tenant).
 	TenantCapDeferrals prometheus.Counter
@@ -276,7 +285,7 @@ func New() *Metrics {
 func NewWorker() *Metrics {
 	m, all := build()
 	notWorker := map[prometheus.Collector]bool{m.DoorRequests: true, m.DoorDuration: true, m.HTTPRequests: true,
-		m.SNSConfirmations: true, m.TenantTokenReloadFailures: true, m.Reservations: true, m.LateObjectEvents: true}
+		m.SNSConfirmations: true, m.TenantTokenReloadFailures: true, m.Reservations: true, m.LateObjectEvents: true, m.EventsIgnored: true}
 	for _, c := range append(m.sqs, m.reconcile...) {
 		notWorker[c] = true
 	}
@@ -295,11 +304,12 @@ func NewWorker() *Metrics {
 // created but not registered.
 func NewServe() *Metrics {
 	m, _ := build()
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.TenantTokenReloadFailures, m.RiverUIRequests,
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.HTTPRequests, m.DoorRequests, m.DoorDuration, m.SNSConfirmations, m.LateObjectEvents, m.EventsIgnored, m.TenantTokenReloadFailures, m.RiverUIRequests,
 		m.TenantTokensRefusedLines, m.SecretFileReloadFailures} {
 		m.Registry.MustRegister(c)
 	}
 	m.LateObjectEvents.DeleteLabelValues(DoorSQS) // enqueue sqs's door
+	m.EventsIgnored.DeletePartialMatch(prometheus.Labels{"door": DoorSQS})
 	return m
 }
 
@@ -310,8 +320,9 @@ func NewServe() *Metrics {
 // but not registered: frozen at zero here, they would hide the workers'.
 func NewSQS() *Metrics {
 	m, _ := build()
-	m.register(append([]prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.LateObjectEvents}, m.sqs...))
+	m.register(append([]prometheus.Collector{m.BuildInfo, m.Database, m.Reservations, m.LateObjectEvents, m.EventsIgnored}, m.sqs...))
 	m.LateObjectEvents.DeleteLabelValues(DoorEvents) // enqueue serve's door
+	m.EventsIgnored.DeletePartialMatch(prometheus.Labels{"door": DoorEvents})
 	return m
 }
 
@@ -464,6 +475,16 @@ func build() (*Metrics, []prometheus.Collector) {
 	}, []string{"door"})
 	f(m.LateObjectEvents)
 	initLabels(m.LateObjectEvents, []string{DoorEvents, DoorSQS})
+	m.EventsIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ingest_events_ignored_total",
+		Help: "Object events that completed no folder, by door (events_s3, sqs) and reason: data_object (an object that is not the marker), not_created (a removal, access, tagging… event), unknown_event (an event name no S3-compatible store is known to send), unknown_source (an eventSource that is not <store>:s3). The last two are a format nobody expected.",
+	}, []string{"door", "reason"})
+	f(m.EventsIgnored)
+	for _, door := range []string{DoorEvents, DoorSQS} {
+		for _, r := range EventIgnoredReasons {
+			m.EventsIgnored.WithLabelValues(door, r)
+		}
+	}
 
 	// The gauges read from the database are registered through their
 	// groups, which export them only while fresh.

@@ -41,7 +41,7 @@ func TestEachBinaryExportsItsOwnMetrics(t *testing.T) {
 	// reconcile's real ones.
 	for family := range worker {
 		for _, door := range []string{"ingest_http_", "ingest_sqs_", "ingest_reconcile_", "ingest_sns_", "ingest_reservations_",
-			"ingest_late_object_events_", "ingest_tenant_tokens_", "ingest_import_group_", "ingest_secret_file_"} {
+			"ingest_late_object_events_", "ingest_events_ignored_", "ingest_tenant_tokens_", "ingest_import_group_", "ingest_secret_file_"} {
 			require.False(t, strings.HasPrefix(family, door), "the worker exports %s", family)
 		}
 	}
@@ -67,19 +67,21 @@ func TestEachBinaryExportsItsOwnMetrics(t *testing.T) {
 			}
 		}
 	}
-	// ingest_late_object_events_total: each door its own series.
+	// ingest_late_object_events_total and ingest_events_ignored_total:
+	// each door its own series (every reason of its own).
 	for m, door := range map[*Metrics]string{NewServe(): DoorEvents, NewSQS(): DoorSQS} {
 		families, err := m.Registry.Gather()
 		require.NoError(t, err)
-		var doors []string
+		doors := map[string][]string{}
 		for _, f := range families {
-			if f.GetName() == "ingest_late_object_events_total" {
+			if f.GetName() == "ingest_late_object_events_total" || f.GetName() == "ingest_events_ignored_total" {
 				for _, s := range f.GetMetric() {
-					doors = append(doors, s.GetLabel()[0].GetValue())
+					doors[f.GetName()] = append(doors[f.GetName()], s.GetLabel()[0].GetValue()) // door sorts first
 				}
 			}
 		}
-		require.Equal(t, []string{door}, doors)
+		require.Equal(t, []string{door}, doors["ingest_late_object_events_total"])
+		require.Equal(t, []string{door, door, door, door}, doors["ingest_events_ignored_total"], "one series per reason: %v", EventIgnoredReasons)
 	}
 	require.True(t, exported(t, NewSQS())["ingest_sqs_messages_deleted_total"])
 	require.True(t, exported(t, NewReconcile())["ingest_reconcile_missed_total"])

@@ -16,6 +16,7 @@ func FuzzParseS3Event(f *testing.F) {
 		`{"source":"aws.s3","detail-type":"Object Created","detail":{"bucket":{"name":"b"},"object":{"key":"k"}}}`,
 		`{"Event":"s3:TestEvent"}`, `{}`, `[]`, `null`, `{"Records":null}`, `{"Records":[{}]}`,
 		`{"Type":"Notification","Message":"\u0000"}`, `{"detail-type":1}`,
+		minioWebhookBody, cephRecord("s3:ObjectCreated:Put"), `{"EventName":1,"Key":null,"Records":[]}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -78,7 +78,7 @@ func FindLateObjects(ctx context.Context, latest LatestFinder, plans []Planned) 
 		}
 		for _, i := range at[k] {
 			p := &plans[i]
-			p.Outcome, p.BatchID = OutcomeLateObject, b.ID
+			p.Outcome, p.BatchID, p.IgnoredReason = OutcomeLateObject, b.ID, ""
 			p.Reason = fmt.Sprintf("%s was published by batch %d, which does not hold this object as it is now; enqueue reconcile imports the folder again", p.DataFolder.Folder, b.ID)
 		}
 	}

@@ -174,7 +174,12 @@ func (n Notification) Events() ([]ObjectEvent, error) {
 			return nil, fmt.Errorf("%w: EventBridge event without bucket or key", ErrMalformedEvent)
 		}
 		// EventBridge keys are not URL-encoded.
-		return []ObjectEvent{{Bucket: ev.Detail.Bucket.Name, Key: ev.Detail.Object.Key, Created: ev.DetailType == "Object Created"}}, nil
+		e := ObjectEvent{Bucket: ev.Detail.Bucket.Name, Key: ev.Detail.Object.Key, Created: ev.DetailType == "Object Created",
+			Name: ev.DetailType, Source: ev.Source}
+		if !e.Created {
+			e.Ignore = IgnoredNotCreated
+		}
+		return []ObjectEvent{e}, nil
 	}
 	return nil, fmt.Errorf("%w: unknown notification kind", ErrMalformedEvent)
 }

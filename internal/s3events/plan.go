@@ -1,7 +1,9 @@
 package s3events
 
 import (
+	"cmp"
 	"errors"
+	"fmt"
 	"net/http"
 	"path"
 	"strings"
@@ -22,6 +24,10 @@ type Planned struct {
 	// its path is not valid).
 	Outcome       string
 	Field, Reason string
+	// IgnoredReason is, when Outcome is "ignored", why (IgnoredDataObject,
+	// IgnoredNotCreated, IgnoredUnknownEvent, IgnoredUnknownSource);
+	// Reason then says it in words.
+	IgnoredReason string
 	// Status is the HTTP status of a refusal.
 	Status int
 	// DataFolder is, for the creation of a data object (not a marker,
@@ -46,13 +52,15 @@ func PlanEvents(events []ObjectEvent, marker string, m folder.Mapping) []Planned
 		dir, isMarker := folderOf(ev.Key, marker)
 		switch target, err := m.ResolveObjectFolder(ev.Bucket, dir); {
 		case ev.Created && !isMarker && !folder.IsMarker(path.Base(ev.Key)) && err == nil:
-			p.Outcome = "ignored"
+			p.ignore(IgnoredDataObject, marker, ev)
 			req := jobs.ImportRequest{TenantID: target.TenantID, TenantDatabase: target.TenantDatabase, CompanyID: target.CompanyID, Folder: target.Folder}
 			if jobs.ValidateImport(req) == nil {
 				p.DataFolder = &req
 			}
-		case !ev.Created || !isMarker:
-			p.Outcome = "ignored"
+		case !ev.Created:
+			p.ignore(cmp.Or(ev.Ignore, IgnoredNotCreated), marker, ev)
+		case !isMarker:
+			p.ignore(IgnoredDataObject, marker, ev)
 		case errors.Is(err, folder.ErrInvalidFolder) && folder.ValidateBucketName(ev.Bucket) != nil:
 			p.Outcome, p.Field, p.Reason, p.Status = "invalid_input", "bucket", err.Error(), http.StatusUnprocessableEntity
 		case errors.Is(err, folder.ErrInvalidFolder):
@@ -73,6 +81,22 @@ func PlanEvents(events []ObjectEvent, marker string, m folder.Mapping) []Planned
 		plans = append(plans, p)
 	}
 	return plans
+}
+
+// ignore makes p the answer to an event that completes no folder, for
+// reason (one of IgnoredReasons), saying why in words.
+func (p *Planned) ignore(reason, marker string, ev ObjectEvent) {
+	p.Outcome, p.IgnoredReason = "ignored", reason
+	switch reason {
+	case IgnoredDataObject:
+		p.Reason = fmt.Sprintf("not the folder's completion marker (%s): the folder is imported when its marker is created", marker)
+	case IgnoredNotCreated:
+		p.Reason = fmt.Sprintf("event %q creates no object", ev.Name)
+	case IgnoredUnknownEvent:
+		p.Reason = fmt.Sprintf("event name %q is not one an S3-compatible store is known to send (ObjectCreated:*, with or without the s3: prefix, completes a folder)", ev.Name)
+	case IgnoredUnknownSource:
+		p.Reason = fmt.Sprintf("eventSource %q is not an S3 store's (<store>:s3, such as aws:s3, minio:s3 or ceph:s3)", ev.Source)
+	}
 }
 
 // folderOf returns the directory of an object key, and whether its base name

@@ -14,14 +14,15 @@ import (
 func TestReadQueueMessage(t *testing.T) {
 	t.Parallel()
 	const key = "tenants/acme/db/c/u 1/_SUCCESS"
-	want := []s3events.ObjectEvent{{Bucket: "b-1", Key: key, Created: true}}
+	want := []s3events.ObjectEvent{{Bucket: "b-1", Key: key, Created: true, Name: "ObjectCreated:Put", Source: "aws:s3"}}
+	wantEB := []s3events.ObjectEvent{{Bucket: "b-1", Key: key, Created: true, Name: "Object Created", Source: "aws.s3"}}
 	for _, c := range []struct {
 		name, body string
 		want       s3events.QueueMessage
 	}{
 		{"s3 event", sqstest.S3Event("b-1", key), s3events.QueueMessage{Kind: "s3", Events: want}},
 		{"sns envelope", sqstest.SNSEnvelope(sqstest.S3Event("b-1", key)), s3events.QueueMessage{Kind: "sns", Events: want}},
-		{"eventbridge", sqstest.EventBridgeObjectCreated("b-1", key), s3events.QueueMessage{Kind: "eventbridge", Events: want}},
+		{"eventbridge", sqstest.EventBridgeObjectCreated("b-1", key), s3events.QueueMessage{Kind: "eventbridge", Events: wantEB}},
 		{"test event", sqstest.TestEvent("b-1"), s3events.QueueMessage{Kind: "s3", TestEvent: true}},
 		{"test event via sns", sqstest.SNSEnvelope(sqstest.TestEvent("b-1")), s3events.QueueMessage{Kind: "sns", TestEvent: true}},
 		{"subscription confirmation", sqstest.SNSSubscriptionConfirmation(), s3events.QueueMessage{Kind: "sns", SNSType: "SubscriptionConfirmation"}},

@@ -586,6 +586,8 @@ func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
 		return
 	}
 	m.outcome = DeletedIgnored
+	var ignored []s3events.Planned
+	defer func() { c.countIgnored(ignored...) }()
 	for _, p := range s3events.PlanEvents(qm.Events, c.cfg.Marker, c.cfg.Mapping) {
 		switch p.Outcome {
 		case "":
@@ -595,7 +597,9 @@ func (c *Consumer) plan(m *message, burst *[]jobs.ImportRequest) {
 			m.outcome = DeletedImported
 		case "ignored":
 			if p.DataFolder != nil {
-				m.data = append(m.data, p)
+				m.data = append(m.data, p) // counted once looked up: it may be late_object
+			} else {
+				ignored = append(ignored, p)
 			}
 		case "unmapped":
 			reason := LeftUnmapped
@@ -650,14 +654,13 @@ func (c *Consumer) importBurst(ctx context.Context, r *round) error {
 // they were (ignored): nothing depends on it, and reconcile finds the
 // changed folders all the same.
 func (c *Consumer) findLateObjects(ctx context.Context, r *round) {
-	if c.cfg.Batches == nil {
-		return
-	}
 	var all []s3events.Planned
 	for _, m := range r.msgs {
 		all = append(all, m.data...)
 	}
-	if len(all) == 0 {
+	// Those not found late stay ignored (data_object).
+	defer func() { c.countIgnored(all...) }()
+	if c.cfg.Batches == nil || len(all) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ImportTimeout)
@@ -666,9 +669,10 @@ func (c *Consumer) findLateObjects(ctx context.Context, r *round) {
 		c.log.Warn("could not look up the folders of data-object events; the messages count as ignored", "error", err.Error())
 		return
 	}
+	rest := all
 	for _, m := range r.msgs {
-		own := all[:len(m.data)]
-		all = all[len(m.data):]
+		own := rest[:len(m.data)]
+		rest = rest[len(m.data):]
 		late := s3events.LateFoldersOf(own)
 		if len(late) == 0 {
 			continue
@@ -677,6 +681,26 @@ func (c *Consumer) findLateObjects(ctx context.Context, r *round) {
 		s3events.LogLateFolders(c.log.With("message_id", m.id), metrics.DoorSQS, late)
 		if m.outcome == DeletedIgnored {
 			m.outcome = DeletedLateObject
+		}
+	}
+}
+
+// countIgnored counts the ignored events among plans (one message's, or
+// the data-object events of a round) by reason
+// (ingest_events_ignored_total), and logs the first of an unknown shape
+// (an event name or eventSource no store is known to send) with what the
+// store sent.
+func (c *Consumer) countIgnored(plans ...s3events.Planned) {
+	logged := false
+	for _, p := range plans {
+		if p.Outcome != "ignored" {
+			continue
+		}
+		c.m.EventsIgnored.WithLabelValues(metrics.DoorSQS, p.IgnoredReason).Inc()
+		if !logged && (p.IgnoredReason == s3events.IgnoredUnknownEvent || p.IgnoredReason == s3events.IgnoredUnknownSource) {
+			logged = true
+			c.log.Warn("object event of an unknown shape ignored", "door", metrics.DoorSQS, "bucket", p.Bucket, "key", p.Key,
+				"ignored_reason", p.IgnoredReason, "reason", p.Reason)
 		}
 	}
 }

@@ -631,7 +631,10 @@ type eventResult struct {
 	jobs.Result
 	Field  string `json:"field,omitempty"`
 	Reason string `json:"reason,omitempty"`
-	status int
+	// IgnoredReason says why an ignored event completes no folder
+	// (s3events.IgnoredReasons).
+	IgnoredReason string `json:"ignored_reason,omitempty"`
+	status        int
 }
 
 // severity orders statuses so a multi-record answer reports its worst.
@@ -763,10 +766,11 @@ func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []s3e
 		burst   []jobs.ImportRequest
 		burstAt []int // burst[k] answers results[burstAt[k]]
 	)
+	s.countIgnored(plans)
 	for _, p := range plans {
 		res := eventResult{Bucket: p.Bucket, Key: p.Key, status: p.Status}
 		if p.Outcome != "" {
-			res.Outcome, res.Field, res.Reason = p.Outcome, p.Field, p.Reason
+			res.Outcome, res.Field, res.Reason, res.IgnoredReason = p.Outcome, p.Field, p.Reason, p.IgnoredReason
 			metric := p.Outcome
 			if metric == "invalid_input" {
 				metric = "invalid"
@@ -817,6 +821,25 @@ func (s *Server) importPlans(w http.ResponseWriter, r *http.Request, plans []s3e
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(worst)
 	_ = json.NewEncoder(w).Encode(map[string]any{"results": results})
+}
+
+// countIgnored counts the ignored events of a request by reason
+// (ingest_events_ignored_total) and logs the first of an unknown shape
+// (an event name or eventSource no store is known to send) with what
+// the store sent, once per request.
+func (s *Server) countIgnored(plans []s3events.Planned) {
+	logged := false
+	for _, p := range plans {
+		if p.Outcome != "ignored" {
+			continue
+		}
+		s.cfg.Metrics.EventsIgnored.WithLabelValues(metrics.DoorEvents, p.IgnoredReason).Inc()
+		if !logged && (p.IgnoredReason == s3events.IgnoredUnknownEvent || p.IgnoredReason == s3events.IgnoredUnknownSource) {
+			logged = true
+			s.cfg.Logger.Warn("object event of an unknown shape ignored", "door", metrics.DoorEvents, "bucket", p.Bucket, "key", p.Key,
+				"ignored_reason", p.IgnoredReason, "reason", p.Reason)
+		}
+	}
 }
 
 // findLateObjects marks the events for data objects of folders already
