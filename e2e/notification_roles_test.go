@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,22 +19,27 @@ import (
 	"github.com/fleet/ingest/internal/testkit/sqstest"
 )
 
-// TestSQSAndReconcileAsTheEnqueueRole runs "enqueue sqs" and "enqueue
-// reconcile" (one-shot and --every, which keeps its checkpoint) logged in
-// as a member of fleet_enqueue, with only the grants of
-// deploy/postgres/roles.sql: 20 completed folders, 12 notified through
-// SQS, the other 8 found by reconcile; every folder one batch. Then the
-// checkpoint table's grant is revoked, as when roles.sql is not re-run
-// after an upgrade, and the periodic reconcile does not start: it exits
-// cli.ExitMissingGrants naming the privileges missing (a grant missing
-// from roles.sql fails this test at the first start, by name).
-func TestSQSAndReconcileAsTheEnqueueRole(t *testing.T) {
+// TestSQSAndReconcileAsTheirOwnRoles runs "enqueue sqs" logged in as a
+// member of fleet_enqueue and "enqueue reconcile" (one-shot and --every,
+// which keeps its checkpoint) as a member of its own role, fleet_reconcile
+// (issue 44), each with only the grants of deploy/postgres/roles.sql: 20
+// completed folders, 12 notified through SQS, the other 8 found by
+// reconcile; every folder one batch; the checkpoint records reconcile's
+// login as its mover. Reconcile started under the doors' login (an install
+// upgraded without giving it a login of its own) does not start: it exits
+// cli.ExitMissingGrants naming the checkpoint grants it lacks and
+// fleet_reconcile; and so does reconcile's own login once the checkpoint
+// table's grant is revoked, as when roles.sql is not re-run after an
+// upgrade (a grant missing from roles.sql fails this test at the first
+// start, by name).
+func TestSQSAndReconcileAsTheirOwnRoles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := pgtest.NewDatabaseURL(t)
 	admin := pgtest.Pool(t, dbURL)
 	applyRoles(t, admin)
 	enqueueURL := loginAs(t, admin, dbURL, "fleet_enqueue")
+	reconcileURL := loginAs(t, admin, dbURL, "fleet_reconcile")
 
 	s3 := s3test.Start(t)
 	const bucket = sqsBucket
@@ -56,22 +62,27 @@ func TestSQSAndReconcileAsTheEnqueueRole(t *testing.T) {
 	c.signal(syscall.SIGTERM)
 	require.Equal(t, 0, c.wait(15*time.Second), c.logs.String())
 
-	out, summary, code := runReconcile(t, enqueueURL, s3.Env(), "--bucket", bucket, "--prefix", "tenants/")
+	out, summary, code := runReconcile(t, reconcileURL, s3.Env(), "--bucket", bucket, "--prefix", "tenants/")
 	require.Equal(t, 0, code, "summary %v", summary)
 	require.Len(t, out["enqueued"], 8, "the folders no notification imported")
 	require.Len(t, out["running"], 12)
 
-	// Periodic: the checkpoint is read and written as the enqueue role.
-	env := append([]string{"DATABASE_URL=" + enqueueURL}, s3.Env()...)
+	// Periodic: the checkpoint is read and written as reconcile's role.
+	env := append([]string{"DATABASE_URL=" + reconcileURL}, s3.Env()...)
 	args := []string{"reconcile", "--bucket", bucket, "--prefix", "tenants/", "--every", "1s", "--admin-listen", "127.0.0.1:0"}
-	p := startProcess(t, "reconcile-as-enqueue", "enqueue", args, env, `"msg":"reconciling periodically"`)
+	p := startProcess(t, "reconcile-as-its-own", "enqueue", args, env, `"msg":"reconciling periodically"`)
 	require.Eventually(t, func() bool {
 		return p.metric(`ingest_reconcile_scans_total{outcome="scanned"}`) >= 1
 	}, 30*time.Second, 100*time.Millisecond, "no period scanned: %s", p.logs.String())
 	require.Zero(t, p.metric(`ingest_reconcile_scans_total{outcome="failed"}`), p.logs.String())
 	var covered *time.Time
-	require.NoError(t, admin.QueryRow(ctx, `SELECT covered_since FROM ingest_reconcile_checkpoints WHERE bucket = $1`, bucket).Scan(&covered))
+	var movedBy string
+	require.NoError(t, admin.QueryRow(ctx, `SELECT covered_since, moved_by FROM ingest_reconcile_checkpoints WHERE bucket = $1`, bucket).Scan(&covered, &movedBy))
 	require.NotNil(t, covered, "the pass was recorded")
+	u, err := url.Parse(reconcileURL)
+	require.NoError(t, err)
+	require.Equal(t, u.User.Username(), movedBy, "reconcile's own login moved the checkpoint")
+	require.Zero(t, p.metric(`ingest_reconcile_checkpoints_foreign_total`), p.logs.String())
 	p.signal(syscall.SIGTERM)
 	require.Equal(t, 0, p.wait(15*time.Second))
 
@@ -79,21 +90,29 @@ func TestSQSAndReconcileAsTheEnqueueRole(t *testing.T) {
 	require.Equal(t, 20, batches)
 	require.Equal(t, 20, scopes)
 
+	refused := func(databaseURL string, want ...string) {
+		t.Helper()
+		runCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(runCtx, filepath.Join(binDir, "enqueue"), args...)
+		cmd.Env = append(append(os.Environ(), s3.Env()...), "DATABASE_URL="+databaseURL)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		_ = cmd.Run()
+		require.Equal(t, cli.ExitMissingGrants, cmd.ProcessState.ExitCode(), "%s\n%s", stdout.String(), stderr.String())
+		require.Contains(t, stdout.String(), `"outcome":"missing_grants"`)
+		require.Contains(t, stdout.String(), `"role":"fleet_reconcile"`)
+		for _, w := range append(want, "re-run deploy/postgres/roles.sql", "GRANT fleet_reconcile TO") {
+			require.Contains(t, stdout.String(), w)
+			require.Contains(t, stderr.String(), w)
+		}
+	}
+	checkpoints := []string{"SELECT ON ingest_reconcile_checkpoints", "INSERT ON ingest_reconcile_checkpoints", "UPDATE ON ingest_reconcile_checkpoints"}
+	// Under the doors' login: the checkpoints are not the door's.
+	refused(enqueueURL, checkpoints...)
 	// A grant missing (roles.sql not re-run): reconcile does not start, and
 	// says which privileges of roles.sql its login lacks.
-	_, err := admin.Exec(ctx, `REVOKE ALL ON ingest_reconcile_checkpoints FROM fleet_enqueue`)
+	_, err = admin.Exec(ctx, `REVOKE ALL ON ingest_reconcile_checkpoints FROM fleet_reconcile`)
 	require.NoError(t, err)
-	runCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(runCtx, filepath.Join(binDir, "enqueue"), args...)
-	cmd.Env = append(os.Environ(), env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	_ = cmd.Run()
-	require.Equal(t, cli.ExitMissingGrants, cmd.ProcessState.ExitCode(), "%s\n%s", stdout.String(), stderr.String())
-	require.Contains(t, stdout.String(), `"outcome":"missing_grants"`)
-	for _, want := range []string{"SELECT ON ingest_reconcile_checkpoints", "INSERT ON ingest_reconcile_checkpoints", "UPDATE ON ingest_reconcile_checkpoints", "re-run deploy/postgres/roles.sql"} {
-		require.Contains(t, stdout.String(), want)
-		require.Contains(t, stderr.String(), want)
-	}
+	refused(reconcileURL, checkpoints...)
 }

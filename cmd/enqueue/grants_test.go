@@ -16,7 +16,7 @@ import (
 )
 
 // TestCommandsRefuseALoginMissingGrants: a database where roles.sql was
-// not re-run for the doors' checkpoints (the grant revoked) and the
+// not re-run for the doors' replay records (a grant revoked) and the
 // operators' prune policy (dropped): enqueue serve, sqs and reconcile (one
 // shot and --every) as the doors' login, and enqueue prune as the
 // operators', do not start. Each exits cli.ExitMissingGrants (10), with a
@@ -30,9 +30,11 @@ func TestCommandsRefuseALoginMissingGrants(t *testing.T) {
 	admin := pgtest.Pool(t, dbURL)
 	pgtest.ApplyRoles(t, admin)
 	enqueueURL := pgtest.LoginAs(t, admin, dbURL, "fleet_enqueue")
+	reconcileURL := pgtest.LoginAs(t, admin, dbURL, "fleet_reconcile")
 	operatorURL := pgtest.LoginAs(t, admin, dbURL, "fleet_operator")
 	for _, sql := range []string{
-		`REVOKE ALL ON ingest_reconcile_checkpoints FROM fleet_enqueue`,
+		`REVOKE EXECUTE ON FUNCTION ingest_prune_signatures() FROM fleet_enqueue`,
+		`REVOKE UPDATE ON ingest_reconcile_checkpoints FROM fleet_reconcile`,
 		`DROP POLICY fleet_operator_prune ON ingestion_batches`,
 	} {
 		_, err := admin.Exec(ctx, sql)
@@ -41,7 +43,11 @@ func TestCommandsRefuseALoginMissingGrants(t *testing.T) {
 	opToken := filepath.Join(t.TempDir(), "operator-token")
 	require.NoError(t, os.WriteFile(opToken, []byte("operator-token-for-the-grants-test"), 0o600))
 
-	doors := []string{"SELECT ON ingest_reconcile_checkpoints", "INSERT ON ingest_reconcile_checkpoints", "UPDATE ON ingest_reconcile_checkpoints"}
+	doors := []string{"EXECUTE ON FUNCTION ingest_prune_signatures()"}
+	// Reconcile still run under the doors' login (an install upgraded
+	// without giving reconcile its own, issue 44): it lacks every grant of
+	// the checkpoints, which roles.sql gives fleet_reconcile only.
+	checkpoints := []string{"SELECT ON ingest_reconcile_checkpoints", "INSERT ON ingest_reconcile_checkpoints", "UPDATE ON ingest_reconcile_checkpoints"}
 	for _, c := range []struct {
 		url     string
 		args    []string
@@ -50,18 +56,22 @@ func TestCommandsRefuseALoginMissingGrants(t *testing.T) {
 	}{
 		{enqueueURL, []string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--insecure-no-auth"}, "fleet_enqueue", doors},
 		{enqueueURL, []string{"sqs", "--queue-url", "http://127.0.0.1:1/000000000000/uploads", "--admin-listen", "127.0.0.1:0"}, "fleet_enqueue", doors},
-		{enqueueURL, []string{"reconcile", "--bucket", "fleet-uploads", "--every", "1m", "--admin-listen", "127.0.0.1:0"}, "fleet_enqueue", doors},
-		{enqueueURL, []string{"reconcile", "--bucket", "fleet-uploads"}, "fleet_enqueue", doors},
+		{enqueueURL, []string{"reconcile", "--bucket", "fleet-uploads", "--every", "1m", "--admin-listen", "127.0.0.1:0"}, "fleet_reconcile", checkpoints},
+		{enqueueURL, []string{"reconcile", "--bucket", "fleet-uploads"}, "fleet_reconcile", checkpoints},
+		{reconcileURL, []string{"reconcile", "--bucket", "fleet-uploads", "--every", "1m", "--admin-listen", "127.0.0.1:0"}, "fleet_reconcile", []string{"UPDATE ON ingest_reconcile_checkpoints"}},
 		{operatorURL, []string{"prune", "--older-than", "90d"}, "fleet_operator", []string{"a row-level security policy FOR DELETE ON ingestion_batches"}},
 	} {
 		stdout, stderr, code := runGrants(t, c.url, c.args...)
 		require.Equal(t, cli.ExitMissingGrants, code, "%v\n%s\n%s", c.args, stdout, stderr)
 		requireMissing(t, c.args[0], stdout, stderr, c.role, c.missing)
+		if c.role == "fleet_reconcile" {
+			require.Contains(t, stdout, "GRANT fleet_reconcile TO", "the remedy names reconcile's role")
+		}
 	}
 
 	// The operator surfaces on the doors' login: serve starts its door,
 	// checks the operator login and refuses it.
-	_, err := admin.Exec(ctx, `GRANT ALL ON ingest_reconcile_checkpoints TO fleet_enqueue`)
+	_, err := admin.Exec(ctx, `GRANT EXECUTE ON FUNCTION ingest_prune_signatures() TO fleet_enqueue`)
 	require.NoError(t, err)
 	stdout, stderr, code := runGrants(t, enqueueURL, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--insecure-no-auth",
 		"--operator-token-file", opToken, "--operator-database-url", enqueueURL)

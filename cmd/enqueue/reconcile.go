@@ -14,6 +14,7 @@ import (
 
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/grants"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/reconcile"
@@ -107,7 +108,7 @@ func (r *reconcileCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	if err != nil {
 		return fmt.Errorf("AWS configuration: %w", err)
 	}
-	pool, enq, err := connectEnqueuer(c, e, r.MaxConns, metrics.NewReconcile()) // the scans' own metrics, not the worker's gauges frozen at zero
+	pool, enq, err := connectEnqueuer(c, e, grants.Reconcile, r.MaxConns, metrics.NewReconcile()) // the scans' own metrics, not the worker's gauges frozen at zero
 	if err != nil {
 		return err
 	}

@@ -102,7 +102,7 @@ func refuseConfigSetting(e *cli.Env, fields map[string]string, setting, reason, 
 // error outcome line), so a pod that started before its migrations
 // restarts until they ran rather than report ready and refuse every
 // import. Its /readyz asks again at every probe (schemaReady).
-func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int, m *metrics.Metrics) (*pgxpool.Pool, *jobs.Enqueuer, error) {
+func connectEnqueuer(c *enqueueCLI, e *cli.Env, role grants.Role, maxConns int, m *metrics.Metrics) (*pgxpool.Pool, *jobs.Enqueuer, error) {
 	pool, err := c.Globals.Connect(e.Ctx, c.Timeout, func(pc *pgxpool.Config) {
 		pc.MaxConns = int32(maxConns)
 		m.Database.Trace(pc)
@@ -117,9 +117,10 @@ func connectEnqueuer(c *enqueueCLI, e *cli.Env, maxConns int, m *metrics.Metrics
 		pool.Close()
 		return nil, nil, fmt.Errorf("not starting: %w", err)
 	}
-	// The login holds what roles.sql grants the doors (fleet_enqueue), or
+	// The login holds what roles.sql grants role (the doors: fleet_enqueue;
+	// reconcile: fleet_reconcile, which alone writes its checkpoints), or
 	// the command does not start (exit 10, naming what is missing).
-	if err := requireGrants(e, pool, grants.Enqueue); err != nil {
+	if err := requireGrants(e, pool, role); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
@@ -243,7 +244,7 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return err
 	}
 	// The database must answer at start; later outages answer 503.
-	pool, enq, err := connectEnqueuer(c, e, s.MaxConns, metrics.NewServe()) // not the worker's gauges, frozen at zero here
+	pool, enq, err := connectEnqueuer(c, e, grants.Enqueue, s.MaxConns, metrics.NewServe()) // not the worker's gauges, frozen at zero here
 	if err != nil {
 		return err
 	}

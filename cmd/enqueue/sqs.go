@@ -16,6 +16,7 @@ import (
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/cli"
 	"github.com/fleet/ingest/internal/folder"
+	"github.com/fleet/ingest/internal/grants"
 	"github.com/fleet/ingest/internal/httpserver"
 	"github.com/fleet/ingest/internal/metrics"
 	"github.com/fleet/ingest/internal/sqsconsumer"
@@ -121,7 +122,7 @@ func (s *sqsCmd) Run(c *enqueueCLI, e *cli.Env) error {
 		return fmt.Errorf("AWS configuration: %w", err)
 	}
 	// The database must answer at start; later outages are backed off.
-	pool, enq, err := connectEnqueuer(c, e, s.MaxConns, metrics.NewSQS()) // the consumer's own metrics, not the worker's gauges frozen at zero
+	pool, enq, err := connectEnqueuer(c, e, grants.Enqueue, s.MaxConns, metrics.NewSQS()) // the consumer's own metrics, not the worker's gauges frozen at zero
 	if err != nil {
 		return err
 	}

@@ -315,7 +315,7 @@ func TestChartSecretsAndDashboardPerRelease(t *testing.T) {
 			"Deployment/" + fullname + "-worker":    fullname + "-worker",
 			"Deployment/" + fullname + "-enqueue":   fullname + "-enqueue",
 			"Deployment/" + fullname + "-sqs":       fullname + "-enqueue",
-			"Deployment/" + fullname + "-reconcile": fullname + "-enqueue",
+			"Deployment/" + fullname + "-reconcile": fullname + "-reconcile",
 			"CronJob/" + fullname + "-prune":        fullname + "-enqueue",
 		}
 		for key, name := range want {
@@ -380,7 +380,7 @@ func TestChartSecretsAndDashboardPerRelease(t *testing.T) {
 		require.Len(t, list, 4, what)
 		require.Len(t, slices.Compact(slices.Sorted(slices.Values(list))), 4, "%s: one per release: %v", what, list)
 	}
-	require.Len(t, slices.Compact(slices.Sorted(slices.Values(all.secrets))), 4*3, "three Secrets per release, none shared: %v", all.secrets)
+	require.Len(t, slices.Compact(slices.Sorted(slices.Values(all.secrets))), 4*4, "four Secrets per release (migrate, worker, enqueue, reconcile), none shared: %v", all.secrets)
 
 	// An existingSecret still wins.
 	values := everyComponentMonitored()

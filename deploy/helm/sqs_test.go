@@ -86,7 +86,7 @@ func TestChartReconciler(t *testing.T) {
 	})
 	dep := decode[appsv1.Deployment](t, docs["Deployment/prod-fleet-ingest-reconcile"])
 	pod := dep.Spec.Template.Spec
-	requireHardened(t, "reconcile", "prod-fleet-ingest-enqueue", pod)
+	requireHardened(t, "reconcile", "prod-fleet-ingest-reconcile", pod)
 	c := pod.Containers[0]
 	require.Equal(t, "reconcile", c.Args[0])
 	for flag, want := range map[string]string{"--bucket": "fleet-uploads", "--prefix": "tenants/", "--every": "15m", "--max-objects": "100000"} {

@@ -8,6 +8,7 @@
 --   psql "$ADMIN_URL" -v ON_ERROR_STOP=1 -f deploy/postgres/roles.sql
 --   CREATE ROLE fleet_worker_login   LOGIN PASSWORD '…' IN ROLE fleet_worker;
 --   CREATE ROLE fleet_enqueue_login  LOGIN PASSWORD '…' IN ROLE fleet_enqueue;
+--   CREATE ROLE fleet_reconcile_login LOGIN PASSWORD '…' IN ROLE fleet_reconcile;
 --   CREATE ROLE fleet_operator_login LOGIN PASSWORD '…' IN ROLE fleet_operator;
 --
 -- One group per login: a login in two groups has the union of their rights.
@@ -19,14 +20,22 @@
 --                 inserts or deletes of batches, no change to a batch that
 --                 is no longer Running.
 -- fleet_enqueue   the doors: enqueue import, enqueue serve's import and
---                 event routes, enqueue sqs and enqueue reconcile. Reserves
---                 batches (INSERT, Running, or Failed to record a failed
---                 enqueue) and inserts their River jobs; claims, releases
---                 (with the claim's token) and prunes the replay records of
---                 signed requests through functions that own those writes;
---                 keeps reconcile's checkpoints. It changes no batch and no
---                 job after inserting them: no UPDATE of ingestion_batches
---                 at all, no UPDATE or DELETE of river_job.
+--                 event routes, enqueue sqs. Reserves batches (INSERT,
+--                 Running, or Failed to record a failed enqueue) and
+--                 inserts their River jobs; claims, releases (with the
+--                 claim's token) and prunes the replay records of signed
+--                 requests through functions that own those writes. It
+--                 changes no batch and no job after inserting them: no
+--                 UPDATE of ingestion_batches at all, no UPDATE or DELETE
+--                 of river_job. It cannot write reconcile's checkpoints.
+-- fleet_reconcile enqueue reconcile: reserves batches and inserts their
+--                 River jobs as the doors do (the same grants, none of the
+--                 replay records), and is the only runtime role that keeps
+--                 reconcile's checkpoints (ingest_reconcile_checkpoints).
+--                 A login of its own, so that a checkpoint moved by any
+--                 other login is told apart by who moved it (migration
+--                 00115: moved_by), whatever application_name it sets,
+--                 and the doors' login cannot move one at all (42501).
 -- fleet_operator  operator actions: enqueue cancel, retry and resume, enqueue
 --                 serve's cancel route and the River UI
 --                 (--operator-database-url). Cancels (fenced: the lease
@@ -105,7 +114,7 @@ SELECT pg_advisory_xact_lock(7061101);
 DO $$
 DECLARE r text;
 BEGIN
-    FOREACH r IN ARRAY ARRAY['fleet_worker', 'fleet_enqueue', 'fleet_operator'] LOOP
+    FOREACH r IN ARRAY ARRAY['fleet_worker', 'fleet_enqueue', 'fleet_reconcile', 'fleet_operator'] LOOP
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
             BEGIN
                 EXECUTE format('CREATE ROLE %I NOLOGIN', r);
@@ -125,7 +134,7 @@ DO $$
 DECLARE owner text;
 BEGIN
     EXECUTE format('REVOKE CONNECT, TEMPORARY ON DATABASE %I FROM PUBLIC', current_database());
-    EXECUTE format('GRANT CONNECT ON DATABASE %I TO fleet_worker, fleet_enqueue, fleet_operator', current_database());
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO fleet_worker, fleet_enqueue, fleet_reconcile, fleet_operator', current_database());
     -- The migrating role keeps its access even when it does not own the
     -- database itself.
     SELECT tableowner INTO owner FROM pg_tables WHERE schemaname = 'public' AND tablename = 'ingestion_batches';
@@ -133,7 +142,7 @@ BEGIN
 END
 $$;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
-GRANT USAGE ON SCHEMA public TO fleet_worker, fleet_enqueue, fleet_operator;
+GRANT USAGE ON SCHEMA public TO fleet_worker, fleet_enqueue, fleet_reconcile, fleet_operator;
 
 -- ---------------------------------------------------------------------------
 -- Start from nothing: every privilege the runtime roles hold on tables
@@ -145,16 +154,16 @@ DO $$
 DECLARE obj text;
 BEGIN
     FOR obj IN SELECT format('%I.%I', schemaname, tablename) FROM pg_tables WHERE schemaname IN ('public', 'curated') LOOP
-        EXECUTE format('REVOKE ALL ON TABLE %s FROM fleet_worker, fleet_enqueue, fleet_operator', obj);
+        EXECUTE format('REVOKE ALL ON TABLE %s FROM fleet_worker, fleet_enqueue, fleet_reconcile, fleet_operator', obj);
     END LOOP;
     FOR obj IN SELECT format('%I.%I', schemaname, sequencename) FROM pg_sequences WHERE schemaname IN ('public', 'curated') LOOP
-        EXECUTE format('REVOKE ALL ON SEQUENCE %s FROM fleet_worker, fleet_enqueue, fleet_operator', obj);
+        EXECUTE format('REVOKE ALL ON SEQUENCE %s FROM fleet_worker, fleet_enqueue, fleet_reconcile, fleet_operator', obj);
     END LOOP;
     FOR obj IN SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'ingest\_%' LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM fleet_worker, fleet_enqueue, fleet_operator', obj);
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM fleet_worker, fleet_enqueue, fleet_reconcile, fleet_operator', obj);
     END LOOP;
     IF EXISTS (SELECT FROM pg_namespace WHERE nspname = 'curated') THEN
-        REVOKE ALL ON SCHEMA curated FROM fleet_worker, fleet_enqueue, fleet_operator;
+        REVOKE ALL ON SCHEMA curated FROM fleet_worker, fleet_enqueue, fleet_reconcile, fleet_operator;
     END IF;
 END
 $$;
@@ -171,8 +180,8 @@ DROP POLICY IF EXISTS fleet_operator_prune ON ingestion_batches;
 ALTER TABLE ingestion_batches ENABLE ROW LEVEL SECURITY;
 
 -- Every runtime role reads every batch.
-GRANT SELECT ON ingestion_batches TO fleet_worker, fleet_enqueue, fleet_operator;
-CREATE POLICY fleet_read ON ingestion_batches FOR SELECT TO fleet_worker, fleet_enqueue, fleet_operator
+GRANT SELECT ON ingestion_batches TO fleet_worker, fleet_enqueue, fleet_reconcile, fleet_operator;
+CREATE POLICY fleet_read ON ingestion_batches FOR SELECT TO fleet_worker, fleet_enqueue, fleet_reconcile, fleet_operator
     USING (true);
 
 -- ---------------------------------------------------------------------------
@@ -228,9 +237,9 @@ $$;
 -- ---------------------------------------------------------------------------
 GRANT INSERT (company_id, tenant_id, tenant_database, ingestion_mode, source_type,
               business_date, pipeline_stage, status, details, source_scope, completed_at)
-    ON ingestion_batches TO fleet_enqueue, fleet_operator;
-GRANT USAGE ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue, fleet_operator;
-CREATE POLICY fleet_reserve ON ingestion_batches FOR INSERT TO fleet_enqueue, fleet_operator
+    ON ingestion_batches TO fleet_enqueue, fleet_reconcile, fleet_operator;
+GRANT USAGE ON SEQUENCE ingestion_batches_id_seq TO fleet_enqueue, fleet_reconcile, fleet_operator;
+CREATE POLICY fleet_reserve ON ingestion_batches FOR INSERT TO fleet_enqueue, fleet_reconcile, fleet_operator
     WITH CHECK (status IN ('Running', 'Failed')
                 AND public.fleet_scope_names_batch(source_scope, tenant_id, tenant_database, company_id));
 
@@ -250,7 +259,7 @@ CREATE POLICY fleet_worker_update ON ingestion_batches FOR UPDATE TO fleet_worke
     USING (status = 'Running') WITH CHECK (true);
 -- Workers, and the doors (enqueue serve, sqs, reconcile: at start and in
 -- /readyz), check that the schema is current for their build.
-GRANT SELECT ON ingest_schema_migrations TO fleet_worker, fleet_enqueue;
+GRANT SELECT ON ingest_schema_migrations TO fleet_worker, fleet_enqueue, fleet_reconcile;
 -- The lease sweeper records when it last ran, so the fleet sweeps once per
 -- period rather than once per pod (migration 00060).
 GRANT SELECT, INSERT, UPDATE ON ingest_sweeps TO fleet_worker;
@@ -275,15 +284,15 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------
--- fleet_enqueue: the doors
+-- fleet_enqueue: the doors (and fleet_reconcile: enqueue reconcile)
 -- ---------------------------------------------------------------------------
 -- River jobs: insert, and read what was inserted (RETURNING; enqueue status
 -- shows a batch's jobs). UPDATE (kind) only for the ON CONFLICT clause of
 -- River's insert; the trigger below refuses any change it would make.
-GRANT SELECT, INSERT ON river_job TO fleet_enqueue;
-GRANT UPDATE (kind) ON river_job TO fleet_enqueue;
-GRANT USAGE ON SEQUENCE river_job_id_seq TO fleet_enqueue;
-GRANT SELECT ON river_migration TO fleet_enqueue;
+GRANT SELECT, INSERT ON river_job TO fleet_enqueue, fleet_reconcile;
+GRANT UPDATE (kind) ON river_job TO fleet_enqueue, fleet_reconcile;
+GRANT USAGE ON SEQUENCE river_job_id_seq TO fleet_enqueue, fleet_reconcile;
+GRANT SELECT ON river_migration TO fleet_enqueue, fleet_reconcile;
 
 -- Replay records of enqueue serve's signed requests (migration 00010):
 -- read, and written only through the functions of migration 00080.
@@ -301,8 +310,12 @@ GRANT EXECUTE ON FUNCTION ingest_claim_signature(bytea, interval),
 GRANT EXECUTE ON FUNCTION ingest_advance_batch_ids(bigint) TO fleet_worker;
 
 -- Checkpoints of enqueue reconcile --every (migration 00040; a time after
--- the database clock is refused by migration 00080's trigger).
-GRANT SELECT, INSERT, UPDATE ON ingest_reconcile_checkpoints TO fleet_enqueue;
+-- the database clock is refused by migration 00080's trigger; every write
+-- records its login, migration 00115): reconcile's role only. The doors'
+-- login (fleet_enqueue) neither writes nor locks them (FOR UPDATE needs
+-- UPDATE): it cannot move a checkpoint or hold reconcile's row, whatever
+-- application_name it sets.
+GRANT SELECT, INSERT, UPDATE ON ingest_reconcile_checkpoints TO fleet_reconcile;
 
 -- ---------------------------------------------------------------------------
 -- fleet_operator

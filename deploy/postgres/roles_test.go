@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,10 @@ import (
 // logins is a database with roles.sql applied, a superuser's pool, and
 // one login of each runtime role.
 type logins struct {
-	admin, door, operator, worker *pgxpool.Pool
+	admin, door, operator, worker, reconcile *pgxpool.Pool
+	// posing is a session of the door's login that names itself
+	// fleet-ingest-reconcile (application_name), as any client may.
+	posing *pgxpool.Pool
 }
 
 // newLogins applies roles.sql, then grants what its previous version
@@ -50,14 +54,23 @@ func newLogins(t *testing.T) logins {
 		GRANT SELECT, INSERT, UPDATE ON river_job TO fleet_enqueue;
 		GRANT SELECT, INSERT, UPDATE, DELETE ON ingest_seen_signatures TO fleet_enqueue;
 		GRANT USAGE ON SCHEMA curated TO fleet_enqueue;
-		GRANT SELECT ON curated.fleet_slices TO fleet_enqueue;`)
+		GRANT SELECT ON curated.fleet_slices TO fleet_enqueue;
+		GRANT SELECT, INSERT, UPDATE ON ingest_reconcile_checkpoints TO fleet_enqueue;`)
 	require.NoError(t, err)
 	pgtest.ApplyRoles(t, admin)
+	doorURL := pgtest.LoginAs(t, admin, dbURL, "fleet_enqueue")
+	posing, err := url.Parse(doorURL)
+	require.NoError(t, err)
+	q := posing.Query()
+	q.Set("application_name", "fleet-ingest-reconcile")
+	posing.RawQuery = q.Encode()
 	return logins{
-		admin:    admin,
-		door:     pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, "fleet_enqueue")),
-		operator: pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, "fleet_operator")),
-		worker:   pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, "fleet_worker")),
+		admin:     admin,
+		door:      pgtest.Pool(t, doorURL),
+		posing:    pgtest.Pool(t, posing.String()),
+		operator:  pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, "fleet_operator")),
+		worker:    pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, "fleet_worker")),
+		reconcile: pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, "fleet_reconcile")),
 	}
 }
 
@@ -257,13 +270,31 @@ func TestDoorLoginReservesAndInsertsButChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, released, "the claim's own token releases it")
 
-	requireCode(t, db.door, "23514", `INSERT INTO ingest_reconcile_checkpoints (bucket, prefix, last_run_at) VALUES ('fleet-uploads', '', '9999-01-01')`)
-	_, err = db.door.Exec(ctx, `INSERT INTO ingest_reconcile_checkpoints (bucket, prefix, last_run_at) VALUES ('fleet-uploads', '', now())`)
-	require.NoError(t, err, "a checkpoint of now is the door's to write")
-	for _, set := range []string{`last_run_at = '9999-01-01'`, `covered_since = '9999-01-01'`, `pass_started_at = now() + interval '1 minute'`} {
-		requireCode(t, db.door, "23514", `UPDATE ingest_reconcile_checkpoints SET `+set)
+	// Reconcile's checkpoints are not the door's (issue 44): it cannot
+	// write one, lock reconcile's row or read them, not even naming itself
+	// fleet-ingest-reconcile.
+	var app string
+	require.NoError(t, db.posing.QueryRow(ctx, `SELECT current_setting('application_name')`).Scan(&app))
+	require.Equal(t, "fleet-ingest-reconcile", app)
+	_, err = db.admin.Exec(ctx, `INSERT INTO ingest_reconcile_checkpoints (bucket, prefix) VALUES ('fleet-uploads', '')`)
+	require.NoError(t, err)
+	for _, pool := range []*pgxpool.Pool{db.door, db.posing} {
+		for _, sql := range []string{
+			`INSERT INTO ingest_reconcile_checkpoints (bucket, prefix, start_after) VALUES ('fleet-uploads', 'other/', 'zzz')`,
+			`INSERT INTO ingest_reconcile_checkpoints (bucket, prefix) VALUES ('fleet-uploads', '') ON CONFLICT (bucket, prefix) DO UPDATE SET start_after = 'zzz'`,
+			`UPDATE ingest_reconcile_checkpoints SET start_after = 'zzz', covered_since = now(), last_run_at = now()`,
+			`SELECT 1 FROM ingest_reconcile_checkpoints FOR UPDATE NOWAIT`,
+			`SELECT count(*) FROM ingest_reconcile_checkpoints`,
+			`DELETE FROM ingest_reconcile_checkpoints`,
+		} {
+			requireDenied(t, pool, sql)
+		}
 	}
-	requireDenied(t, db.door, `DELETE FROM ingest_reconcile_checkpoints`)
+	var startAfter, adminLogin string
+	var movedBy *string
+	require.NoError(t, db.admin.QueryRow(ctx, `SELECT start_after, moved_by, current_user FROM ingest_reconcile_checkpoints`).Scan(&startAfter, &movedBy, &adminLogin))
+	require.Empty(t, startAfter, "the door moved the checkpoint")
+	require.Equal(t, adminLogin, deref(movedBy), "only the admin's write is recorded")
 
 	for _, sql := range []string{
 		`SELECT count(*) FROM curated.fleet_slices`,
@@ -274,6 +305,53 @@ func TestDoorLoginReservesAndInsertsButChangesNothing(t *testing.T) {
 		`UPDATE river_queue SET paused_at = now()`,
 	} {
 		requireDenied(t, db.door, sql)
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// TestReconcileLoginKeepsTheCheckpoints: reconcile's login
+// (fleet_reconcile) reserves a folder's batch and inserts its job as the
+// door does, and is the runtime role that writes reconcile's checkpoints:
+// each write records it as the mover (migration 00115); it cannot date
+// one after the database clock (migration 00080), delete one, change a
+// batch, or do what only the door does with replay records.
+func TestReconcileLoginKeepsTheCheckpoints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := newLogins(t)
+	reconcile := newEnqueuer(t, db.reconcile)
+	res := importFolder(t, reconcile, "tenant-a", "up-1")
+	require.NotZero(t, res.JobID)
+	var jobs int
+	require.NoError(t, db.admin.QueryRow(ctx, `SELECT count(*) FROM river_job`).Scan(&jobs))
+	require.Equal(t, 1, jobs, "the folder's job was inserted")
+
+	requireCode(t, db.reconcile, "23514", `INSERT INTO ingest_reconcile_checkpoints (bucket, prefix, last_run_at) VALUES ('fleet-uploads', '', '9999-01-01')`)
+	_, err := db.reconcile.Exec(ctx, `INSERT INTO ingest_reconcile_checkpoints (bucket, prefix, last_run_at) VALUES ('fleet-uploads', '', now())`)
+	require.NoError(t, err, "a checkpoint of now is reconcile's to write")
+	for _, set := range []string{`last_run_at = '9999-01-01'`, `covered_since = '9999-01-01'`, `pass_started_at = now() + interval '1 minute'`} {
+		requireCode(t, db.reconcile, "23514", `UPDATE ingest_reconcile_checkpoints SET `+set)
+	}
+	var movedBy, self string
+	require.NoError(t, db.reconcile.QueryRow(ctx, `SELECT moved_by, current_user FROM ingest_reconcile_checkpoints`).Scan(&movedBy, &self))
+	require.Equal(t, self, movedBy)
+	require.True(t, strings.HasPrefix(self, "test_fleet_reconcile_"), self)
+	for _, sql := range []string{
+		`DELETE FROM ingest_reconcile_checkpoints`,
+		`UPDATE ingestion_batches SET status = 'Failed'`,
+		`UPDATE river_job SET state = 'cancelled'`,
+		`DELETE FROM river_job`,
+		`SELECT count(*) FROM ingest_seen_signatures`,
+		`SELECT ingest_prune_signatures()`,
+		`SELECT count(*) FROM curated.fleet_slices`,
+	} {
+		requireDenied(t, db.reconcile, sql)
 	}
 }
 

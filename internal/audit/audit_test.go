@@ -87,7 +87,7 @@ func TestAuditIsAppendOnlyForEveryRuntimeRole(t *testing.T) {
 	require.NoError(t, audit.Record(ctx, admin, audit.Action{Actor: audit.Actor{Name: "root", Door: audit.DoorCLI}, Action: audit.ActionCancel}))
 
 	logins := map[string]*pgxpool.Pool{}
-	for _, role := range []string{"fleet_worker", "fleet_enqueue", "fleet_operator"} {
+	for _, role := range []string{"fleet_worker", "fleet_enqueue", "fleet_reconcile", "fleet_operator"} {
 		logins[role] = pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, role))
 	}
 	for role, pool := range logins {
@@ -101,7 +101,7 @@ func TestAuditIsAppendOnlyForEveryRuntimeRole(t *testing.T) {
 			requireCode(t, err, "42501", role+": "+sql)
 		}
 	}
-	for _, role := range []string{"fleet_worker", "fleet_enqueue"} {
+	for _, role := range []string{"fleet_worker", "fleet_enqueue", "fleet_reconcile"} {
 		err := audit.Record(ctx, logins[role], audit.Action{Actor: audit.Actor{Name: "x", Door: audit.DoorCLI}, Action: audit.ActionCancel})
 		requireCode(t, err, "42501", role+": insert")
 	}

@@ -1,6 +1,7 @@
 // Package grants checks, when a process starts, that its database login
 // holds what deploy/postgres/roles.sql grants the role the process acts as
-// (fleet_worker, fleet_enqueue, fleet_operator), and names what is missing.
+// (fleet_worker, fleet_enqueue, fleet_reconcile, fleet_operator), and names
+// what is missing.
 //
 // roles.sql is run by hand, after worker migrate: an upgrade whose
 // migrations add a table, a column a role writes or a function, or recreate
@@ -34,9 +35,13 @@ type Role string
 
 // The runtime roles of deploy/postgres/roles.sql.
 const (
-	Worker   Role = "fleet_worker"   // worker run
-	Enqueue  Role = "fleet_enqueue"  // the doors: enqueue import, serve, sqs, reconcile
-	Operator Role = "fleet_operator" // enqueue cancel, retry, resume, prune; serve's operator surfaces
+	Worker  Role = "fleet_worker"  // worker run
+	Enqueue Role = "fleet_enqueue" // the doors: enqueue import, serve, sqs
+	// Reconcile is enqueue reconcile's role: the doors' reservations and
+	// job inserts, and the only one that writes reconcile's checkpoints
+	// (so a checkpoint another login moved is told apart by its mover).
+	Reconcile Role = "fleet_reconcile"
+	Operator  Role = "fleet_operator" // enqueue cancel, retry, resume, prune; serve's operator surfaces
 )
 
 // Kinds of Privilege.
@@ -108,6 +113,22 @@ func policy(cmd string) Privilege { return Privilege{Kind: KindPolicy, Object: b
 var reserveColumns = []string{"company_id", "tenant_id", "tenant_database", "ingestion_mode", "source_type",
 	"business_date", "pipeline_stage", "status", "details", "source_scope", "completed_at"}
 
+// reserve is what a door needs to reserve batches and insert their River
+// jobs (roles.sql's "Reservations" and "fleet_enqueue" sections), shared by
+// fleet_enqueue and fleet_reconcile.
+func reserve() []Privilege {
+	var p []Privilege
+	p = append(p, columns(batches, "INSERT", reserveColumns...)...)
+	p = append(p, policy("INSERT"))
+	p = append(p, Privilege{Kind: KindSequence, Object: "public.ingestion_batches_id_seq", Mode: "USAGE"})
+	p = append(p, table("public.ingest_schema_migrations", "SELECT")...)
+	p = append(p, table("public.river_job", "SELECT", "INSERT")...)
+	p = append(p, columns("public.river_job", "UPDATE", "kind")...)
+	p = append(p, Privilege{Kind: KindSequence, Object: "public.river_job_id_seq", Mode: "USAGE"})
+	p = append(p, table("public.river_migration", "SELECT")...)
+	return p
+}
+
 // Required returns the privileges role needs whatever the database holds;
 // Missing adds those on the objects it finds (River's tables and
 // sequences, the local warehouse schema).
@@ -125,18 +146,13 @@ func Required(role Role) []Privilege {
 		p = append(p, table("public.ingest_sweeps", "SELECT", "INSERT", "UPDATE")...)
 		p = append(p, Privilege{Kind: KindFunction, Object: "public.ingest_advance_batch_ids(bigint)", Mode: "EXECUTE"})
 	case Enqueue:
-		p = append(p, columns(batches, "INSERT", reserveColumns...)...)
-		p = append(p, policy("INSERT"))
-		p = append(p, Privilege{Kind: KindSequence, Object: "public.ingestion_batches_id_seq", Mode: "USAGE"})
-		p = append(p, table("public.ingest_schema_migrations", "SELECT")...)
-		p = append(p, table("public.river_job", "SELECT", "INSERT")...)
-		p = append(p, columns("public.river_job", "UPDATE", "kind")...)
-		p = append(p, Privilege{Kind: KindSequence, Object: "public.river_job_id_seq", Mode: "USAGE"})
-		p = append(p, table("public.river_migration", "SELECT")...)
+		p = append(p, reserve()...)
 		p = append(p, columns("public.ingest_seen_signatures", "SELECT", "digest", "expires_at")...)
 		for _, f := range []string{"ingest_claim_signature(bytea, interval)", "ingest_release_signature(bytea, bytea)", "ingest_prune_signatures()"} {
 			p = append(p, Privilege{Kind: KindFunction, Object: "public." + f, Mode: "EXECUTE"})
 		}
+	case Reconcile:
+		p = append(p, reserve()...)
 		p = append(p, table("public.ingest_reconcile_checkpoints", "SELECT", "INSERT", "UPDATE")...)
 	case Operator:
 		p = append(p, columns(batches, "INSERT", reserveColumns...)...)
@@ -194,7 +210,7 @@ func found(ctx context.Context, q Querier, role Role) ([]Privilege, error) {
 		case kind == "sequence" && role == Worker:
 			p = append(p, Privilege{Kind: KindSequence, Object: obj, Mode: "USAGE"})
 		case kind == "curated":
-			if !curated && role != Enqueue {
+			if !curated && role != Enqueue && role != Reconcile {
 				p = append(p, Privilege{Kind: KindSchema, Object: "curated", Mode: "USAGE"})
 				curated = true
 			}

@@ -12,7 +12,7 @@ import (
 	"github.com/fleet/ingest/internal/testkit/pgtest"
 )
 
-var roles = []grants.Role{grants.Worker, grants.Enqueue, grants.Operator}
+var roles = []grants.Role{grants.Worker, grants.Enqueue, grants.Reconcile, grants.Operator}
 
 // TestRolesSQLGrantsWhatEachRoleNeeds: after deploy/postgres/roles.sql, a
 // login in each group holds every privilege its role is checked for (so
@@ -44,6 +44,14 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		require.Contains(t, names, want, "the door's login is no worker")
 	}
 	require.NotContains(t, names, "SELECT ON ingestion_batches", "the door's login reads batches")
+
+	// The door's login is not reconcile: it holds no grant on reconcile's
+	// checkpoints (issue 44: it cannot move one), and nothing else
+	// reconcile needs is missing from it.
+	missing, _, err = grants.Missing(ctx, login, grants.Reconcile)
+	require.NoError(t, err)
+	require.Equal(t, []string{"SELECT ON ingest_reconcile_checkpoints", "INSERT ON ingest_reconcile_checkpoints", "UPDATE ON ingest_reconcile_checkpoints"},
+		(&grants.MissingError{Missing: missing}).Names(), "the door's login lacks exactly reconcile's checkpoints")
 }
 
 // TestMissingGrantsAreNamed: privileges taken away after roles.sql (a
@@ -64,7 +72,8 @@ func TestMissingGrantsAreNamed(t *testing.T) {
 	}
 	for _, sql := range []string{
 		`REVOKE UPDATE (parked_at, parked_reason) ON ingestion_batches FROM fleet_worker`,
-		`REVOKE ALL ON ingest_reconcile_checkpoints FROM fleet_enqueue`,
+		`REVOKE ALL ON ingest_reconcile_checkpoints FROM fleet_reconcile`,
+		`REVOKE EXECUTE ON FUNCTION ingest_prune_signatures() FROM fleet_enqueue`,
 		`DROP POLICY fleet_operator_prune ON ingestion_batches`,
 		`CREATE TABLE river_added_by_an_upgrade (id bigint)`,
 	} {
@@ -74,8 +83,9 @@ func TestMissingGrantsAreNamed(t *testing.T) {
 	want := map[grants.Role][]string{
 		grants.Worker: {"UPDATE (parked_at) ON ingestion_batches", "UPDATE (parked_reason) ON ingestion_batches",
 			"SELECT ON river_added_by_an_upgrade", "INSERT ON river_added_by_an_upgrade", "UPDATE ON river_added_by_an_upgrade", "DELETE ON river_added_by_an_upgrade"},
-		grants.Enqueue:  {"SELECT ON ingest_reconcile_checkpoints", "INSERT ON ingest_reconcile_checkpoints", "UPDATE ON ingest_reconcile_checkpoints"},
-		grants.Operator: {"a row-level security policy FOR DELETE ON ingestion_batches", "SELECT ON river_added_by_an_upgrade"},
+		grants.Enqueue:   {"EXECUTE ON FUNCTION ingest_prune_signatures()"},
+		grants.Reconcile: {"SELECT ON ingest_reconcile_checkpoints", "INSERT ON ingest_reconcile_checkpoints", "UPDATE ON ingest_reconcile_checkpoints"},
+		grants.Operator:  {"a row-level security policy FOR DELETE ON ingestion_batches", "SELECT ON river_added_by_an_upgrade"},
 	}
 	for _, role := range roles {
 		pool := pgtest.Pool(t, logins[role])

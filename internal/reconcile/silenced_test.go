@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -117,14 +118,18 @@ func TestReconcileLockHolderIsNamedAndCounted(t *testing.T) {
 }
 
 // TestReconcileIgnoresACheckpointMovedByAnotherLogin: reconcile runs under
-// a login of its own (a member of fleet_enqueue, as docs/deploy.md
-// advises). The door's login moves the checkpoint past every key and marks
-// the bucket covered as of now — before migration 00115 that ended the
-// pass at once and hid every folder a notification had missed. The move is
-// recorded as the door's (moved_by, moved_application), so the period
-// ignores it, counts it (ingest_reconcile_checkpoints_foreign_total) and
-// starts a new pass that finds every folder. A door that also names itself
-// fleet-ingest-reconcile is told apart by its login.
+// a login of its own role (fleet_reconcile, deploy/postgres/roles.sql). The
+// door's login (fleet_enqueue) cannot move the checkpoint, lock its row or
+// even read it, even naming itself fleet-ingest-reconcile: permission
+// denied (42501). A login that still can (the tables' owner, a superuser)
+// moves it past every key and marks the bucket covered as of now — before
+// migration 00115 that ended the pass at once and hid every folder a
+// notification had missed. The move is recorded as that login's
+// (moved_by, moved_application), so the period ignores it, counts it
+// (ingest_reconcile_checkpoints_foreign_total) and starts a new pass that
+// finds every folder; one that names itself fleet-ingest-reconcile is told
+// apart by its login. Another login of fleet_reconcile (a replica on
+// rotated credentials) is reconcile: its checkpoints are trusted.
 func TestReconcileIgnoresACheckpointMovedByAnotherLogin(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -132,56 +137,96 @@ func TestReconcileIgnoresACheckpointMovedByAnotherLogin(t *testing.T) {
 	admin := pgtest.Pool(t, dbURL)
 	pgtest.ApplyRoles(t, admin)
 	door := pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, "fleet_enqueue"))
-	reconcileURL := pgtest.LoginAs(t, admin, dbURL, "fleet_enqueue")
+	reconcileURL := pgtest.LoginAs(t, admin, dbURL, reconcile.Role)
 	f := newFixtureOn(t, pgtest.Pool(t, reconcileURL), 5)
 	u, err := url.Parse(reconcileURL)
 	require.NoError(t, err)
 	reconcileLogin := u.User.Username()
 	foreign := f.cfg.Metrics.ReconcileCheckpointsForeign
 
+	// A first period: reconcile's own checkpoint row exists.
+	p, err := reconcile.RunPeriod(ctx, f.cfg, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, "scanned", p.Outcome)
+	require.Nil(t, p.Foreign)
+	require.Equal(t, 5, p.Summary.Outcomes["enqueued"])
+	var lastRun time.Time
+	require.NoError(t, admin.QueryRow(ctx, `SELECT last_run_at FROM ingest_reconcile_checkpoints`).Scan(&lastRun))
+
+	// The door, posing as reconcile, is refused every write and the lock.
+	for _, sql := range []string{
+		`INSERT INTO ingest_reconcile_checkpoints (bucket, prefix, start_after) VALUES ('` + bucket + `', 'other/', 'zzz')`,
+		`UPDATE ingest_reconcile_checkpoints SET start_after = 'zzz', covered_since = now(), last_run_at = now()`,
+		`SELECT 1 FROM ingest_reconcile_checkpoints WHERE bucket = '` + bucket + `' FOR UPDATE`,
+	} {
+		err := pgx.BeginFunc(ctx, door, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT set_config('application_name', $1, true)`, reconcile.ApplicationName); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql)
+			return err
+		})
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, sql)
+		require.Equal(t, "42501", pgErr.Code, "the door's login: %s", sql)
+	}
+	var after time.Time
+	var movedBy string
+	require.NoError(t, admin.QueryRow(ctx, `SELECT last_run_at, moved_by FROM ingest_reconcile_checkpoints`).Scan(&after, &movedBy))
+	require.Equal(t, lastRun, after, "the door moved the checkpoint")
+	require.Equal(t, reconcileLogin, movedBy)
+
 	for i, application := range []string{"fleet-ingest-serve", reconcile.ApplicationName} {
-		require.NoError(t, pgx.BeginFunc(ctx, door, func(tx pgx.Tx) error {
+		require.NoError(t, pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `SELECT set_config('application_name', $1, true)`, application); err != nil {
 				return err
 			}
 			// It writes reconcile's login as the mover too: the trigger
 			// records its own.
 			_, err := tx.Exec(ctx, `
-				INSERT INTO ingest_reconcile_checkpoints AS c (bucket, prefix, start_after, pass_started_at, covered_since, last_run_at, moved_by)
-				VALUES ($1, '', 'zzz', now(), now(), now() - interval '2 hours', $2)
-				ON CONFLICT (bucket, prefix) DO UPDATE
+				UPDATE ingest_reconcile_checkpoints
 				SET start_after = 'zzz', pass_started_at = now(), covered_since = now(), last_run_at = now() - interval '2 hours',
-				    moved_by = $2, moved_application = $3`, bucket, reconcileLogin, reconcile.ApplicationName)
+				    moved_by = $1, moved_application = $2`, reconcileLogin, reconcile.ApplicationName)
 			return err
 		}), application)
-		var movedBy, movedApp string
+		var movedApp string
 		require.NoError(t, admin.QueryRow(ctx, `SELECT moved_by, moved_application FROM ingest_reconcile_checkpoints`).Scan(&movedBy, &movedApp))
 		require.Equal(t, application, movedApp)
-		require.Contains(t, movedBy, "test_fleet_enqueue_")
-		require.NotEqual(t, reconcileLogin, movedBy, "the door forged the mover")
+		require.NotEqual(t, reconcileLogin, movedBy, "the mover was forged")
 
 		p, err := reconcile.RunPeriod(ctx, f.cfg, time.Hour)
 		require.NoError(t, err, application)
 		require.Equal(t, "scanned", p.Outcome, application)
-		require.NotNil(t, p.Foreign, "%s: the door's move was trusted", application)
+		require.NotNil(t, p.Foreign, "%s: the move of a login not reconcile's was trusted", application)
 		require.Equal(t, movedBy, p.Foreign.By)
 		require.Equal(t, application, p.Foreign.Application)
 		require.Empty(t, p.StartAfter, "%s: a new pass starts from the first key", application)
-		require.True(t, p.Since.IsZero(), "%s: the door's covered_since hid markers", application)
+		require.True(t, p.Since.IsZero(), "%s: the foreign covered_since hid markers", application)
 		require.True(t, p.Summary.Complete)
 		require.Equal(t, float64(i+1), testutil.ToFloat64(foreign), application)
-		if i == 0 {
-			require.Equal(t, 5, p.Summary.Outcomes["enqueued"], "every folder a notification missed is found")
-		} else {
-			require.Equal(t, 5, p.Summary.Outcomes["running"], "every folder is checked again")
-		}
+		require.Equal(t, 5, p.Summary.Outcomes["running"], "every folder is checked again")
 	}
 
 	// Reconcile's own write is trusted by the next period: nothing counted.
 	due(t, f.pool, 2*time.Hour)
-	p, err := reconcile.RunPeriod(ctx, f.cfg, time.Hour)
+	p, err = reconcile.RunPeriod(ctx, f.cfg, time.Hour)
 	require.NoError(t, err)
 	require.Nil(t, p.Foreign)
 	require.False(t, p.Since.IsZero(), "the pass reconcile finished counts as coverage")
+
+	// So is another login of reconcile's role, both ways.
+	rotated := pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, reconcile.Role))
+	other := f.cfg
+	other.Pool = rotated
+	due(t, f.pool, 2*time.Hour)
+	p, err = reconcile.RunPeriod(ctx, other, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, "scanned", p.Outcome)
+	require.Nil(t, p.Foreign, "a login of fleet_reconcile is reconcile")
+	due(t, rotated, 2*time.Hour)
+	p, err = reconcile.RunPeriod(ctx, f.cfg, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, "scanned", p.Outcome)
+	require.Nil(t, p.Foreign, "a login of fleet_reconcile is reconcile")
 	require.Equal(t, 2.0, testutil.ToFloat64(foreign))
 }

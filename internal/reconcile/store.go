@@ -97,6 +97,12 @@ const CheckpointOverlap = time.Hour
 // session holding the checkpoint by it.
 const ApplicationName = "fleet-ingest-reconcile"
 
+// Role is reconcile's group role in deploy/postgres/roles.sql
+// (grants.Reconcile), the only runtime role that writes the checkpoints: a
+// checkpoint last moved by a login of it (with ApplicationName) is
+// reconcile's own.
+const Role = "fleet_reconcile"
+
 // Reasons a period skipped (Period.SkipReason).
 const (
 	// SkipLocked: another session holds the checkpoint row (a replica
@@ -176,7 +182,11 @@ const lockTimeout = "2s"
 //
 // A checkpoint is trusted only when reconcile wrote it last: its mover
 // (migration 00115) is ApplicationName under this session's own
-// current_user. One moved by anyone else is ignored, logged and counted
+// current_user or another login of reconcile's role (Role, not a
+// superuser). deploy/postgres/roles.sql lets no other runtime role write
+// the checkpoints (the doors' login gets permission denied), so the login
+// is what tells reconcile apart; the application name alone, which any
+// client sets, does not. One moved by anyone else is ignored, logged and counted
 // (ReconcileCheckpointsForeign), and the period starts a new pass, whose
 // write replaces it; a row written before migration 00115 (no mover) is
 // ignored too, without counting it.
@@ -255,12 +265,19 @@ func runPeriod(ctx context.Context, cfg Config, every time.Duration, logger *slo
 		movedBy, movedApp             *string
 		movedAt                       *time.Time
 		self                          string
+		reconcileLogin                bool
 		now                           time.Time
 	)
+	// reconcileLogin: the mover is this session's login, or another login
+	// of reconcile's role (fleet_reconcile: replicas on rotated
+	// credentials), not a superuser (who is a member of every role).
 	err = tx.QueryRow(bounded(), `
-		SELECT start_after, pass_started_at, covered_since, last_run_at, moved_by, moved_application, moved_at, current_user, now()
-		FROM ingest_reconcile_checkpoints WHERE bucket = $1 AND prefix = $2 FOR UPDATE NOWAIT`, cfg.Bucket, cfg.Prefix).
-		Scan(&startAfter, &passStarted, &covered, &lastRun, &movedBy, &movedApp, &movedAt, &self, &now)
+		SELECT start_after, pass_started_at, covered_since, last_run_at, moved_by, moved_application, moved_at, current_user, now(),
+		       coalesce(moved_by = current_user OR (
+		           SELECT NOT m.rolsuper AND pg_has_role(m.oid, g.oid, 'MEMBER')
+		             FROM pg_roles m, pg_roles g WHERE m.rolname = moved_by AND g.rolname = $3), false)
+		FROM ingest_reconcile_checkpoints WHERE bucket = $1 AND prefix = $2 FOR UPDATE NOWAIT`, cfg.Bucket, cfg.Prefix, Role).
+		Scan(&startAfter, &passStarted, &covered, &lastRun, &movedBy, &movedApp, &movedAt, &self, &now, &reconcileLogin)
 	if isLockNotAvailable(err) {
 		_ = tx.Rollback(bounded())
 		return locked()
@@ -286,7 +303,7 @@ func runPeriod(ctx context.Context, cfg Config, every time.Duration, logger *slo
 		logger.Info("reconcile checkpoint ignored: it records no mover (written before migration 00115); starting a new pass",
 			"bucket", cfg.Bucket, "prefix", cfg.Prefix)
 		startAfter, passStarted, covered, lastRun = "", nil, nil, nil
-	case *movedBy != self || movedApp == nil || *movedApp != ApplicationName:
+	case !reconcileLogin || movedApp == nil || *movedApp != ApplicationName:
 		foreign = &Move{By: *movedBy, Application: deref(movedApp)}
 		if movedAt != nil {
 			foreign.At = *movedAt

@@ -343,7 +343,7 @@ func TestOperatorLoginPrunes(t *testing.T) {
 	ids, prunable := history(t, admin)
 	before := remaining(t, admin)
 
-	for _, group := range []string{"fleet_enqueue", "fleet_worker"} {
+	for _, group := range []string{"fleet_enqueue", "fleet_reconcile", "fleet_worker"} {
 		pool := pgtest.Pool(t, pgtest.LoginAs(t, admin, dbURL, group))
 		_, err := retention.Prune(ctx, retention.Config{Pool: pool, OlderThan: olderThan, Apply: true})
 		var pgErr *pgconn.PgError

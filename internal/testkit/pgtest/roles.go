@@ -37,7 +37,7 @@ func ApplyRoles(t testing.TB, admin *pgxpool.Pool) {
 var loginSeq atomic.Int64
 
 // LoginAs creates a login role that is a member of group (fleet_worker,
-// fleet_enqueue, fleet_operator) and returns databaseURL rewritten to
+// fleet_enqueue, fleet_reconcile, fleet_operator) and returns databaseURL rewritten to
 // connect as it. The role is dropped when the test ends.
 func LoginAs(t testing.TB, admin *pgxpool.Pool, databaseURL, group string) string {
 	t.Helper()

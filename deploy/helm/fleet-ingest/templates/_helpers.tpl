@@ -163,7 +163,8 @@ default
 The name of a component's Secret: its existingSecret, else the release's
 own, <fullname>-<default> (dict "root" . "secret" .Values.secrets.worker
 "default" "worker"): per release, so two releases in one namespace never
-read each other's credentials. secrets.sqs defaults to the enqueue one.
+read each other's credentials. secrets.sqs defaults to the enqueue one;
+secrets.reconcile to <fullname>-reconcile (a login of fleet_reconcile).
 */}}
 {{- define "fleet-ingest.secretName" -}}
 {{- .secret.existingSecret | default (printf "%s-%s" (include "fleet-ingest.fullname" .root) .default) -}}
