@@ -114,7 +114,7 @@ func view(b batch.Batch, now time.Time) batchView { return batchview.Of(b, now) 
 
 // addLinks fills in the River jobs and retries of views, and the paused
 // queue a waiting batch waits in. A login that may not read river_queue
-// (the door's, fleet_enqueue) shows no paused queue.
+// (fleet_enqueue before roles.sql granted it) shows no paused queue.
 func addLinks(ctx context.Context, pool *pgxpool.Pool, views []batchView) error {
 	if err := batchview.AddLinks(ctx, pool, views); err != nil {
 		return err
