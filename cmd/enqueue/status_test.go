@@ -69,11 +69,13 @@ func TestStatusAndListLinkJobsAndRetries(t *testing.T) {
 	require.Equal(t, "available", v.RiverJobs[0].State, "no worker ran it here")
 	require.Equal(t, []int64{retryID}, v.RetriedBy)
 	require.Zero(t, v.RetryOf)
+	require.Equal(t, retryID, v.SupersededBy, "the failure is superseded by the folder's newest batch, as the door says")
 	v = status(retryID)
 	require.Len(t, v.RiverJobs, 1)
 	require.Equal(t, retryJob, v.RiverJobs[0].JobID)
 	require.Equal(t, firstID, v.RetryOf)
 	require.Empty(t, v.RetriedBy)
+	require.Zero(t, v.SupersededBy, "the newest is superseded by none")
 
 	// list --json carries the same links.
 	out, code = runCLI(t, dbURL, "list", "--json", "--tenant-id", "tenant-l")
@@ -85,6 +87,7 @@ func TestStatusAndListLinkJobsAndRetries(t *testing.T) {
 		byID[lv.BatchID] = lv
 	}
 	require.Equal(t, []int64{retryID}, byID[firstID].RetriedBy)
+	require.Equal(t, retryID, byID[firstID].SupersededBy)
 	require.Equal(t, firstJob, byID[firstID].RiverJobs[0].JobID)
 	require.Equal(t, firstID, byID[retryID].RetryOf)
 	require.Equal(t, retryJob, byID[retryID].RiverJobs[0].JobID)

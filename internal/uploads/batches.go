@@ -126,11 +126,11 @@ type BatchPage struct {
 
 // handleBatches answers GET /v1/batches?[tenant_id=T][&folder=URL]
 // [&status=S][&newest=true][&since=RFC3339][&until=RFC3339][&limit=N]
-// [&cursor=C]: a page of the tenant's batches (with newest, only each
-// folder's newest batch; with status=Failed too, the folders whose newest
-// batch failed) (the import token names the tenant, a tenant
-// token is its own), newest first by reservation time, with the cursor of
-// the next page. Bad parameters are 422 naming the field.
+// [&cursor=C]: a page of the tenant's batches (the import token names the
+// tenant, a tenant token is its own), newest first by reservation time,
+// with the cursor of the next page. newest=true keeps each folder's newest
+// batch only: with status=Failed, the folders whose newest batch failed.
+// Bad parameters are 422 naming the field.
 func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 	caller, ok := s.importCallerOf(r)
 	if !ok {
