@@ -290,3 +290,50 @@ func TestStatusAndListSayTheQueueIsPaused(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, status(waiting), "paused")
 }
+
+// TestListNewestKeepsFoldersWhoseNewestFailed: list --tenant-id --newest
+// --status Failed lists the folders whose newest batch failed, not a
+// failure a later import of its folder superseded (shown by list --status
+// Failed with superseded_by), as GET /v1/batches?newest=true does.
+func TestListNewestKeepsFoldersWhoseNewestFailed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	imp := func(folder, status string) int64 {
+		t.Helper()
+		out, code := runCLI(t, dbURL, "import", "--tenant-id", "tenant-n", "--tenant-database", "db", "--company-id", "c", "--folder", "s3://fleet-bucket/tenants/tenant-n/db/c/"+folder)
+		require.Equal(t, cli.ExitOK, code, out)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &m), out)
+		id := int64(m["batch_id"].(float64))
+		_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET status = $2, completed_at = now() WHERE id = $1`, id, status)
+		require.NoError(t, err)
+		return id
+	}
+	fixed := imp("a", "Failed")
+	fixer := imp("a", "Succeeded")
+	broken := imp("b", "Failed")
+
+	list := func(args ...string) map[int64]batchView {
+		t.Helper()
+		out, code := runCLI(t, dbURL, append([]string{"list", "--json", "--tenant-id", "tenant-n", "--status", "Failed"}, args...)...)
+		require.Equal(t, cli.ExitOK, code, out)
+		got := map[int64]batchView{}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var v batchView
+			require.NoError(t, json.Unmarshal([]byte(line), &v), line)
+			if v.BatchID != 0 {
+				got[v.BatchID] = v
+			}
+		}
+		return got
+	}
+	all := list()
+	require.Len(t, all, 2)
+	require.Equal(t, fixer, all[fixed].SupersededBy)
+	require.Zero(t, all[broken].SupersededBy)
+	newest := list("--newest")
+	require.Len(t, newest, 1, "only the folder whose newest batch failed")
+	require.Contains(t, newest, broken)
+}
