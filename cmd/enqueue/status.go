@@ -56,6 +56,7 @@ type listCmd struct {
 	Since    string `name:"since" help:"Only batches reserved at or after this: an RFC 3339 time, or a duration before now (24h). Needs --tenant-id."`
 	Until    string `name:"until" help:"Only batches reserved before this: an RFC 3339 time, or a duration before now. Needs --tenant-id."`
 	Cursor   string `name:"cursor" help:"Continue after the page that printed this cursor (a page of --folder/--since/--until, or of --tenant-id with --cursor): the last line (JSON) or stderr (table) gives the next one."`
+	Newest   bool   `name:"newest" help:"Only each folder's newest batch (with --status Failed: the folders whose newest batch failed; a page of --tenant-id, as GET /v1/batches?newest=true)."`
 	Tenants  bool   `name:"tenants" help:"Per tenant instead of per batch: Running batches holding a lease (running) and waiting for one (waiting; not parked), as worker --max-running-per-tenant counts them. With --tenant-id, that tenant only."`
 }
 
@@ -114,7 +115,7 @@ func view(b batch.Batch, now time.Time) batchView { return batchview.Of(b, now) 
 
 // addLinks fills in the River jobs and retries of views, and the paused
 // queue a waiting batch waits in. A login that may not read river_queue
-// (the door's, fleet_enqueue) shows no paused queue.
+// (fleet_enqueue before roles.sql granted it) shows no paused queue.
 func addLinks(ctx context.Context, pool *pgxpool.Pool, views []batchView) error {
 	if err := batchview.AddLinks(ctx, pool, views); err != nil {
 		return err
@@ -652,7 +653,7 @@ func (l *listCmd) Run(c *enqueueCLI, e *cli.Env) error {
 // paged reports whether the listing is a page of one tenant's batches
 // (batch.Store.Page): by folder or time, or continuing a page.
 func (l *listCmd) paged() bool {
-	return l.Folder != "" || l.Since != "" || l.Until != "" || l.Cursor != ""
+	return l.Folder != "" || l.Since != "" || l.Until != "" || l.Cursor != "" || l.Newest
 }
 
 // print prints views as the table asked for, or JSON lines.
@@ -673,12 +674,12 @@ func (l *listCmd) print(e *cli.Env, views []batchView) {
 // time, newest first, and the cursor of the next page: the last JSON line
 // {"next_cursor": …}, or a line on stderr under a table.
 func (l *listCmd) listPage(ctx context.Context, pool *pgxpool.Pool, e *cli.Env) error {
-	f := batch.PageFilter{TenantID: l.TenantID, Status: batch.Status(l.Status), Limit: l.Limit}
+	f := batch.PageFilter{TenantID: l.TenantID, Status: batch.Status(l.Status), Limit: l.Limit, Newest: l.Newest}
 	if f.TenantID == "" {
-		return invalid(e, &jobs.InputError{Field: "tenant_id", Reason: "--folder, --since, --until and --cursor list one tenant's batches: give --tenant-id"})
+		return invalid(e, &jobs.InputError{Field: "tenant_id", Reason: "--folder, --since, --until, --cursor and --newest list one tenant's batches: give --tenant-id"})
 	}
 	if l.Stuck || l.Parked {
-		return invalid(e, &jobs.InputError{Field: "stuck", Reason: "--stuck and --parked do not combine with --folder, --since, --until or --cursor"})
+		return invalid(e, &jobs.InputError{Field: "stuck", Reason: "--stuck and --parked do not combine with --folder, --since, --until, --cursor or --newest"})
 	}
 	if l.Limit > batch.MaxPageSize {
 		return invalid(e, &jobs.InputError{Field: "limit", Reason: fmt.Sprintf("a page holds at most %d batches", batch.MaxPageSize)})

@@ -69,11 +69,13 @@ func TestStatusAndListLinkJobsAndRetries(t *testing.T) {
 	require.Equal(t, "available", v.RiverJobs[0].State, "no worker ran it here")
 	require.Equal(t, []int64{retryID}, v.RetriedBy)
 	require.Zero(t, v.RetryOf)
+	require.Equal(t, retryID, v.SupersededBy, "the failure is superseded by the folder's newest batch, as the door says")
 	v = status(retryID)
 	require.Len(t, v.RiverJobs, 1)
 	require.Equal(t, retryJob, v.RiverJobs[0].JobID)
 	require.Equal(t, firstID, v.RetryOf)
 	require.Empty(t, v.RetriedBy)
+	require.Zero(t, v.SupersededBy, "the newest is superseded by none")
 
 	// list --json carries the same links.
 	out, code = runCLI(t, dbURL, "list", "--json", "--tenant-id", "tenant-l")
@@ -85,6 +87,7 @@ func TestStatusAndListLinkJobsAndRetries(t *testing.T) {
 		byID[lv.BatchID] = lv
 	}
 	require.Equal(t, []int64{retryID}, byID[firstID].RetriedBy)
+	require.Equal(t, retryID, byID[firstID].SupersededBy)
 	require.Equal(t, firstJob, byID[firstID].RiverJobs[0].JobID)
 	require.Equal(t, firstID, byID[retryID].RetryOf)
 	require.Equal(t, retryJob, byID[retryID].RiverJobs[0].JobID)
@@ -286,4 +289,51 @@ func TestStatusAndListSayTheQueueIsPaused(t *testing.T) {
 	_, err = pool.Exec(ctx, `UPDATE river_queue SET paused_at = NULL WHERE name = 'fleet_ingest'`)
 	require.NoError(t, err)
 	require.NotContains(t, status(waiting), "paused")
+}
+
+// TestListNewestKeepsFoldersWhoseNewestFailed: list --tenant-id --newest
+// --status Failed lists the folders whose newest batch failed, not a
+// failure a later import of its folder superseded (shown by list --status
+// Failed with superseded_by), as GET /v1/batches?newest=true does.
+func TestListNewestKeepsFoldersWhoseNewestFailed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabaseURL(t)
+	pool := pgtest.Pool(t, dbURL)
+	imp := func(folder, status string) int64 {
+		t.Helper()
+		out, code := runCLI(t, dbURL, "import", "--tenant-id", "tenant-n", "--tenant-database", "db", "--company-id", "c", "--folder", "s3://fleet-bucket/tenants/tenant-n/db/c/"+folder)
+		require.Equal(t, cli.ExitOK, code, out)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &m), out)
+		id := int64(m["batch_id"].(float64))
+		_, err := pool.Exec(ctx, `UPDATE ingestion_batches SET status = $2, completed_at = now() WHERE id = $1`, id, status)
+		require.NoError(t, err)
+		return id
+	}
+	fixed := imp("a", "Failed")
+	fixer := imp("a", "Succeeded")
+	broken := imp("b", "Failed")
+
+	list := func(args ...string) map[int64]batchView {
+		t.Helper()
+		out, code := runCLI(t, dbURL, append([]string{"list", "--json", "--tenant-id", "tenant-n", "--status", "Failed"}, args...)...)
+		require.Equal(t, cli.ExitOK, code, out)
+		got := map[int64]batchView{}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var v batchView
+			require.NoError(t, json.Unmarshal([]byte(line), &v), line)
+			if v.BatchID != 0 {
+				got[v.BatchID] = v
+			}
+		}
+		return got
+	}
+	all := list()
+	require.Len(t, all, 2)
+	require.Equal(t, fixer, all[fixed].SupersededBy)
+	require.Zero(t, all[broken].SupersededBy)
+	newest := list("--newest")
+	require.Len(t, newest, 1, "only the folder whose newest batch failed")
+	require.Contains(t, newest, broken)
 }

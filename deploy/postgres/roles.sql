@@ -293,6 +293,10 @@ GRANT SELECT, INSERT ON river_job TO fleet_enqueue, fleet_reconcile;
 GRANT UPDATE (kind) ON river_job TO fleet_enqueue, fleet_reconcile;
 GRANT USAGE ON SEQUENCE river_job_id_seq TO fleet_enqueue, fleet_reconcile;
 GRANT SELECT ON river_migration TO fleet_enqueue, fleet_reconcile;
+-- River queues: read only, so that the door's GET /v1/batches shows a batch
+-- waiting in a paused queue (queue_paused) as enqueue status does. Not
+-- required: without it the door shows no paused queue.
+GRANT SELECT ON river_queue TO fleet_enqueue;
 
 -- Replay records of enqueue serve's signed requests (migration 00010):
 -- read, and written only through the functions of migration 00080.

@@ -296,6 +296,10 @@ func TestDoorLoginReservesAndInsertsButChangesNothing(t *testing.T) {
 	require.Empty(t, startAfter, "the door moved the checkpoint")
 	require.Equal(t, adminLogin, deref(movedBy), "only the admin's write is recorded")
 
+	// The door reads River's queues (queue_paused in GET /v1/batches),
+	// and changes none (above and below: no pause).
+	_, err = db.door.Exec(ctx, `SELECT name FROM river_queue WHERE paused_at IS NOT NULL`)
+	require.NoError(t, err, "the door reads river_queue")
 	for _, sql := range []string{
 		`SELECT count(*) FROM curated.fleet_slices`,
 		`SELECT count(*) FROM curated.fleet_load_objects`,

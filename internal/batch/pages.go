@@ -26,6 +26,10 @@ type PageFilter struct {
 	After *Cursor
 	// Limit is the page's size, 1 to MaxPageSize; 0: DefaultPageSize.
 	Limit int
+	// Newest, if set, keeps only the newest batch of each folder (no
+	// later batch of its tenant and source scope: the highest id, as
+	// Latest); with Status Failed, the folders whose newest batch failed.
+	Newest bool
 }
 
 // Page sizes.
@@ -138,6 +142,15 @@ func pageQuery(f PageFilter) (string, []any, int) {
 	}
 	if f.After != nil {
 		add("(started_at, id) < ($?, $?)", f.After.StartedAt, f.After.ID)
+	}
+	if f.Newest {
+		// A scalar subquery, so a SubPlan: one probe of
+		// ix_ingestion_batches_scope (its highest id) per row read,
+		// whatever the statistics say (NOT EXISTS becomes an anti join,
+		// which on an empty-statistics table may scan the tenant's whole
+		// index for each row).
+		where = append(where, `id = (SELECT max(later.id) FROM ingestion_batches later
+			WHERE later.tenant_id = ingestion_batches.tenant_id AND later.source_scope = ingestion_batches.source_scope)`)
 	}
 	args = append(args, f.Limit+1)
 	return fmt.Sprintf(`SELECT %s FROM ingestion_batches WHERE %s ORDER BY started_at DESC, id DESC LIMIT $%d`,

@@ -2,6 +2,7 @@ package batch_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -137,10 +138,70 @@ func TestPageQueriesReadIndexesAt100kBatches(t *testing.T) {
 		"a tenant's window":           {batch.PageFilter{TenantID: "tenant-7", Since: end.Add(-20_000 * time.Second), Until: end.Add(-10_000 * time.Second)}, "ix_ingestion_batches_tenant_started"},
 		"a tenant's window, page two": {batch.PageFilter{TenantID: "tenant-7", Since: end.Add(-90_000 * time.Second), After: cursor}, "ix_ingestion_batches_tenant_started"},
 		"a tenant's newest":           {batch.PageFilter{TenantID: "tenant-7", Status: batch.StatusSucceeded}, "ix_ingestion_batches_tenant_started"},
+		"folders whose newest failed": {batch.PageFilter{TenantID: "tenant-7", Status: batch.StatusFailed, Newest: true}, "ix_ingestion_batches_scope"},
+		"folders' newest, page two":   {batch.PageFilter{TenantID: "tenant-7", Newest: true, After: cursor}, "ix_ingestion_batches_scope"},
 	} {
 		p := plan(tt.f)
 		require.Contains(t, p, tt.index, "%s:\n%s", name, p)
 		require.NotContains(t, p, "Seq Scan", "%s:\n%s", name, p)
 		t.Logf("%s:\n%s", name, p)
+	}
+}
+
+// TestNewestFailedPageReadsIndexesWithoutStatistics: on a table never
+// analyzed (a fresh database, or statistics gone stale), the generic plan
+// of the listing of folders whose newest batch failed (newest=true with
+// status=Failed, first and later pages) walks the tenant's index in page
+// order and probes the folder index (its highest id) once per row, keyed
+// by the row's folder: no sequential scan, no sort of the tenant's
+// batches, no scan of the tenant's whole index per row.
+func TestNewestFailedPageReadsIndexesWithoutStatistics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewPool(t)
+	end := time.Now().UTC().Truncate(time.Second)
+	insertFinished(t, pool, "tenant-a", "fleet_s3:s3://b/tenants/tenant-a/db/c/f", 3, end)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
+	require.NoError(t, err)
+	for name, f := range map[string]batch.PageFilter{
+		"first page": {TenantID: "tenant-a", Status: batch.StatusFailed, Newest: true},
+		"next page":  {TenantID: "tenant-a", Status: batch.StatusFailed, Newest: true, After: &batch.Cursor{StartedAt: end, ID: 2}},
+	} {
+		q, args := batch.PageQuery(f)
+		_, err := conn.Exec(ctx, "PREPARE newest_failed AS "+q)
+		require.NoError(t, err)
+		lits := make([]string, len(args))
+		for i, a := range args {
+			switch a := a.(type) {
+			case string:
+				lits[i] = "'" + strings.ReplaceAll(a, "'", "''") + "'"
+			case time.Time:
+				lits[i] = "'" + a.Format(time.RFC3339Nano) + "'::timestamptz"
+			default:
+				lits[i] = fmt.Sprint(a)
+			}
+		}
+		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE newest_failed("+strings.Join(lits, ", ")+")")
+		require.NoError(t, err)
+		var lines []string
+		for rows.Next() {
+			var l string
+			require.NoError(t, rows.Scan(&l))
+			lines = append(lines, l)
+		}
+		require.NoError(t, rows.Err())
+		_, err = conn.Exec(ctx, "DEALLOCATE newest_failed")
+		require.NoError(t, err)
+		require.Contains(t, strings.Join(lines, "\n"), "$1", "%s: a generic plan", name)
+		p := strings.Join(lines, "\n")
+		t.Logf("%s:\n%s", name, p)
+		require.Contains(t, p, "ix_ingestion_batches_tenant_started", "%s:\n%s", name, p)
+		require.Contains(t, p, "ix_ingestion_batches_scope", "%s:\n%s", name, p)
+		require.NotContains(t, p, "Seq Scan", "%s:\n%s", name, p)
+		require.NotContains(t, p, "Sort", "%s:\n%s", name, p)
+		require.Contains(t, p, "source_scope = (ingestion_batches.source_scope)", "%s: one probe of the folder's index per row:\n%s", name, p)
 	}
 }

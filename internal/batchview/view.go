@@ -70,6 +70,11 @@ type View struct {
 	// batches that retry this one.
 	RetryOf   int64   `json:"retry_of,omitempty"`
 	RetriedBy []int64 `json:"retried_by,omitempty"`
+	// SupersededBy is the newest batch of the same folder when this one is
+	// not it (a later import, re-import or retry of the folder): a Failed
+	// batch with SupersededBy is no longer the folder's state. Set by
+	// AddLinks.
+	SupersededBy int64 `json:"superseded_by,omitempty"`
 	// RiverJobs are the batch's River jobs still in river_job (River
 	// deletes finalized jobs after its retention: a day for completed
 	// ones), oldest first: the ids the River UI shows and operators act on.
@@ -170,8 +175,8 @@ func Of(b batch.Batch, now time.Time) View {
 	return v
 }
 
-// AddLinks fills in the River jobs of views' batches and the batches that
-// retry them.
+// AddLinks fills in the River jobs of views' batches, the batches that
+// retry them, and the folder's newest batch that superseded them.
 func AddLinks(ctx context.Context, pool *pgxpool.Pool, views []View) error {
 	ids := make([]int64, len(views))
 	for i, v := range views {
@@ -185,8 +190,13 @@ func AddLinks(ctx context.Context, pool *pgxpool.Pool, views []View) error {
 	if err != nil {
 		return fmt.Errorf("retries of the batches: %w", err)
 	}
+	superseded, err := batch.NewStore(pool).SupersededBy(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("newest batches of the folders: %w", err)
+	}
 	for i := range views {
-		views[i].RiverJobs, views[i].RetriedBy = riverJobs[views[i].BatchID], retries[views[i].BatchID]
+		id := views[i].BatchID
+		views[i].RiverJobs, views[i].RetriedBy, views[i].SupersededBy = riverJobs[id], retries[id], superseded[id]
 	}
 	return nil
 }

@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fleet/ingest/internal/batch"
 	"github.com/fleet/ingest/internal/batchview"
 	"github.com/fleet/ingest/internal/folder"
@@ -85,12 +88,27 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	views := []batchview.View{batchview.Of(b, time.Now())}
-	if err := batchview.AddLinks(ctx, s.cfg.Enqueuer.Pool, views); err != nil {
+	if err := addLinks(ctx, s.cfg.Enqueuer.Pool, views); err != nil {
 		s.cfg.Logger.Error("reading a batch's jobs failed: database unavailable", "error", err, "batch_id", id)
 		s.reply(w, routeBatch, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
 		return
 	}
 	s.reply(w, routeBatch, http.StatusOK, "found", BatchAnswer{Outcome: "found", View: views[0]})
+}
+
+// addLinks fills in views' River jobs, retries and superseding batch
+// (batchview.AddLinks) and the paused queue a waiting batch waits in
+// (queue_paused, as enqueue status shows it); a login that may not read
+// river_queue shows no paused queue.
+func addLinks(ctx context.Context, pool *pgxpool.Pool, views []batchview.View) error {
+	if err := batchview.AddLinks(ctx, pool, views); err != nil {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if err := batchview.AddPausedQueues(ctx, pool, views); err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42501") {
+		return err
+	}
+	return nil
 }
 
 // BatchPage is the answer of GET /v1/batches: a page of the tenant's
@@ -107,10 +125,12 @@ type BatchPage struct {
 }
 
 // handleBatches answers GET /v1/batches?[tenant_id=T][&folder=URL]
-// [&status=S][&since=RFC3339][&until=RFC3339][&limit=N][&cursor=C]: a page
-// of the tenant's batches (the import token names the tenant, a tenant
-// token is its own), newest first by reservation time, with the cursor of
-// the next page. Bad parameters are 422 naming the field.
+// [&status=S][&newest=true][&since=RFC3339][&until=RFC3339][&limit=N]
+// [&cursor=C]: a page of the tenant's batches (the import token names the
+// tenant, a tenant token is its own), newest first by reservation time,
+// with the cursor of the next page. newest=true keeps each folder's newest
+// batch only: with status=Failed, the folders whose newest batch failed.
+// Bad parameters are 422 naming the field.
 func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 	caller, ok := s.importCallerOf(r)
 	if !ok {
@@ -162,6 +182,14 @@ func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 			*t.into = at
 		}
 	}
+	switch q.Get("newest") {
+	case "", "false":
+	case "true":
+		f.Newest = true
+	default:
+		invalid("newest", "must be true or false")
+		return
+	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > batch.MaxPageSize {
@@ -206,7 +234,7 @@ func (s *Server) handleBatches(w http.ResponseWriter, r *http.Request) {
 	for _, b := range page {
 		out.Batches = append(out.Batches, batchview.Of(b, now))
 	}
-	if err := batchview.AddLinks(ctx, s.cfg.Enqueuer.Pool, out.Batches); err != nil {
+	if err := addLinks(ctx, s.cfg.Enqueuer.Pool, out.Batches); err != nil {
 		s.cfg.Logger.Error("listing batches' jobs failed: database unavailable", "error", err)
 		s.reply(w, routeBatches, http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"})
 		return
