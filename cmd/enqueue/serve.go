@@ -286,7 +286,9 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	for _, pattern := range []string{"POST /v1/imports", "POST /v1/events/s3", "GET /v1/batches/{id}", "GET /v1/batches", "GET /metrics", "GET /healthz", "GET /readyz"} {
 		public.Handle(pattern, routes)
 	}
-	public.HandleFunc("/v1/batches/{id}/cancel", adminOnly("POST /v1/batches/{id}/cancel"))
+	// A tenant token cancels its own parked or not yet started batch here;
+	// the operators' cancel stays on the admin listener.
+	public.Handle("/v1/batches/{id}/cancel", srv.TenantCancel(adminOnly("POST /v1/batches/{id}/cancel with an operator token")))
 	public.HandleFunc(riverUIPrefix+"/", adminOnly("the River UI"))
 	public.HandleFunc("/debug/pprof/", adminOnly("pprof"))
 	public.Handle("/", routes) // everything else: the mux's own 404 and 405
@@ -422,7 +424,7 @@ func (s *serveCmd) connectOperator(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool
 	defer cancel()
 	var login string
 	var mayCancel bool
-	err := opPool.QueryRow(ctx, `SELECT current_user, has_column_privilege('ingestion_batches', 'cancelled_at', 'UPDATE')`).Scan(&login, &mayCancel)
+	err := opPool.QueryRow(ctx, `SELECT current_user, has_column_privilege('ingestion_batches', 'cancelled_at', 'UPDATE') AND has_table_privilege('river_job', 'UPDATE')`).Scan(&login, &mayCancel)
 	switch {
 	case err != nil:
 		e.Logger.Warn("could not check the operator surfaces' database login", "error", err)
