@@ -170,6 +170,12 @@ func (s *Store) Cancel(ctx context.Context, req CancelRequest) (CancelResult, er
 			res = CancelResult{Outcome: CancelLeased, Batch: b}
 			return nil
 		}
+		if errors.Is(err, ErrNotFound) {
+			// The row lockBatch read is not this login's to change: its
+			// row-level security hides it (the door's login, which may
+			// cancel only a tenant's batch no delivery holds).
+			return fmt.Errorf("cancelling batch %d: permission denied for this database login (row-level security); an operator cancels with the operator login (fleet_operator)", b.ID)
+		}
 		if err != nil {
 			return fmt.Errorf("cancelling batch %d: %w", b.ID, err)
 		}
