@@ -219,13 +219,17 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 			requireDenied(t, role, "permission denied", `UPDATE ingestion_batches SET `+set+` WHERE id = $1`, id)
 		}
 	}
-	// The door changes no batch; the operator only ever sets Running or
-	// Failed, and never touches a Succeeded batch: neither declares or
-	// undoes success, by update or by insert.
-	requireDenied(t, e, "permission denied", `UPDATE ingestion_batches SET status = 'Failed' WHERE id = $1`, id2)
+	// The door changes no batch but a tenant's cancel of one no delivery
+	// holds (issue 45: a Succeeded batch is hidden from its updates); the
+	// operator only ever sets Running or Failed, and never touches a
+	// Succeeded batch: neither declares or undoes success, by update or by
+	// insert.
+	tag, err := e.Exec(ctx, `UPDATE ingestion_batches SET status = 'Failed' WHERE id = $1`, id2)
+	require.NoError(t, err)
+	require.Zero(t, tag.RowsAffected(), "a Succeeded batch is hidden from the door's updates")
 	requireDenied(t, o, "row-level security", `UPDATE ingestion_batches SET status = 'Succeeded' WHERE id = $1`, id3)
 	requireDenied(t, o, "row-level security", `UPDATE ingestion_batches SET status = 'Succeeded', details = details WHERE status <> 'Succeeded'`)
-	tag, err := o.Exec(ctx, `UPDATE ingestion_batches SET status = 'Failed', completed_at = now() WHERE id = $1`, id2)
+	tag, err = o.Exec(ctx, `UPDATE ingestion_batches SET status = 'Failed', completed_at = now() WHERE id = $1`, id2)
 	require.NoError(t, err)
 	require.Zero(t, tag.RowsAffected(), "a Succeeded batch is hidden from the operator's updates")
 	// The operator prunes history (enqueue prune): row-level security lets

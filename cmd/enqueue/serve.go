@@ -23,7 +23,7 @@ import (
 
 type serveCmd struct {
 	Listen            string        `name:"listen" env:"LISTEN_ADDR" default:":8080" help:"Address to listen on."`
-	AdminListen       string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" default:":8081" help:"Address of the admin listener, inside the cluster only: /healthz, /readyz and /metrics for kubelet probes and Prometheus (they refuse request bodies), and the operator surfaces, served nowhere else: POST /v1/batches/{id}/cancel, the River UI at /riverui/ and pprof at /debug/pprof/ (all with the operator token). A port of its own, so no client of --listen can starve it. Empty: no admin listener, and no cancel route, River UI or pprof."`
+	AdminListen       string        `name:"admin-listen" env:"ADMIN_LISTEN_ADDR" default:":8081" help:"Address of the admin listener, inside the cluster only: /healthz, /readyz and /metrics for kubelet probes and Prometheus (they refuse request bodies), and the operator surfaces, served nowhere else: POST /v1/batches/{id}/cancel with an operator token (a tenant token cancels its own batch no delivery holds on --listen), the River UI at /riverui/ and pprof at /debug/pprof/ (all with the operator token). A port of its own, so no client of --listen can starve it. Empty: no admin listener, and no cancel route, River UI or pprof."`
 	AuthTokenFile     string        `name:"auth-token-file" env:"ENQUEUE_AUTH_TOKEN_FILE" help:"File of the import tokens, the bearer tokens import requests must carry: one per line (blank lines and lines starting with # skipped), every one accepted, so the token rotates without a cut-over (add the new line, move the clients, remove the old line). Read again every --secrets-reload; while it cannot be read or holds no token, no import token is accepted."`
 	AuthToken         string        `name:"auth-token" env:"ENQUEUE_AUTH_TOKEN" hidden:"" help:"Import token (environment only; a flag value would show in ps)."`
 	OperatorTokenFile string        `name:"operator-token-file" env:"ENQUEUE_OPERATOR_TOKEN_FILE" help:"File of operator tokens, the only credentials of POST /v1/batches/{id}/cancel and the River UI (which act on any tenant's work; the import token never opens them), one per line: \"<operator name> sha256:<hex>\", the SHA-256 of the token (enqueue token operator --name prints a token and its line). The name is who acts in the operators' audit (enqueue audit). Reloaded every --operator-tokens-reload, line by line: a line added works, a line removed stops working, a malformed line is refused (the others apply), a missing file accepts no operator token. A file holding one token itself (the former format) is still read, as operator \"operator\" (deprecated). Without it the operator surfaces are not served. No operator token may be the import token."`
@@ -286,7 +286,9 @@ func (s *serveCmd) Run(c *enqueueCLI, e *cli.Env) error {
 	for _, pattern := range []string{"POST /v1/imports", "POST /v1/events/s3", "GET /v1/batches/{id}", "GET /v1/batches", "GET /metrics", "GET /healthz", "GET /readyz"} {
 		public.Handle(pattern, routes)
 	}
-	public.HandleFunc("/v1/batches/{id}/cancel", adminOnly("POST /v1/batches/{id}/cancel"))
+	// A tenant token cancels its own parked or not yet started batch here;
+	// the operators' cancel stays on the admin listener.
+	public.Handle("/v1/batches/{id}/cancel", srv.TenantCancel(adminOnly("POST /v1/batches/{id}/cancel with an operator token")))
 	public.HandleFunc(riverUIPrefix+"/", adminOnly("the River UI"))
 	public.HandleFunc("/debug/pprof/", adminOnly("pprof"))
 	public.Handle("/", routes) // everything else: the mux's own 404 and 405
@@ -422,7 +424,7 @@ func (s *serveCmd) connectOperator(c *enqueueCLI, e *cli.Env, pool *pgxpool.Pool
 	defer cancel()
 	var login string
 	var mayCancel bool
-	err := opPool.QueryRow(ctx, `SELECT current_user, has_column_privilege('ingestion_batches', 'cancelled_at', 'UPDATE')`).Scan(&login, &mayCancel)
+	err := opPool.QueryRow(ctx, `SELECT current_user, has_column_privilege('ingestion_batches', 'cancelled_at', 'UPDATE') AND has_table_privilege('river_job', 'UPDATE')`).Scan(&login, &mayCancel)
 	switch {
 	case err != nil:
 		e.Logger.Warn("could not check the operator surfaces' database login", "error", err)

@@ -173,6 +173,7 @@ DROP POLICY IF EXISTS fleet_worker_update ON ingestion_batches;
 DROP POLICY IF EXISTS fleet_enqueue_read ON ingestion_batches;
 DROP POLICY IF EXISTS fleet_enqueue_insert ON ingestion_batches;
 DROP POLICY IF EXISTS fleet_enqueue_update ON ingestion_batches;
+DROP POLICY IF EXISTS fleet_enqueue_cancel ON ingestion_batches;
 DROP POLICY IF EXISTS fleet_operator_update ON ingestion_batches;
 DROP POLICY IF EXISTS fleet_read ON ingestion_batches;
 DROP POLICY IF EXISTS fleet_reserve ON ingestion_batches;
@@ -297,6 +298,22 @@ GRANT SELECT ON river_migration TO fleet_enqueue, fleet_reconcile;
 -- waiting in a paused queue (queue_paused) as enqueue status does. Not
 -- required: without it the door shows no paused queue.
 GRANT SELECT ON river_queue TO fleet_enqueue;
+
+-- A tenant's cancel of its own batch (POST /v1/batches/{id}/cancel with a
+-- tenant token, enqueue serve's public listener): Running → Failed of a
+-- batch no delivery holds (parked, or reserved and not yet started), the
+-- columns an operator's cancel writes, and only as a tenant's cancel. The
+-- policy hides a batch under a live lease from the door's login (only an
+-- operator cancels running work) and lets it write nothing but a cancel
+-- recorded as a tenant's. No River job is changed (a queued delivery
+-- finds the batch terminal and ends).
+GRANT UPDATE (status, details, completed_at, updated_at,
+              execution_lease_id, execution_lease_expires_at, execution_lease_generation,
+              execution_lease_terms, cancelled_at, cancelled_by, cancel_reason)
+    ON ingestion_batches TO fleet_enqueue;
+CREATE POLICY fleet_enqueue_cancel ON ingestion_batches FOR UPDATE TO fleet_enqueue
+    USING (status = 'Running' AND (execution_lease_id IS NULL OR execution_lease_expires_at <= now()))
+    WITH CHECK (status = 'Failed' AND cancelled_by LIKE 'tenant:%');
 
 -- Replay records of enqueue serve's signed requests (migration 00010):
 -- read, and written only through the functions of migration 00080.

@@ -217,19 +217,42 @@ func TestDoorLoginReservesAndInsertsButChangesNothing(t *testing.T) {
 	acq, err := lease.NewStore(db.worker).Acquire(ctx, running.BatchID, "worker-1", time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, lease.Acquired, acq.Outcome)
+	// A batch no delivery holds, which its tenant may cancel (the public
+	// cancel route): the door's policy lets it write only that cancel.
+	idle := importFolder(t, door, "tenant-a", "up-3")
 	for _, sql := range []string{
 		`UPDATE ingestion_batches SET status = 'Failed', completed_at = now() WHERE id = $1`,
 		`UPDATE ingestion_batches SET details = details || '{"phase": "failed_pre_commit"}' WHERE id = $1`,
-		`UPDATE ingestion_batches SET execution_lease_generation = execution_lease_generation + 1 WHERE status = 'Running' AND id <> $1`,
-		`UPDATE ingestion_batches SET cancelled_at = now(), cancelled_by = 'door' WHERE id <> $1`,
-		`DELETE FROM ingestion_batches WHERE id = $1`,
+		`UPDATE ingestion_batches SET status = 'Failed', cancelled_at = now(), cancelled_by = 'tenant:tenant-b' WHERE id = $1`,
 	} {
-		requireDenied(t, db.door, sql, other)
+		requireNoRowChanged(t, db.door, sql, other)           // Succeeded: not the door's to change
+		requireNoRowChanged(t, db.door, sql, running.BatchID) // under a live lease: an operator's
 	}
+	for _, sql := range []string{
+		`UPDATE ingestion_batches SET execution_lease_generation = execution_lease_generation + 1 WHERE id = $1`,
+		`UPDATE ingestion_batches SET cancelled_at = now(), cancelled_by = 'door' WHERE id = $1`,
+		`UPDATE ingestion_batches SET status = 'Failed', completed_at = now() WHERE id = $1`,
+	} {
+		requireDenied(t, db.door, sql, idle.BatchID) // only a cancel recorded as a tenant's
+	}
+	requireDenied(t, db.door, `DELETE FROM ingestion_batches WHERE id = $1`, other)
 	s, _ := status(t, db.admin, other)
 	require.Equal(t, batch.StatusSucceeded, s)
 	_, generation := status(t, db.admin, running.BatchID)
 	require.Equal(t, acq.Lease.Generation, generation, "the holder is not fenced")
+	// The tenant's cancel through the door's login: refused under a live
+	// lease, done for the idle batch (its jobs left to end on their own).
+	res, err := door.Cancel(ctx, jobs.CancelRequest{BatchID: running.BatchID, TenantID: "tenant-a", By: jobs.TenantActor("tenant-a"), Tenant: true})
+	require.NoError(t, err)
+	require.Equal(t, jobs.OutcomeNotCancellable, res.Outcome)
+	require.Equal(t, jobs.ReasonLeased, res.Reason)
+	res, err = door.Cancel(ctx, jobs.CancelRequest{BatchID: idle.BatchID, TenantID: "tenant-a", By: jobs.TenantActor("tenant-a"), Reason: "wrong upload", Tenant: true})
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", res.Outcome)
+	s, _ = status(t, db.admin, idle.BatchID)
+	require.Equal(t, batch.StatusFailed, s)
+	s, _ = status(t, db.admin, running.BatchID)
+	require.Equal(t, batch.StatusRunning, s)
 
 	for _, sql := range []string{
 		`UPDATE river_job SET state = 'cancelled', finalized_at = now()`,

@@ -24,6 +24,10 @@ type CancelRequest struct {
 	By string
 	// Reason is free text recorded with the cancel; optional.
 	Reason string
+	// Unleased cancels only a batch no delivery holds (no lease, or one
+	// that expired): a tenant's cancel of its own parked or not yet
+	// started batch. A batch under a live lease answers CancelLeased.
+	Unleased bool
 }
 
 // Validate checks the request before anything touches the database. It
@@ -65,6 +69,9 @@ const (
 	NotCancellable
 	// CancelNotFound means no batch of the tenant has the id.
 	CancelNotFound
+	// CancelLeased means an Unleased cancel found a delivery holding the
+	// batch's lease: running work, which only an operator cancels.
+	CancelLeased
 )
 
 func (o CancelOutcome) String() string {
@@ -75,6 +82,8 @@ func (o CancelOutcome) String() string {
 		return "not_cancellable"
 	case CancelNotFound:
 		return "not_found"
+	case CancelLeased:
+		return "leased"
 	}
 	return "unknown"
 }
@@ -116,6 +125,7 @@ var cancelSQL = `
 	        ELSE details END
 	FROM (SELECT clock_timestamp() AS at) c
 	WHERE id = $1 AND status = 'Running'
+	  AND (NOT $6::bool OR execution_lease_id IS NULL OR execution_lease_expires_at <= now())
 	RETURNING ` + columns
 
 // Cancel cancels a Running scoped batch for an operator: see cancelSQL. It
@@ -130,7 +140,7 @@ func (s *Store) Cancel(ctx context.Context, req CancelRequest) (CancelResult, er
 	}
 	var res CancelResult
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		b, _, err := lockBatch(ctx, tx, req.BatchID)
+		b, now, err := lockBatch(ctx, tx, req.BatchID)
 		if errors.Is(err, ErrNotFound) || (err == nil && b.TenantID != req.TenantID) {
 			res = CancelResult{Outcome: CancelNotFound}
 			return nil
@@ -145,11 +155,27 @@ func (s *Store) Cancel(ctx context.Context, req CancelRequest) (CancelResult, er
 			res = CancelResult{Outcome: NotCancellable, Batch: b}
 			return nil
 		}
+		if req.Unleased && b.LeaseID != nil && b.LeaseExpiresAt != nil && b.LeaseExpiresAt.After(now) {
+			res = CancelResult{Outcome: CancelLeased, Batch: b}
+			return nil
+		}
 		msg := "cancelled by " + req.By
 		if req.Reason != "" {
 			msg += ": " + req.Reason
 		}
-		cancelled, err := scanBatch(tx.QueryRow(ctx, cancelSQL, b.ID, req.By, req.Reason, perr == nil, msg))
+		cancelled, err := scanBatch(tx.QueryRow(ctx, cancelSQL, b.ID, req.By, req.Reason, perr == nil, msg, req.Unleased))
+		if req.Unleased && errors.Is(err, ErrNotFound) {
+			// A delivery took the lease after the read (the door's login
+			// could not lock a leased row: its policy hides it).
+			res = CancelResult{Outcome: CancelLeased, Batch: b}
+			return nil
+		}
+		if errors.Is(err, ErrNotFound) {
+			// The row lockBatch read is not this login's to change: its
+			// row-level security hides it (the door's login, which may
+			// cancel only a tenant's batch no delivery holds).
+			return fmt.Errorf("cancelling batch %d: permission denied for this database login (row-level security); an operator cancels with the operator login (fleet_operator)", b.ID)
+		}
 		if err != nil {
 			return fmt.Errorf("cancelling batch %d: %w", b.ID, err)
 		}

@@ -443,7 +443,7 @@ func (p *Pipeline) load(ctx context.Context, run *pipeline.Run, f folder.Folder,
 	summary := folder.Summarize(listing, marker)
 	if summary.Marker == "" && !run.Details.MarkerOptional {
 		return warehouse.Stamp{}, false, pipeline.FailBecause(batch.PhaseFailedPreCommit, batch.ReasonFolderIncomplete,
-			fmt.Errorf("folder %s holds no completion marker %q (%d data objects): it is loaded once its producer writes the marker; a producer that writes none is imported with the marker opt-out (enqueue import --no-marker)", f, marker, len(objects)))
+			fmt.Errorf("folder %s holds no completion marker %q (%d data objects): it is loaded once its producer writes the marker; a producer that writes none is imported with the marker opt-out (\"no_marker\": true in an HTTP import, enqueue import --no-marker)", f, marker, len(objects)))
 	}
 	if summary.Late > 0 {
 		late := folder.Late(listing, marker)

@@ -147,6 +147,13 @@ func Required(role Role) []Privilege {
 		p = append(p, Privilege{Kind: KindFunction, Object: "public.ingest_advance_batch_ids(bigint)", Mode: "EXECUTE"})
 	case Enqueue:
 		p = append(p, reserve()...)
+		// A tenant's cancel of its own batch no delivery holds (the
+		// public cancel route): an operator cancel's columns, under a
+		// policy of the door's own.
+		p = append(p, columns(batches, "UPDATE", "status", "details", "completed_at", "updated_at",
+			"execution_lease_id", "execution_lease_expires_at", "execution_lease_generation",
+			"execution_lease_terms", "cancelled_at", "cancelled_by", "cancel_reason")...)
+		p = append(p, policy("UPDATE"))
 		p = append(p, columns("public.ingest_seen_signatures", "SELECT", "digest", "expires_at")...)
 		for _, f := range []string{"ingest_claim_signature(bytea, interval)", "ingest_release_signature(bytea, bytea)", "ingest_prune_signatures()"} {
 			p = append(p, Privilege{Kind: KindFunction, Object: "public." + f, Mode: "EXECUTE"})

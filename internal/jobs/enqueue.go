@@ -140,6 +140,10 @@ type Result struct {
 	NewerBatchID int64 `json:"newer_batch_id,omitempty"`
 	// Field names the refused input of an invalid_input outcome.
 	Field string `json:"field,omitempty"`
+	// Hint says, in words, what the caller can do about a conflict or an
+	// already_succeeded answer (set by the HTTP door, naming JSON fields
+	// and routes rather than CLI flags).
+	Hint string `json:"hint,omitempty"`
 }
 
 // Enqueuer reserves batches and inserts their River jobs in one transaction.
@@ -697,7 +701,23 @@ type CancelRequest struct {
 	// Actor is who asks, from the credential: recorded with the cancel
 	// in the operators' audit, in its transaction.
 	Actor audit.Actor `json:"-"`
+	// Tenant marks a tenant's cancel of its own batch (the public cancel
+	// route with a tenant token; By is TenantActor(tenant)): only a batch
+	// no delivery holds (parked, or not yet started) is cancelled, a
+	// leased one answers not_cancellable with reason leased. It writes no
+	// row of the operators' audit (no operator acted; the batch's
+	// cancelled_by, cancel_reason and the log line record it) and cancels
+	// no River job (the door's login may not change a job): a queued
+	// delivery finds the batch terminal and ends without a write.
+	Tenant bool `json:"-"`
 }
+
+// ReasonLeased is the reason of a tenant's cancel refused because a
+// delivery holds the batch: only an operator cancels running work.
+const ReasonLeased = "leased"
+
+// TenantActor is the cancelled_by of a tenant's own cancel.
+func TenantActor(tenant string) string { return "tenant:" + tenant }
 
 // Cancel cancels a Running batch for an operator, in one transaction: the
 // fenced transition of batch.Store.Cancel (lease revoked, status Failed with
@@ -708,7 +728,7 @@ type CancelRequest struct {
 // not_found (also for another tenant's batch).
 func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error) {
 	req.By = cmp.Or(req.By, req.Actor.By())
-	breq := batch.CancelRequest{BatchID: req.BatchID, TenantID: req.TenantID, By: req.By, Reason: req.Reason}
+	breq := batch.CancelRequest{BatchID: req.BatchID, TenantID: req.TenantID, By: req.By, Reason: req.Reason, Unleased: req.Tenant}
 	if err := breq.Validate(); err != nil {
 		return Result{}, inputError(err)
 	}
@@ -720,9 +740,16 @@ func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error
 		}
 		res = Result{Outcome: cr.Outcome.String(), BatchID: req.BatchID, SourceScope: cr.Batch.Scope()}
 		record := func() error {
+			if req.Tenant {
+				return nil // no operator acted
+			}
 			return recordAction(ctx, tx, audit.ActionCancel, req.Actor, req.Reason, req.BatchID, req.TenantID, res)
 		}
 		switch cr.Outcome {
+		case batch.CancelLeased:
+			res.Outcome, res.Reason, res.Status = OutcomeNotCancellable, ReasonLeased, string(cr.Batch.Status)
+			res.Error = fmt.Sprintf("batch %d is being loaded (a delivery holds it): only an operator cancels running work; wait for its outcome, or ask an operator", req.BatchID)
+			return nil
 		case batch.CancelNotFound:
 			res.BatchID = 0
 			return record()
@@ -734,6 +761,9 @@ func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error
 			return record()
 		}
 		res.PreviousHolder = cr.PreviousHolder
+		if req.Tenant {
+			return nil
+		}
 		rows, err := tx.Query(ctx, `
 			SELECT id FROM river_job
 			WHERE kind = $1 AND args @> jsonb_build_object('batch_id', $2::bigint)
@@ -757,9 +787,18 @@ func (e *Enqueuer) Cancel(ctx context.Context, req CancelRequest) (Result, error
 	if err != nil {
 		return Result{}, err
 	}
+	if req.Tenant {
+		e.logger().Warn(TenantLog, "action", "cancel", "by", req.By, "reason", req.Reason, "batch_id", req.BatchID,
+			"tenant_id", req.TenantID, "outcome", res.Outcome, "refusal", res.Reason)
+		return res, nil
+	}
 	e.operatorLog("cancel", req.By, req.Actor.Note, req.Reason, req.BatchID, req.TenantID, res)
 	return res, nil
 }
+
+// TenantLog is the message of the one log line a tenant's own action (a
+// cancel through the public route) writes.
+const TenantLog = "tenant action"
 
 // OperatorLog is the message of the one log line every operator action
 // (cancel, retry, resume) writes, whichever door it came through (the

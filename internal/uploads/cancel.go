@@ -40,6 +40,10 @@ type cancelBody struct {
 // (terminal already), 422 invalid input, 400 malformed body, 401
 // unauthenticated, 403 forbidden, 503 database unavailable.
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
+	if tenant, ok := s.tenantOf(r); ok {
+		s.handleTenantCancel(w, r, tenant) // a tenant's cancel of its own batch
+		return
+	}
 	if s.cfg.OperatorTokens == nil {
 		s.refuse(w, routeCancel, http.StatusNotFound, "not_served", "", notServed("POST /v1/batches/{id}/cancel"))
 		return

@@ -513,7 +513,38 @@ func (s *Server) importOne(ctx context.Context, req jobs.ImportRequest) (int, st
 		s.cfg.Logger.Error("import failed: database unavailable", "error", err, "tenant_id", req.TenantID)
 		return http.StatusServiceUnavailable, "unavailable", errorBody{Outcome: "unavailable", Error: "database unavailable, retry later"}
 	}
+	s.addHint(ctx, &res)
 	return statusOf(res.Outcome), res.Outcome, inertResult(res)
+}
+
+// ReasonParked is the reason of a conflict whose batch is parked: no
+// delivery works on it until it is cancelled or resumed.
+const ReasonParked = "parked"
+
+// addHint tells an HTTP caller what it can do about a conflict or an
+// already_succeeded answer, in terms of the API (JSON fields, routes),
+// not of the command line. A conflict with a parked batch says so
+// (reason parked): the folder stays held until the batch is cancelled
+// (POST /v1/batches/{id}/cancel, which a tenant token may use on its own
+// parked batch) or an operator resumes it.
+func (s *Server) addHint(ctx context.Context, res *jobs.Result) {
+	switch res.Outcome {
+	case jobs.OutcomeAlreadySucceeded:
+		res.Hint = fmt.Sprintf(`batch %d already loaded this folder successfully; to load it again, import with "reimport": true`, res.BatchID)
+	case jobs.OutcomeConflict:
+		id := res.RunningBatchID
+		res.Hint = fmt.Sprintf("batch %d holds this folder and is still running; wait for its outcome (GET /v1/batches/%d) and import again if needed", id, id)
+		if s.cfg.Enqueuer.Pool == nil || id == 0 {
+			return
+		}
+		b, err := batch.NewStore(s.cfg.Enqueuer.Pool).Get(ctx, id)
+		if err != nil || !b.Parked() {
+			return // the generic hint stands
+		}
+		res.Reason = ReasonParked
+		res.Hint = fmt.Sprintf("batch %d holds this folder and is parked: no delivery works on it until it is freed; "+
+			"cancel it (POST /v1/batches/%d/cancel with your tenant token) and import again, or ask an operator to resume it", id, id)
+	}
 }
 
 // enqueueFailedError is what a sender is told of a failed job insert. The
