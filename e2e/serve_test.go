@@ -70,6 +70,14 @@ func TestHTTPAndCommandLineShareOutcomes(t *testing.T) {
 		delete(c, "running_batch_id")
 		return c
 	}
+	// The door adds a hint in words for an HTTP caller (routes and JSON
+	// fields, such as "reimport": true); the command line's caller has its
+	// flags and exit codes. Everything else is one schema.
+	httpOnly := func(m map[string]any) map[string]any {
+		c := strip(m)
+		delete(c, "hint")
+		return c
+	}
 	a, b := writeFolder(t, sample), writeFolder(t, sample)
 
 	// enqueued through the CLI, then conflict through HTTP (and vice versa).
@@ -93,8 +101,9 @@ func TestHTTPAndCommandLineShareOutcomes(t *testing.T) {
 	require.Equal(t, "conflict", httpConflict["outcome"])
 	require.Equal(t, "fleet_s3:"+a, httpConflict["source_scope"])
 	require.Equal(t, "fleet_s3:"+b, cliConflict["source_scope"])
-	require.ElementsMatch(t, keys(strip(cliEnq)), keys(strip(httpEnq)))
-	require.ElementsMatch(t, keys(strip(cliConflict)), keys(strip(httpConflict)))
+	require.ElementsMatch(t, keys(strip(cliEnq)), keys(httpOnly(httpEnq)))
+	require.NotEmpty(t, httpConflict["hint"], "a conflict answered over HTTP says what to do")
+	require.ElementsMatch(t, keys(strip(cliConflict)), keys(httpOnly(httpConflict)))
 
 	// invalid input: the same refusal.
 	cliOut, code = runEnqueue(t, dbURL, importArgs("tenant-a", "s3://bucket/a/../b")...)
@@ -110,6 +119,8 @@ func TestHTTPAndCommandLineShareOutcomes(t *testing.T) {
 	require.Equal(t, 0, code)
 	status, httpDone := postJSON(t, base+"/v1/imports", "s3cr3t-token", req("tenant-a", a))
 	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, httpDone["hint"], `"reimport": true`)
+	delete(httpDone, "hint")
 	require.Equal(t, outcome(t, cliOut), httpDone)
 	require.Equal(t, "already_succeeded", httpDone["outcome"])
 
