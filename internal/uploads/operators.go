@@ -4,10 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -76,19 +74,11 @@ func MintOperatorToken(name string) (token, line string, err error) {
 	if err := ValidateOperatorName(name); err != nil {
 		return "", "", err
 	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		return "", "", err
-	}
-	token = OperatorTokenPrefix + base64.RawURLEncoding.EncodeToString(raw)
-	return token, OperatorTokenLine(name, token), nil
+	return mintNamedToken(OperatorTokenPrefix, name)
 }
 
 // OperatorTokenLine is the operator tokens file's line for name's token.
-func OperatorTokenLine(name, token string) string {
-	sum := sha256.Sum256([]byte(token))
-	return name + " " + tenantTokenHashPrefix + hex.EncodeToString(sum[:])
-}
+func OperatorTokenLine(name, token string) string { return namedTokenLine(name, token) }
 
 // operatorEntry is one operator token of the file: its hash and its operator.
 type operatorEntry struct {

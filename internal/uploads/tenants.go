@@ -39,18 +39,29 @@ func MintTenantToken(tenant string) (token, line string, err error) {
 	if err := batch.ValidateTenantID(tenant); err != nil {
 		return "", "", err
 	}
+	return mintNamedToken(TenantTokenPrefix, tenant)
+}
+
+// TenantTokenLine is the tokens file's line for tenant's token.
+func TenantTokenLine(tenant, token string) string { return namedTokenLine(tenant, token) }
+
+// mintNamedToken returns a new token (prefix and 32 random bytes,
+// base64url) and its line of a tokens file naming owner: the one way
+// tenant and operator tokens are made.
+func mintNamedToken(prefix, owner string) (token, line string, err error) {
 	raw := make([]byte, 32)
 	if _, err := rand.Read(raw); err != nil {
 		return "", "", err
 	}
-	token = TenantTokenPrefix + base64.RawURLEncoding.EncodeToString(raw)
-	return token, TenantTokenLine(tenant, token), nil
+	token = prefix + base64.RawURLEncoding.EncodeToString(raw)
+	return token, namedTokenLine(owner, token), nil
 }
 
-// TenantTokenLine is the tokens file's line for tenant's token.
-func TenantTokenLine(tenant, token string) string {
+// namedTokenLine is a tokens file's line for owner's token: "<owner>
+// sha256:<hex of the token's SHA-256>".
+func namedTokenLine(owner, token string) string {
 	sum := sha256.Sum256([]byte(token))
-	return tenant + " " + tenantTokenHashPrefix + hex.EncodeToString(sum[:])
+	return owner + " " + tenantTokenHashPrefix + hex.EncodeToString(sum[:])
 }
 
 // tenantToken is one entry of the tokens file.
