@@ -302,7 +302,8 @@ GRANT SELECT ON river_queue TO fleet_enqueue;
 -- A tenant's cancel of its own batch (POST /v1/batches/{id}/cancel with a
 -- tenant token, enqueue serve's public listener): Running → Failed of a
 -- batch no delivery holds (parked, or reserved and not yet started), the
--- columns an operator's cancel writes, and only as a tenant's cancel. The
+-- columns an operator's cancel writes, and only as the cancel of the
+-- batch's own tenant (cancelled_by 'tenant:' || tenant_id). The
 -- policy hides a batch under a live lease from the door's login (only an
 -- operator cancels running work) and lets it write nothing but a cancel
 -- recorded as a tenant's. No River job is changed (a queued delivery
@@ -313,7 +314,7 @@ GRANT UPDATE (status, details, completed_at, updated_at,
     ON ingestion_batches TO fleet_enqueue;
 CREATE POLICY fleet_enqueue_cancel ON ingestion_batches FOR UPDATE TO fleet_enqueue
     USING (status = 'Running' AND (execution_lease_id IS NULL OR execution_lease_expires_at <= now()))
-    WITH CHECK (status = 'Failed' AND cancelled_by LIKE 'tenant:%');
+    WITH CHECK (status = 'Failed' AND cancelled_at IS NOT NULL AND cancelled_by = 'tenant:' || tenant_id);
 
 -- Replay records of enqueue serve's signed requests (migration 00010):
 -- read, and written only through the functions of migration 00080.

@@ -232,8 +232,13 @@ func TestDoorLoginReservesAndInsertsButChangesNothing(t *testing.T) {
 		`UPDATE ingestion_batches SET execution_lease_generation = execution_lease_generation + 1 WHERE id = $1`,
 		`UPDATE ingestion_batches SET cancelled_at = now(), cancelled_by = 'door' WHERE id = $1`,
 		`UPDATE ingestion_batches SET status = 'Failed', completed_at = now() WHERE id = $1`,
+		// A cancel of tenant-a's batch recorded as another tenant's, or as
+		// no one's (issue 45: the name is the batch's own tenant).
+		`UPDATE ingestion_batches SET status = 'Failed', cancelled_at = now(), cancelled_by = 'tenant:tenant-b' WHERE id = $1`,
+		`UPDATE ingestion_batches SET status = 'Failed', cancelled_at = now(), cancelled_by = 'tenant:' WHERE id = $1`,
+		`UPDATE ingestion_batches SET status = 'Failed', cancelled_by = 'tenant:tenant-a' WHERE id = $1`,
 	} {
-		requireDenied(t, db.door, sql, idle.BatchID) // only a cancel recorded as a tenant's
+		requireDenied(t, db.door, sql, idle.BatchID) // only a cancel recorded as its own tenant's
 	}
 	requireDenied(t, db.door, `DELETE FROM ingestion_batches WHERE id = $1`, other)
 	s, _ := status(t, db.admin, other)
